@@ -1,0 +1,37 @@
+# Two commands a fresh machine needs: `make serve` and `make test`.
+# Each bootstraps .venv itself (through the `install` stamp).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+SERVE_ARGS ?=
+
+.PHONY: install serve test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/duplex-server serve --host $(HOST) --port $(PORT) --store memory --model echo $(SERVE_ARGS)
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: $(STAMP)
+	$(BIN)/duplex-server bench sessions --sessions 100 --seconds 10
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

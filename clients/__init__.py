@@ -1,0 +1,1 @@
+"""The public Python client library (``DuplexClient``); arriving with its issue."""

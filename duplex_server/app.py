@@ -1,0 +1,67 @@
+"""Starlette application factory: wires config, log, model and routes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.routing import Route, WebSocketRoute
+
+from duplex_server import http_routes
+from duplex_server.config import ServerConfig
+from duplex_server.models import build_model
+from duplex_server.realtime import realtime_endpoint
+from duplex_server.sessions.log import SessionLog
+from duplex_server.sessions.manager import ManagerSettings, SessionManager
+from duplex_server.sessions.memory_log import MemoryLog
+from protocol.codec import FrameDecoder
+
+STORES = ("memory",)
+
+
+def open_store(spec: str) -> SessionLog:
+    if spec == "memory":
+        return MemoryLog()
+    raise ValueError(f"unknown store {spec!r}; available: {', '.join(STORES)}")
+
+
+def create_app(config: ServerConfig) -> Starlette:
+    log = open_store(config.store)
+    model = build_model(config.model)
+    manager = SessionManager(
+        log,
+        model,
+        ManagerSettings(
+            owner=config.replica_id,
+            max_sessions=config.max_sessions,
+            idle_ttl_s=config.idle_ttl_s,
+            disconnect_grace_s=config.disconnect_grace_s,
+            mailbox_size=config.mailbox_size,
+            journal_max_events=config.journal_max_events,
+        ),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        manager.start()
+        yield
+        await manager.shutdown()
+
+    app = Starlette(
+        routes=[
+            Route("/health", http_routes.health),
+            Route("/v1/models", http_routes.models),
+            Route("/v1/sessions/{session_id}", http_routes.session_detail),
+            Route("/v1/sessions/{session_id}/events", http_routes.session_events),
+            WebSocketRoute("/v1/realtime", realtime_endpoint),
+            WebSocketRoute("/v1/duplex", realtime_endpoint),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.config = config
+    app.state.log = log
+    app.state.model = model
+    app.state.manager = manager
+    app.state.decoder = FrameDecoder(config.max_frame_bytes)
+    return app

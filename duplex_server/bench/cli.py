@@ -1,0 +1,29 @@
+"""``duplex-server bench ...`` argument parsing; the benchmarks live beside it."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="run a benchmark and print one JSON line")
+    kinds = bench.add_subparsers(dest="bench", required=True)
+    p = kinds.add_parser(
+        "sessions",
+        help="N echo sessions streaming audio against one server",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--sessions", type=int, default=100, help="concurrent client sessions")
+    p.add_argument("--seconds", type=float, default=10.0, help="measured duration")
+    p.add_argument("--chunk-ms", type=int, default=100, help="audio per append (and period)")
+    p.add_argument("--commit-every-s", type=float, default=2.0, help="commit period")
+    p.add_argument("--store", default="memory", help="server --store")
+    p.add_argument("--port", type=int, default=0, help="server port (0 = a free one)")
+    p.add_argument("--ramp-s", type=float, default=5.0, help="spread session starts over this")
+    p.set_defaults(run=_run_sessions)
+
+
+def _run_sessions(args: argparse.Namespace) -> None:
+    from duplex_server.bench.sessions import run
+
+    run(args)

@@ -1,0 +1,126 @@
+"""``duplex-server``: serve, and benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from duplex_server.config import ServerConfig, default_replica_id
+from duplex_server.models import MODEL_NAMES
+from protocol.codec import DEFAULT_MAX_FRAME_BYTES
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the realtime server",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    p.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    p.add_argument("--store", default="memory", help="session log backend: 'memory' (lost on exit)")
+    p.add_argument(
+        "--model", default="echo", choices=MODEL_NAMES, help="model adapter that answers sessions"
+    )
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        default=1000,
+        help="live sessions admitted; more get resource_exhausted",
+    )
+    p.add_argument(
+        "--idle-ttl-s",
+        type=float,
+        default=300.0,
+        help="expire a session after this long without client activity",
+    )
+    p.add_argument(
+        "--disconnect-grace-s",
+        type=float,
+        default=30.0,
+        help="keep a detached session resumable for this long",
+    )
+    p.add_argument(
+        "--max-frame-bytes",
+        type=int,
+        default=DEFAULT_MAX_FRAME_BYTES,
+        help="largest client frame; bigger ones get payload_too_large",
+    )
+    p.add_argument(
+        "--mailbox-size",
+        type=int,
+        default=256,
+        help="client events queued per session before rate_limited",
+    )
+    p.add_argument(
+        "--journal-max-events",
+        type=int,
+        default=4096,
+        help="outbound events kept for replay per session",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require this key (Bearer header or subprotocol); default: none",
+    )
+    p.add_argument(
+        "--replica-id", default=default_replica_id(), help="this process's lease owner id"
+    )
+    p.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+
+
+def _config(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        store=args.store,
+        model=args.model,
+        max_sessions=args.max_sessions,
+        idle_ttl_s=args.idle_ttl_s,
+        disconnect_grace_s=args.disconnect_grace_s,
+        max_frame_bytes=args.max_frame_bytes,
+        mailbox_size=args.mailbox_size,
+        journal_max_events=args.journal_max_events,
+        api_key=args.api_key,
+        replica_id=args.replica_id,
+        log_level=args.log_level,
+    )
+
+
+def serve(config: ServerConfig) -> None:
+    import uvicorn
+
+    from duplex_server.app import create_app
+
+    try:
+        app = create_app(config)
+    except ValueError as exc:
+        sys.exit(f"duplex-server: {exc}")
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        ws_max_size=max(16 * 1024 * 1024, 2 * config.max_frame_bytes),
+        ws_ping_interval=None,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="duplex-server", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    from duplex_server.bench.cli import add_bench
+
+    add_bench(sub)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        serve(_config(args))
+    else:
+        args.run(args)
+
+
+if __name__ == "__main__":
+    main()

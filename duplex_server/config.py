@@ -1,0 +1,30 @@
+"""Server configuration, filled from the CLI (or tests) and read by the app."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from protocol.codec import DEFAULT_MAX_FRAME_BYTES
+
+
+def default_replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    store: str = "memory"
+    model: str = "echo"
+    max_sessions: int = 1000
+    idle_ttl_s: float = 300.0
+    disconnect_grace_s: float = 30.0
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    mailbox_size: int = 256
+    journal_max_events: int = 4096
+    api_key: str | None = None
+    replica_id: str = field(default_factory=default_replica_id)
+    log_level: str = "info"

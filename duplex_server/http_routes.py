@@ -1,0 +1,94 @@
+"""Plain HTTP routes: health, models, and read access to session logs."""
+
+from __future__ import annotations
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from duplex_server.auth import is_authorized
+from duplex_server.sessions.log import UnknownSession
+from duplex_server.sessions.records import to_line
+from duplex_server.sessions.snapshot import session_object
+
+_encoder = msgspec.json.Encoder()
+
+
+def _json(payload: object, status: int = 200) -> Response:
+    return Response(_encoder.encode(payload), status_code=status, media_type="application/json")
+
+
+def _error(status: int, code: str, message: str) -> Response:
+    kind = "authentication_error" if status == 401 else "invalid_request_error"
+    return JSONResponse({"error": {"type": kind, "code": code, "message": message}}, status)
+
+
+def _unauthorized(request: Request) -> Response | None:
+    if is_authorized(request, request.app.state.config.api_key):
+        return None
+    return _error(401, "unauthorized", "missing or wrong API key")
+
+
+async def health(request: Request) -> Response:
+    state = request.app.state
+    return _json(
+        {
+            "status": "ok",
+            "sessions": len(state.manager.actors),
+            "model": state.model.name,
+            "store": state.config.store,
+            "replica_id": state.config.replica_id,
+        }
+    )
+
+
+async def models(request: Request) -> Response:
+    model = request.app.state.model
+    return _json(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": model.name,
+                    "object": "model",
+                    "owned_by": "duplex-server",
+                    "capabilities": model.capabilities,
+                }
+            ],
+        }
+    )
+
+
+async def session_detail(request: Request) -> Response:
+    if (denied := _unauthorized(request)) is not None:
+        return denied
+    session_id = request.path_params["session_id"]
+    manager = request.app.state.manager
+    actor = manager.actors.get(session_id)
+    if actor is None:
+        ended = manager.ended_reason(session_id)
+        if ended is None:
+            return _error(404, "session_not_found", f"no session {session_id}")
+        return _json({"id": session_id, "state": "closed", "reason": ended})
+    return _json(session_object(actor.state, actor.model.capabilities))
+
+
+async def session_events(request: Request) -> Response:
+    """The session's log as JSON lines (``?after=SEQ`` to page)."""
+    if (denied := _unauthorized(request)) is not None:
+        return denied
+    session_id = request.path_params["session_id"]
+    try:
+        after = int(request.query_params.get("after", "0"))
+    except ValueError:
+        return _error(400, "invalid_request", "after must be an integer")
+    try:
+        records = await request.app.state.log.read(session_id, after)
+    except UnknownSession:
+        return _error(404, "session_not_found", f"no session {session_id}")
+
+    async def lines():
+        for record in records:
+            yield _encoder.encode(to_line(record)) + b"\n"
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")

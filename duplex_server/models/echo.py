@@ -1,0 +1,130 @@
+"""The ``echo`` loopback model: answers each user turn with its own audio.
+
+It exists so every surface of the protocol can be exercised and measured
+without a model: it advertises full capabilities (barge-in, resume,
+truncation) and streams the committed audio back through the engine core in
+``chunk_period_ms`` slices, one transcript delta per audio delta.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from duplex_server.audio import resample_pcm16
+from duplex_server.engine import EngineCore, EngineRequest
+from duplex_server.sessions.config import EffectiveConfig
+from duplex_server.sessions.items import Item, item_text
+from duplex_server.sessions.model_port import ModelChunk, ResponseRequest
+from protocol.audio_formats import SUPPORTED_INPUT, SUPPORTED_OUTPUT
+from protocol.server_events import Capabilities
+
+MODEL_RATE_HZ = 24_000
+CHUNK_PERIOD_MS = 100
+
+
+class EchoPayload(msgspec.Struct):
+    pcm: bytes
+    sample_rate_hz: int
+    text: str
+    chunk_delay_ms: float
+    text_only: bool
+
+
+def _last_user_item(history: list[Item]) -> Item | None:
+    for item in reversed(history):
+        if item.role == "user":
+            return item
+    return None
+
+
+def _split_words(text: str, pieces: int) -> list[str]:
+    """Spread ``text`` over ``pieces`` deltas; concatenated they give back ``text``."""
+    words = text.split(" ") if text else []
+    out = []
+    for index in range(pieces):
+        lo = len(words) * index // pieces
+        hi = len(words) * (index + 1) // pieces
+        chunk = " ".join(words[lo:hi])
+        if chunk and out and any(out):
+            chunk = " " + chunk
+        out.append(chunk)
+    return out
+
+
+class EchoBackend:
+    """Engine backend: slices audio into chunk-period pieces."""
+
+    async def generate(self, request: EngineRequest[EchoPayload]) -> AsyncIterator[ModelChunk]:
+        payload = request.payload
+        if payload.text_only:
+            for word in _split_words(payload.text, max(1, len(payload.text.split()))):
+                yield ModelChunk(text=word)
+                await self._pause(payload.chunk_delay_ms)
+            return
+        pcm = resample_pcm16(payload.pcm, payload.sample_rate_hz, MODEL_RATE_HZ)
+        step = MODEL_RATE_HZ * CHUNK_PERIOD_MS // 1000 * 2
+        count = max(1, -(-len(pcm) // step))
+        texts = _split_words(payload.text, count)
+        for index in range(count):
+            yield ModelChunk(
+                audio=pcm[index * step : (index + 1) * step],
+                sample_rate_hz=MODEL_RATE_HZ,
+                text=texts[index],
+            )
+            await self._pause(payload.chunk_delay_ms)
+
+    @staticmethod
+    async def _pause(delay_ms: float) -> None:
+        # Always yield to the loop so many sessions interleave fairly.
+        await asyncio.sleep(delay_ms / 1000.0)
+
+
+class EchoModel:
+    name = "echo"
+    turn_detection_types: tuple[str, ...] = ()
+    capabilities = Capabilities(
+        implementation_level="loopback",
+        chunk_period_ms=CHUNK_PERIOD_MS,
+        supports_input_append=True,
+        supports_barge_in=True,
+        supports_session_resume=True,
+        supports_audio_truncate=True,
+        supports_multi_session=True,
+        input_modes=["audio", "text"],
+        input_formats=list(SUPPORTED_INPUT),
+        output_formats=list(SUPPORTED_OUTPUT),
+    )
+
+    def __init__(self, engine: EngineCore[EchoPayload, ModelChunk]) -> None:
+        self.engine = engine
+
+    def wants_to_speak(self, history: list[Item], config: EffectiveConfig) -> bool:
+        item = _last_user_item(history)
+        return item is not None and any(p.audio or p.text or p.transcript for p in item.parts)
+
+    def stream(self, request: ResponseRequest) -> AsyncIterator[ModelChunk]:
+        item = _last_user_item(request.history)
+        audio = next((p for p in item.parts if p.audio), None) if item else None
+        text = item_text(item) if item else ""
+        payload = EchoPayload(
+            pcm=audio.audio if audio else b"",
+            sample_rate_hz=audio.audio_rate if audio else MODEL_RATE_HZ,
+            text=text,
+            chunk_delay_ms=request.config.chunk_delay_ms,
+            text_only="audio" not in request.modalities or audio is None,
+        )
+        return self.engine.submit(
+            EngineRequest(
+                request_id=request.response_id,
+                session_id=request.session_id,
+                response_id=request.response_id,
+                epoch=request.epoch,
+                payload=payload,
+            )
+        )
+
+    def abort(self, response_id: str) -> None:
+        self.engine.abort(response_id)

@@ -1,0 +1,175 @@
+"""``WS /v1/realtime`` and ``WS /v1/duplex``: the socket shell around the actor.
+
+This module only moves frames: it decodes each one, routes it to the
+session's mailbox (or to the manager for open/resume) and reports the
+socket's end. Everything else happens in the actor.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from duplex_server.auth import is_authorized
+from duplex_server.sessions.actor import SessionActor
+from duplex_server.sessions.attachment import Attachment, TransportClosed
+from duplex_server.sessions.manager import SessionManager
+from protocol.client_events import SessionResume, SessionUpdateEvent
+from protocol.codec import FrameDecoder, encode_server_event
+from protocol.errors import ProtocolError, error_body
+from protocol.server_events import Error
+from protocol.session_config import SessionUpdate
+
+log = logging.getLogger(__name__)
+
+TRUE_VALUES = {"1", "true", "on", "yes"}
+FALSE_VALUES = {"0", "false", "off", "no"}
+
+
+class WebSocketTransport:
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+
+    async def send(self, payload: bytes) -> None:
+        if self.websocket.application_state != WebSocketState.CONNECTED:
+            raise TransportClosed()
+        try:
+            await self.websocket.send_text(payload.decode())
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+            raise TransportClosed() from exc
+
+    async def close(self, code: int, reason: str) -> None:
+        if self.websocket.application_state != WebSocketState.CONNECTED:
+            return
+        try:
+            await self.websocket.close(code, reason)
+        except (RuntimeError, OSError) as exc:
+            raise TransportClosed() from exc
+
+
+def _error_frame(err: ProtocolError) -> bytes:
+    return encode_server_event(Error(error=error_body(err)))
+
+
+class RealtimeConnection:
+    """One client socket: at most one session attached at a time."""
+
+    def __init__(
+        self, websocket: WebSocket, manager: SessionManager, decoder: FrameDecoder
+    ) -> None:
+        self.websocket = websocket
+        self.manager = manager
+        self.decoder = decoder
+        self.attachment = Attachment(WebSocketTransport(websocket))
+        self.actor: SessionActor | None = None
+
+    async def run(self, autostart: bool, model: str | None) -> None:
+        if autostart:
+            patch = SessionUpdate(model=model) if model else SessionUpdate()
+            if not await self._open(patch, handshake=False):
+                return
+        try:
+            while True:
+                message = await self.websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                frame = message.get("text")
+                if frame is None:
+                    frame = message.get("bytes") or b""
+                await self._on_frame(frame)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            if self.actor is not None:
+                self.actor.detach(self.attachment.generation)
+
+    async def _send_error(self, err: ProtocolError) -> None:
+        await self.attachment.send_now(_error_frame(err))
+
+    async def _open(self, patch: SessionUpdate, handshake: bool) -> bool:
+        try:
+            self.actor = await self.manager.open(self.attachment, patch, handshake)
+        except ProtocolError as err:
+            await self._send_error(err)
+            await self.attachment.close(1013, err.code)
+            return False
+        return True
+
+    async def _on_frame(self, frame: str | bytes) -> None:
+        try:
+            event = self.decoder.decode(frame)
+        except ProtocolError as err:
+            if self.actor is None:
+                await self._send_error(err)
+            elif not self.actor.post_reject(err, self.attachment.generation):
+                await self._send_error(self._flooded())
+            return
+        if isinstance(event, SessionResume):
+            await self._resume(event)
+        elif self.actor is None:
+            if isinstance(event, SessionUpdateEvent):
+                await self._open(event.session, handshake=True)
+            else:
+                await self._send_error(
+                    ProtocolError(
+                        "session_not_open",
+                        "send session.update (or session.resume) first: no session is open",
+                        event_id=event.event_id,
+                    )
+                )
+        elif not self.actor.post_client(event, self.attachment.generation):
+            await self._send_error(self._flooded(event.event_id))
+
+    @staticmethod
+    def _flooded(event_id: str | None = None) -> ProtocolError:
+        return ProtocolError(
+            "rate_limited", "too many events in flight; slow down", event_id=event_id
+        )
+
+    async def _resume(self, request: SessionResume) -> None:
+        previous = self.actor
+        if previous is not None and previous.session_id == request.session_id:
+            await self._send_error(
+                ProtocolError(
+                    "session_resume_invalid",
+                    "this socket is already attached to that session",
+                    event_id=request.event_id,
+                )
+            )
+            return
+        fresh = Attachment(self.attachment.transport)
+        try:
+            actor = await self.manager.resume(fresh, request)
+        except ProtocolError as err:
+            await self._send_error(err)
+            return
+        if previous is not None:
+            # The socket's autostarted session is abandoned for the resumed one.
+            await self.attachment.stop()
+            previous.detach(self.attachment.generation)
+            previous.end("client_close")
+        self.attachment = fresh
+        self.actor = actor
+
+
+def _flag(value: str | None, default: bool) -> bool:
+    if value is None:
+        return default
+    return value.lower() in TRUE_VALUES or (value.lower() not in FALSE_VALUES and default)
+
+
+async def realtime_endpoint(websocket: WebSocket) -> None:
+    app_state = websocket.app.state
+    offered = websocket.scope.get("subprotocols", [])
+    subprotocol = "realtime" if "realtime" in offered else None
+    await websocket.accept(subprotocol=subprotocol)
+    if not is_authorized(websocket, app_state.config.api_key):
+        err = ProtocolError("unauthorized", "missing or wrong API key")
+        await websocket.send_text(_error_frame(err).decode())
+        await websocket.close(1008, "unauthorized")
+        return
+    params = websocket.query_params
+    autostart = _flag(params.get("autostart"), True) and "resume" not in params
+    connection = RealtimeConnection(websocket, app_state.manager, app_state.decoder)
+    await connection.run(autostart, params.get("model"))

@@ -1,0 +1,500 @@
+"""The session actor: one task, one mailbox, append first and apply second.
+
+Everything that changes a session passes through ``_mailbox`` in order:
+client commands, engine chunks, attach/resume/detach, timers. For each, the
+actor builds a :class:`Batch` (records applied to its state as they are
+built), appends it to the log under its fencing token, and only then hands
+the outbound events to the journal that the socket's sender drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from duplex_server.sessions.attachment import Attachment
+from duplex_server.sessions.batch import Batch
+from duplex_server.sessions.commands import HANDLERS, Effects
+from duplex_server.sessions.journal import Journal
+from duplex_server.sessions.log import DuplicateEvent, LogError, SessionLog, StaleFence
+from duplex_server.sessions.model_port import ModelChunk, ModelPort, ResponseRequest
+from duplex_server.sessions.records import CloseBody, CloseReason, ConfigBody, LeaseBody
+from duplex_server.sessions.responses import cancel_response, emit_chunk, finish_response
+from duplex_server.sessions.snapshot import session_object
+from duplex_server.sessions.state import Response, SessionState, fold, initial_state
+from duplex_server.sessions.tokens import hash_token, new_resume_token, token_matches
+from protocol.client_events import ClientEvent, SessionResume
+from protocol.codec import encode_server_event
+from protocol.errors import ProtocolError, error_body
+from protocol.server_events import (
+    Error,
+    SessionClosed,
+    SessionCreated,
+    SessionExpired,
+    SessionReplaced,
+    SessionResumed,
+    SessionResyncRequired,
+    SessionUpdated,
+)
+from protocol.session_config import SessionUpdate
+
+log = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S = 2.0
+
+
+@dataclass
+class ActorSettings:
+    owner: str
+    mailbox_size: int = 256
+    journal_max_events: int = 4096
+
+
+@dataclass
+class _Client:
+    event: ClientEvent
+    generation: int
+
+
+@dataclass
+class _Reject:
+    error: ProtocolError
+    generation: int
+
+
+@dataclass
+class _Chunk:
+    response_id: str
+    epoch: int
+    chunk: ModelChunk
+
+
+@dataclass
+class _StreamEnd:
+    response_id: str
+    epoch: int
+    error: str | None
+
+
+@dataclass
+class _Resume:
+    attachment: Attachment
+    request: SessionResume
+    done: asyncio.Future[None]
+
+
+@dataclass
+class _Detach:
+    generation: int
+
+
+@dataclass
+class _End:
+    reason: CloseReason
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class SessionActor:
+    def __init__(
+        self,
+        session_id: str,
+        log_backend: SessionLog,
+        model: ModelPort,
+        settings: ActorSettings,
+        on_closed: Callable[[str, str], None],
+    ) -> None:
+        self.session_id = session_id
+        self._log = log_backend
+        self.model = model
+        self.settings = settings
+        self._on_closed = on_closed
+        self.state: SessionState = self._initial()
+        self.fence = 0
+        self.journal = Journal(settings.journal_max_events)
+        self.attachment: Attachment | None = None
+        self._mailbox: asyncio.Queue[object] = asyncio.Queue()
+        self._pending_client = 0
+        self._streams: dict[str, asyncio.Task[None]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.last_activity = time.monotonic()
+        self.detached_at: float | None = None
+        self.closed = asyncio.Event()
+
+    def _initial(self) -> SessionState:
+        return initial_state(self.session_id, self.model.name, self.model.turn_detection_types)
+
+    # --- lifecycle (called by the manager) ---------------------------------
+
+    async def open(self, attachment: Attachment, patch: SessionUpdate, handshake: bool) -> None:
+        """Create the log, take the lease, announce ``session.created`` to the socket."""
+        await self._log.create(self.session_id)
+        self.fence = await self._log.acquire_lease(self.session_id, self.settings.owner)
+        token = new_resume_token()
+        batch = self._batch()
+        batch.fact(
+            LeaseBody(
+                action="attach",
+                owner=self.settings.owner,
+                fence=self.fence,
+                generation=1,
+                token_hash=hash_token(token),
+            ),
+            origin="manager",
+        )
+        batch.fact(ConfigBody(patch=patch))
+        if handshake:
+            batch.emit(SessionUpdated(session=self._snapshot()))
+        await self._commit(batch)
+        attachment.generation = 1
+        self.attachment = attachment
+        created = SessionCreated(
+            session=self._snapshot(),
+            attachment_generation=1,
+            resume_token=token,
+            event_id=f"event_{self.session_id[-8:]}_c1",
+        )
+        await attachment.send_now(encode_server_event(created))
+        attachment.start_sender(self.journal, 0)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def post_client(self, event: ClientEvent, generation: int) -> bool:
+        """Queue a client command; False when the mailbox is full (flood)."""
+        if self._pending_client >= self.settings.mailbox_size:
+            return False
+        self._pending_client += 1
+        self._mailbox.put_nowait(_Client(event, generation))
+        return True
+
+    def post_reject(self, error: ProtocolError, generation: int) -> bool:
+        """Queue the error for a frame that did not decode (journaled in order)."""
+        if self._pending_client >= self.settings.mailbox_size:
+            return False
+        self._pending_client += 1
+        self._mailbox.put_nowait(_Reject(error, generation))
+        return True
+
+    async def resume(self, attachment: Attachment, request: SessionResume) -> None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._mailbox.put_nowait(_Resume(attachment, request, done))
+        await done
+
+    def detach(self, generation: int) -> None:
+        self._mailbox.put_nowait(_Detach(generation))
+
+    def end(self, reason: CloseReason) -> None:
+        self._mailbox.put_nowait(_End(reason))
+
+    # --- the loop ----------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            while self.state.closed_reason is None:
+                message = await self._mailbox.get()
+                await self._dispatch(message)
+        finally:
+            await self._shutdown_streams()
+            self.closed.set()
+            self._on_closed(self.session_id, self.state.closed_reason or "shutdown")
+
+    async def _dispatch(self, message: object) -> None:
+        if isinstance(message, _Client):
+            self._pending_client -= 1
+            await self._on_client(message)
+        elif isinstance(message, _Reject):
+            self._pending_client -= 1
+            if self.attachment is not None and message.generation == self.attachment.generation:
+                await self.reject(message.error)
+        elif isinstance(message, _Chunk):
+            await self._on_chunk(message)
+        elif isinstance(message, _StreamEnd):
+            await self._on_stream_end(message)
+        elif isinstance(message, _Resume):
+            await self._on_resume(message)
+        elif isinstance(message, _Detach):
+            await self._on_detach(message)
+        elif isinstance(message, _End):
+            await self._on_end(message.reason)
+
+    def _batch(self, event_id: str | None = None) -> Batch:
+        return Batch(self.state, self.model.capabilities, _now_ms(), event_id)
+
+    def _snapshot(self):
+        return session_object(self.state, self.model.capabilities)
+
+    async def _commit(self, batch: Batch) -> bool:
+        """Append the batch; on refusal restore the state from the log."""
+        if not batch.records:
+            return True
+        try:
+            await self._log.append(self.session_id, batch.records, self.fence)
+        except DuplicateEvent:
+            await self._refold()
+            return False
+        except StaleFence:
+            log.warning("session %s: deposed (stale fence %s)", self.session_id, self.fence)
+            await self._refold()
+            await self._deposed()
+            return False
+        except (LogError, OSError) as exc:
+            log.error("session %s: append failed: %s", self.session_id, exc)
+            await self._refold()
+            await self._send_error_now(
+                ProtocolError("storage_unavailable", f"the session log is unavailable: {exc}")
+            )
+            return False
+        evicted = self.journal.add(batch.outbound)
+        if evicted is not None:
+            await self._log.trim(self.session_id, evicted)
+        return True
+
+    async def _refold(self) -> None:
+        self.state = fold(await self._log.read(self.session_id), self._initial())
+
+    async def _deposed(self) -> None:
+        if self.attachment is not None:
+            await self.attachment.send_now(
+                encode_server_event(
+                    SessionReplaced(attachment_generation=self.attachment.generation)
+                )
+            )
+            await self.attachment.close(4001, "session.replaced")
+        self.state.closed_reason = "shutdown"
+
+    async def _send_error_now(self, err: ProtocolError) -> None:
+        if self.attachment is not None:
+            await self.attachment.send_now(encode_server_event(Error(error=error_body(err))))
+
+    # --- client commands ---------------------------------------------------
+
+    async def _on_client(self, message: _Client) -> None:
+        if self.attachment is None or message.generation != self.attachment.generation:
+            return  # a superseded socket's late frame
+        event = message.event
+        self.last_activity = time.monotonic()
+        if event.event_id is not None and event.event_id in self.state.recent_event_ids:
+            return  # a retried event: applied once already, its outputs are journaled
+        batch = self._batch(event.event_id)
+        try:
+            effects = HANDLERS[type(event)](batch, event, self.model)
+        except ProtocolError as err:
+            if batch.records:
+                await self._refold()
+            await self.reject(err)
+            return
+        if await self._commit(batch):
+            await self._apply_effects(effects)
+
+    async def reject(self, err: ProtocolError) -> None:
+        """Journal an error event for a rejected input; the session keeps serving."""
+        batch = self._batch()
+        batch.emit(Error(error=error_body(err)))
+        await self._commit(batch)
+
+    async def _apply_effects(self, effects: Effects) -> None:
+        for response_id in effects.abort:
+            self._abort_stream(response_id)
+        if effects.start is not None:
+            self._start_stream(effects.start)
+        if effects.trim_to is not None:
+            self.journal.trim(effects.trim_to)
+            await self._log.trim(self.session_id, effects.trim_to)
+        if effects.close:
+            await self._finish_close()
+
+    # --- engine streams ----------------------------------------------------
+
+    def _start_stream(self, response: Response) -> None:
+        request = ResponseRequest(
+            session_id=self.session_id,
+            response_id=response.id,
+            epoch=response.epoch,
+            modalities=list(response.modalities),
+            history=list(self.state.items),
+            config=self.state.config,
+        )
+        task = asyncio.get_running_loop().create_task(self._pump(request))
+        self._streams[response.id] = task
+
+    async def _pump(self, request: ResponseRequest) -> None:
+        error = None
+        try:
+            async for chunk in self.model.stream(request):
+                self._mailbox.put_nowait(_Chunk(request.response_id, request.epoch, chunk))
+        except asyncio.CancelledError:
+            raise
+        except (RuntimeError, ValueError, OSError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            log.exception("engine stream for %s failed", request.response_id)
+        self._mailbox.put_nowait(_StreamEnd(request.response_id, request.epoch, error))
+
+    def _abort_stream(self, response_id: str) -> None:
+        self.model.abort(response_id)
+        task = self._streams.pop(response_id, None)
+        if task is not None:
+            task.cancel()
+
+    def _is_current(self, response_id: str, epoch: int) -> bool:
+        active = self.state.response
+        return active is not None and active.id == response_id and epoch == self.state.epoch
+
+    async def _on_chunk(self, message: _Chunk) -> None:
+        if not self._is_current(message.response_id, message.epoch):
+            return  # fenced off: stale output never reaches the log
+        batch = self._batch()
+        emit_chunk(batch, self.state.response, message.chunk)  # type: ignore[arg-type]
+        await self._commit(batch)
+
+    async def _on_stream_end(self, message: _StreamEnd) -> None:
+        self._streams.pop(message.response_id, None)
+        if not self._is_current(message.response_id, message.epoch):
+            return
+        batch = self._batch()
+        if message.error is not None:
+            batch.emit(Error(error=error_body(ProtocolError("engine_error", message.error))))
+            finish_response(batch, "failed", "engine_error")
+        else:
+            finish_response(batch, "completed")
+        await self._commit(batch)
+
+    async def _shutdown_streams(self) -> None:
+        for response_id in list(self._streams):
+            self._abort_stream(response_id)
+
+    # --- attachments -------------------------------------------------------
+
+    async def _on_resume(self, message: _Resume) -> None:
+        request = message.request
+        state = self.state
+        cursor = request.last_received_server_event_seq
+        if not token_matches(request.resume_token, state.lease.token_hash):
+            message.done.set_exception(
+                ProtocolError(
+                    "session_resume_invalid",
+                    "resume_token does not match this session",
+                    param="resume_token",
+                    event_id=request.event_id,
+                )
+            )
+            return
+        if cursor > state.server_event_seq:
+            message.done.set_exception(
+                ProtocolError(
+                    "session_resume_invalid",
+                    f"last_received_server_event_seq {cursor} is beyond the journal "
+                    f"(last sent {state.server_event_seq})",
+                    param="last_received_server_event_seq",
+                    event_id=request.event_id,
+                )
+            )
+            return
+        token = new_resume_token()
+        generation = state.lease.generation + 1
+        batch = self._batch()
+        batch.fact(
+            LeaseBody(
+                action="resume",
+                owner=self.settings.owner,
+                fence=self.fence,
+                generation=generation,
+                token_hash=hash_token(token),
+            ),
+            origin="manager",
+        )
+        if not await self._commit(batch):
+            message.done.set_exception(
+                ProtocolError("storage_unavailable", "could not record the resume")
+            )
+            return
+        await self._replace_attachment(generation)
+        attachment = message.attachment
+        attachment.generation = generation
+        self.attachment = attachment
+        self.detached_at = None
+        self.last_activity = time.monotonic()
+        gap = cursor < self.journal.dropped_upto
+        resumed = SessionResumed(
+            session=self._snapshot(),
+            attachment_generation=generation,
+            resume_token=token,
+            replay_from_seq=cursor + 1,
+            replay_to_seq=self.journal.last_seq,
+            event_id=f"event_{self.session_id[-8:]}_r{generation}",
+        )
+        await attachment.send_now(encode_server_event(resumed))
+        if gap:
+            await attachment.send_now(
+                encode_server_event(
+                    SessionResyncRequired(
+                        reason="journal_gap",
+                        session=self._snapshot(),
+                        oldest_available_seq=self.journal.dropped_upto + 1,
+                    )
+                )
+            )
+            cursor = self.journal.last_seq
+        attachment.start_sender(self.journal, cursor)
+        message.done.set_result(None)
+
+    async def _replace_attachment(self, new_generation: int) -> None:
+        old = self.attachment
+        if old is None:
+            return
+        self.attachment = None
+        await old.stop()
+        await old.send_now(
+            encode_server_event(SessionReplaced(attachment_generation=new_generation))
+        )
+        await old.close(4000, "session.replaced")
+
+    async def _on_detach(self, message: _Detach) -> None:
+        attachment = self.attachment
+        if attachment is None or attachment.generation != message.generation:
+            return
+        self.attachment = None
+        await attachment.stop()
+        self.detached_at = time.monotonic()
+        batch = self._batch()
+        batch.fact(
+            LeaseBody(
+                action="detach",
+                owner=self.settings.owner,
+                fence=self.fence,
+                generation=self.state.lease.generation,
+            ),
+            origin="manager",
+        )
+        await self._commit(batch)
+
+    async def _on_end(self, reason: CloseReason) -> None:
+        """Expiry or server shutdown: tell the client why, then close."""
+        if self.state.closed_reason is not None:
+            return
+        batch = self._batch()
+        aborted = (
+            cancel_response(batch, "client_cancelled", "incomplete")
+            if (self.state.response)
+            else None
+        )
+        if reason in ("disconnect_grace_expired", "idle_ttl_expired"):
+            batch.emit(SessionExpired(reason=reason))  # type: ignore[arg-type]
+        else:
+            batch.emit(SessionClosed(reason=reason))  # type: ignore[arg-type]
+        batch.fact(CloseBody(reason=reason), origin="manager")
+        if await self._commit(batch):
+            if aborted:
+                self._abort_stream(aborted)
+            await self._finish_close()
+
+    async def _finish_close(self) -> None:
+        attachment = self.attachment
+        if attachment is None:
+            return
+        await attachment.drained(self.journal.last_seq, DRAIN_TIMEOUT_S)
+        self.attachment = None
+        await attachment.close(1000, self.state.closed_reason or "closed")

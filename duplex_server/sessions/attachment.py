@@ -1,0 +1,84 @@
+"""The socket as the session core sees it, and the task that feeds it.
+
+An attachment is one connected client socket. Its sender drains the journal
+from a cursor, so a slow socket delays only itself, never the actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Protocol
+
+from duplex_server.sessions.journal import Journal, JournalGap
+
+log = logging.getLogger(__name__)
+
+
+class Transport(Protocol):
+    async def send(self, payload: bytes) -> None: ...
+
+    async def close(self, code: int, reason: str) -> None: ...
+
+
+class TransportClosed(Exception):
+    """The peer is gone; raised by :meth:`Transport.send`."""
+
+
+class Attachment:
+    def __init__(self, transport: Transport, generation: int = 0) -> None:
+        self.transport = transport
+        self.generation = generation
+        self.cursor = 0
+        self._sender: asyncio.Task[None] | None = None
+
+    async def send_now(self, payload: bytes) -> bool:
+        """Send an attachment-scoped event (not journaled); False if the peer is gone."""
+        try:
+            await self.transport.send(payload)
+        except TransportClosed:
+            return False
+        return True
+
+    def start_sender(self, journal: Journal, cursor: int) -> None:
+        self.cursor = cursor
+        self._sender = asyncio.get_running_loop().create_task(self._drain(journal))
+
+    async def _drain(self, journal: Journal) -> None:
+        while True:
+            await journal.wait_beyond(self.cursor)
+            try:
+                entries = journal.since(self.cursor)
+            except JournalGap as gap:
+                # The window moved past this socket: it cannot be caught up.
+                log.warning("sender for generation %s fell behind: %s", self.generation, gap)
+                await self.transport.close(1011, "journal_overflow")
+                return
+            for seq, payload in entries:
+                try:
+                    await self.transport.send(payload)
+                except TransportClosed:
+                    return
+                self.cursor = seq
+
+    async def drained(self, seq: int, timeout_s: float) -> None:
+        """Wait until everything up to ``seq`` went out (or the peer is gone)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.cursor < seq and self._sender is not None and not self._sender.done():
+            if loop.time() > deadline:
+                return
+            await asyncio.sleep(0.005)
+
+    async def stop(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+            self._sender = None
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        await self.stop()
+        with contextlib.suppress(TransportClosed):
+            await self.transport.close(code, reason)

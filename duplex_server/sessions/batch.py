@@ -1,0 +1,70 @@
+"""Build the records one command produces.
+
+Each record is applied to the actor's state as it is added, so an outbound
+event is always built from the state it describes and carries the next
+``server_event_seq``. Nothing leaves the process until the whole batch is in
+the log; if the log refuses it, the actor refolds its state from the log.
+"""
+
+from __future__ import annotations
+
+from duplex_server.sessions.records import AnyBody, Origin, OutBody, Record
+from duplex_server.sessions.state import SessionState, apply
+from protocol.codec import encode_server_event
+from protocol.server_events import Capabilities, ServerEvent
+
+
+class Batch:
+    def __init__(
+        self,
+        state: SessionState,
+        capabilities: Capabilities,
+        now_ms: int,
+        event_id: str | None = None,
+    ) -> None:
+        self.state = state
+        self.capabilities = capabilities
+        self.now_ms = now_ms
+        self.records: list[Record] = []
+        self.outbound: list[tuple[int, bytes]] = []
+        self._event_id = event_id
+
+    def fact(self, body: AnyBody, origin: Origin = "client") -> Record:
+        # The client's event_id rides on the first record only: that is the
+        # one the log deduplicates on, the rest are its consequences.
+        event_id, self._event_id = self._event_id, None
+        record = Record(
+            epoch=self.state.epoch,
+            ts_ms=self.now_ms,
+            origin=origin,
+            body=body,
+            event_id=event_id,
+        )
+        apply(self.state, record)
+        self.records.append(record)
+        return record
+
+    def emit(
+        self,
+        event: ServerEvent,
+        *,
+        response_id: str | None = None,
+        audio_ms: float = 0.0,
+        text: str = "",
+    ) -> None:
+        seq = self.state.server_event_seq + 1
+        event.server_event_seq = seq
+        event.event_id = f"event_{self.state.session_id[-8:]}_{seq}"
+        payload = encode_server_event(event)
+        self.fact(
+            OutBody(
+                server_event_seq=seq,
+                event_type=event.__struct_config__.tag,  # type: ignore[arg-type]
+                payload=payload,
+                response_id=response_id,
+                audio_ms=audio_ms,
+                text=text,
+            ),
+            origin="server",
+        )
+        self.outbound.append((seq, payload))

@@ -1,0 +1,580 @@
+"""Client commands -> records, one handler per event type.
+
+A handler first validates against the current state (raising
+:class:`ProtocolError` before recording anything), then adds facts and
+outbound events to the batch. What the actor must do outside the log
+(start or abort an engine stream, trim the journal, close) is returned as
+:class:`Effects`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+from msgspec import UNSET
+
+from duplex_server.audio import AudioDecodeError, decode_to_pcm16, pcm16_duration_ms
+from duplex_server.sessions.batch import Batch
+from duplex_server.sessions.config import merge_config
+from duplex_server.sessions.items import Item, Part, item_text, to_wire
+from duplex_server.sessions.model_port import ModelPort
+from duplex_server.sessions.records import (
+    AckBody,
+    AudioBody,
+    CloseBody,
+    CommitBody,
+    ConfigBody,
+    FrameBody,
+    ItemBody,
+    SignalBody,
+    TextBody,
+)
+from duplex_server.sessions.responses import (
+    advance_epoch,
+    cancel_response,
+    listen,
+    start_response,
+)
+from duplex_server.sessions.snapshot import ledger, session_object
+from duplex_server.sessions.state import Response, SessionState
+from protocol import client_events as ce
+from protocol.audio_formats import SUPPORTED_INPUT, AudioFormat, resolve_format
+from protocol.codec import decode_base64, strip_data_url
+from protocol.errors import ProtocolError
+from protocol.server_events import (
+    InputCleared,
+    InputCommitted,
+    InputTranscriptionCompleted,
+    ItemAdded,
+    ItemCreated,
+    ItemDeleted,
+    ItemDone,
+    ItemRetrieved,
+    ItemTruncated,
+    NativeCommit,
+    OutputAudioCleared,
+    PlaybackAcknowledged,
+    SessionClosed,
+    SessionHeartbeatAck,
+    SessionUpdated,
+)
+
+
+@dataclass
+class Effects:
+    start: Response | None = None
+    abort: list[str] = field(default_factory=list)
+    trim_to: int | None = None
+    close: bool = False
+
+
+Handler = Callable[[Batch, ce.ClientEvent, ModelPort], Effects]
+
+
+# --- session ----------------------------------------------------------------
+
+
+def session_update(batch: Batch, event: ce.SessionUpdateEvent, model: ModelPort) -> Effects:
+    state = batch.state
+    try:
+        merge_config(state.config, event.session, model.turn_detection_types)
+    except ProtocolError as err:
+        err.event_id = event.event_id
+        raise
+    batch.fact(ConfigBody(patch=event.session))
+    batch.emit(SessionUpdated(session=session_object(state, batch.capabilities)))
+    return Effects()
+
+
+def heartbeat(batch: Batch, event: ce.SessionHeartbeat, model: ModelPort) -> Effects:
+    batch.fact(SignalBody(signal="heartbeat"))
+    batch.emit(SessionHeartbeatAck(epoch=batch.state.epoch))
+    return Effects()
+
+
+def event_ack(batch: Batch, event: ce.SessionEventAck, model: ModelPort) -> Effects:
+    if event.server_event_seq > batch.state.server_event_seq:
+        raise ProtocolError(
+            "invalid_event",
+            f"server_event_seq {event.server_event_seq} was never sent "
+            f"(last is {batch.state.server_event_seq})",
+            param="server_event_seq",
+            event_id=event.event_id,
+        )
+    batch.fact(AckBody(what="event", server_event_seq=event.server_event_seq))
+    return Effects(trim_to=event.server_event_seq)
+
+
+def session_close(batch: Batch, event: ce.SessionClose, model: ModelPort) -> Effects:
+    effects = Effects(close=True)
+    aborted = cancel_response(batch, "client_cancelled") if batch.state.response else None
+    if aborted:
+        effects.abort.append(aborted)
+    batch.emit(SessionClosed(reason="client_close"))
+    batch.fact(CloseBody(reason="client_close"))
+    return effects
+
+
+# --- input ------------------------------------------------------------------
+
+
+def _check_epoch(state: SessionState, event: ce.ClientEvent) -> None:
+    if event.epoch is not None and event.epoch < state.epoch:
+        raise ProtocolError(
+            "stale_epoch",
+            f"event is for epoch {event.epoch}, the session is at epoch {state.epoch}",
+            param="epoch",
+            event_id=event.event_id,
+        )
+
+
+def _input_format(state: SessionState, event: ce.InputAudioAppend) -> AudioFormat:
+    if event.format is None and event.sample_rate_hz is None:
+        return state.config.input_format
+    spec = event.format if event.format is not None else state.config.input_format.name
+    try:
+        return resolve_format(
+            spec, param="format", supported=SUPPORTED_INPUT, rate_hz=event.sample_rate_hz
+        )
+    except ProtocolError as err:
+        err.event_id = event.event_id
+        raise
+
+
+def decode_audio(data: bytes, fmt: AudioFormat, event_id: str | None, param: str) -> bytes:
+    try:
+        return decode_to_pcm16(data, fmt)
+    except AudioDecodeError as exc:
+        raise ProtocolError("invalid_audio", str(exc), param=param, event_id=event_id) from None
+
+
+def audio_append(batch: Batch, event: ce.InputAudioAppend, model: ModelPort) -> Effects:
+    state = batch.state
+    _check_epoch(state, event)
+    fmt = _input_format(state, event)
+    raw = decode_base64(event.audio, param="audio", event_id=event.event_id)
+    pcm = decode_audio(raw, fmt, event.event_id, "audio")
+    if state.input.chunks and state.input.sample_rate_hz != fmt.sample_rate_hz:
+        raise ProtocolError(
+            "invalid_audio",
+            f"sample rate changed from {state.input.sample_rate_hz} to {fmt.sample_rate_hz} Hz "
+            "inside one utterance; commit or clear first",
+            param="sample_rate_hz",
+            event_id=event.event_id,
+        )
+    batch.fact(
+        AudioBody(
+            pcm=pcm,
+            sample_rate_hz=fmt.sample_rate_hz,
+            source_format=fmt.name,
+            duration_ms=pcm16_duration_ms(len(pcm), fmt.sample_rate_hz),
+            audio_end_ms=event.audio_end_ms,
+            is_speech=event.is_speech,
+        )
+    )
+    for frame in event.video_frames:
+        data = decode_base64(strip_data_url(frame), param="video_frames", event_id=None)
+        batch.fact(FrameBody(data=data, audio_ms=state.input.audio_ms))
+    return Effects()
+
+
+def _new_item_id(state: SessionState) -> str:
+    return f"item_{state.session_id[-10:]}_u{state.item_count + 1}"
+
+
+def audio_commit(batch: Batch, event: ce.InputAudioCommit, model: ModelPort) -> Effects:
+    state = batch.state
+    _check_epoch(state, event)
+    if event.is_speech is False:
+        batch.fact(CommitBody(item_id="", response_create=False, is_speech=False))
+        listen(batch, "client_declared_silence")
+        return Effects()
+    if not state.input.chunks and not state.input.text:
+        raise ProtocolError(
+            "input_audio_buffer_empty",
+            "nothing to commit: the input buffer is empty",
+            event_id=event.event_id,
+        )
+    respond = (
+        event.response_create if event.response_create is not None else (state.config.auto_response)
+    )
+    previous = state.items[-1].id if state.items else None
+    item_id = _new_item_id(state)
+    batch.fact(CommitBody(item_id=item_id, response_create=respond, final=bool(event.final)))
+    item = state.find_item(item_id)
+    assert item is not None
+    wire = to_wire(item)
+    for cls in (ItemAdded, ItemCreated):
+        batch.emit(cls(item=wire, previous_item_id=previous))
+    batch.emit(
+        InputCommitted(
+            item_id=item_id,
+            previous_item_id=previous,
+            event=NativeCommit(
+                turn_id=state.turn_id,
+                epoch=state.epoch,
+                history_len=len(state.items),
+                response_create_deferred=not respond,
+                audio_ms=round(item.parts[0].audio_ms, 3),
+            ),
+        )
+    )
+    transcript = item.parts[0].transcript
+    if transcript:
+        batch.emit(InputTranscriptionCompleted(item_id=item_id, transcript=transcript))
+    batch.emit(ItemDone(item=wire, previous_item_id=previous))
+    return _maybe_respond(batch, model) if respond else Effects()
+
+
+def _maybe_respond(batch: Batch, model: ModelPort, overrides=None) -> Effects:
+    """The model's turn decision after new input: speak (superseding) or listen."""
+    state = batch.state
+    effects = Effects()
+    if state.listen_count < state.config.force_listen_count or not model.wants_to_speak(
+        state.items, state.config
+    ):
+        listen(batch, "model_listening")
+        return effects
+    if state.response is not None:
+        aborted = cancel_response(batch, "new_response")
+        if aborted:
+            effects.abort.append(aborted)
+    effects.start = start_response(batch, overrides)
+    return effects
+
+
+def audio_clear(batch: Batch, event: ce.InputAudioClear, model: ModelPort) -> Effects:
+    batch.fact(SignalBody(signal="input.clear"))
+    batch.emit(InputCleared(epoch=batch.state.epoch))
+    return Effects()
+
+
+def input_cancel(batch: Batch, event: ce.InputCancel, model: ModelPort) -> Effects:
+    batch.fact(SignalBody(signal="input.cancel"))
+    advance_epoch(batch, "input_cancelled")
+    batch.emit(InputCleared(epoch=batch.state.epoch))
+    return Effects()
+
+
+def text_append(batch: Batch, event: ce.InputTextAppend, model: ModelPort) -> Effects:
+    if "text" not in model.capabilities.input_modes:
+        raise ProtocolError(
+            "native_text_append_unsupported",
+            f"model {model.name!r} does not take text input",
+            event_id=event.event_id,
+        )
+    _check_epoch(batch.state, event)
+    batch.fact(TextBody(text=event.text))
+    return Effects()
+
+
+# --- conversation -----------------------------------------------------------
+
+
+def _client_item(state: SessionState, event: ce.ItemCreate) -> Item:
+    wire = event.item
+    item_id = wire.id if isinstance(wire.id, str) and wire.id else _new_item_id(state)
+    if state.find_item(item_id) is not None:
+        raise ProtocolError(
+            "invalid_event",
+            f"item {item_id!r} already exists",
+            param="item.id",
+            event_id=event.event_id,
+        )
+    if wire.type == "function_call_output" and not isinstance(wire.call_id, str):
+        raise ProtocolError(
+            "invalid_event",
+            "function_call_output needs call_id",
+            param="item.call_id",
+            event_id=event.event_id,
+        )
+    if wire.type == "message" and wire.role is UNSET:
+        raise ProtocolError(
+            "invalid_event",
+            "a message item needs a role",
+            param="item.role",
+            event_id=event.event_id,
+        )
+    parts = []
+    for index, content in enumerate(wire.content):
+        param = f"item.content.{index}.audio"
+        if content.type in ("input_audio", "audio") and isinstance(content.audio, str):
+            fmt = state.config.input_format
+            pcm = decode_audio(
+                decode_base64(content.audio, param=param, event_id=event.event_id),
+                fmt,
+                event.event_id,
+                param,
+            )
+            parts.append(
+                Part(
+                    type=content.type,
+                    audio=pcm,
+                    audio_rate=fmt.sample_rate_hz,
+                    audio_ms=pcm16_duration_ms(len(pcm), fmt.sample_rate_hz),
+                    transcript=content.transcript or None,
+                )
+            )
+        else:
+            text = content.text if isinstance(content.text, str) else ""
+            transcript = content.transcript if isinstance(content.transcript, str) else None
+            parts.append(Part(type=content.type, text=text, transcript=transcript))
+    optional = {name: getattr(wire, name) for name in ("call_id", "name", "arguments", "output")}
+    return Item(
+        id=item_id,
+        type=wire.type,
+        role=wire.role if wire.role is not UNSET else None,
+        parts=parts,
+        **{k: (v if isinstance(v, str) else None) for k, v in optional.items()},
+    )
+
+
+def item_create(batch: Batch, event: ce.ItemCreate, model: ModelPort) -> Effects:
+    state = batch.state
+    previous = event.previous_item_id
+    if previous not in (None, "root") and state.find_item(previous) is None:
+        raise ProtocolError(
+            "item_not_found",
+            f"previous_item_id {previous!r} does not exist",
+            param="previous_item_id",
+            event_id=event.event_id,
+        )
+    item = _client_item(state, event)
+    if previous is None and state.items:
+        previous = state.items[-1].id
+    batch.fact(
+        ItemBody(
+            op="create",
+            item_id=item.id,
+            item=item,
+            previous_item_id=None if previous == "root" else previous,
+        )
+    )
+    for cls in (ItemAdded, ItemCreated):
+        batch.emit(cls(item=to_wire(item), previous_item_id=previous))
+    batch.emit(ItemDone(item=to_wire(item), previous_item_id=previous))
+    return Effects()
+
+
+def _existing_item(state: SessionState, event: ce.ClientEvent, item_id: str) -> Item:
+    item = state.find_item(item_id)
+    if item is None:
+        raise ProtocolError(
+            "item_not_found",
+            f"no item {item_id!r} in the conversation",
+            param="item_id",
+            event_id=event.event_id,
+        )
+    return item
+
+
+def item_retrieve(batch: Batch, event: ce.ItemRetrieve, model: ModelPort) -> Effects:
+    item = _existing_item(batch.state, event, event.item_id)
+    batch.emit(ItemRetrieved(item=to_wire(item)))
+    return Effects()
+
+
+def item_delete(batch: Batch, event: ce.ItemDelete, model: ModelPort) -> Effects:
+    _existing_item(batch.state, event, event.item_id)
+    batch.fact(ItemBody(op="delete", item_id=event.item_id))
+    batch.emit(ItemDeleted(item_id=event.item_id))
+    return Effects()
+
+
+def item_truncate(batch: Batch, event: ce.ItemTruncate, model: ModelPort) -> Effects:
+    item = _existing_item(batch.state, event, event.item_id)
+    if not model.capabilities.supports_audio_truncate:
+        raise ProtocolError(
+            "capability_unsupported",
+            "this model does not support truncation",
+            event_id=event.event_id,
+        )
+    if (
+        item.role != "assistant"
+        or event.content_index >= len(item.parts)
+        or (item.parts[event.content_index].type != "audio")
+    ):
+        raise ProtocolError(
+            "invalid_event",
+            "only assistant audio content can be truncated",
+            param="content_index",
+            event_id=event.event_id,
+        )
+    audio_ms = item.parts[event.content_index].audio_ms
+    active = batch.state.response
+    if active is not None and active.item_id == item.id:
+        audio_ms = active.playback.generated_ms
+    if event.audio_end_ms > audio_ms + 1e-6:
+        raise ProtocolError(
+            "invalid_event",
+            f"audio_end_ms {event.audio_end_ms} is past the item's {audio_ms:.1f} ms of audio",
+            param="audio_end_ms",
+            event_id=event.event_id,
+        )
+    batch.fact(
+        ItemBody(
+            op="truncate",
+            item_id=item.id,
+            content_index=event.content_index,
+            audio_end_ms=event.audio_end_ms,
+        )
+    )
+    batch.emit(
+        ItemTruncated(
+            item_id=item.id, content_index=event.content_index, audio_end_ms=event.audio_end_ms
+        )
+    )
+    return Effects()
+
+
+# --- response ---------------------------------------------------------------
+
+
+def _has_overrides(overrides: ce.ResponseOverrides | None) -> bool:
+    return (
+        overrides is not None
+        and bool(msgspec.structs.asdict(overrides))
+        and any(value is not UNSET for value in msgspec.structs.astuple(overrides))
+    )
+
+
+def response_create(batch: Batch, event: ce.ResponseCreate, model: ModelPort) -> Effects:
+    state = batch.state
+    if not any(it.role == "user" or it.type == "function_call_output" for it in state.items):
+        raise ProtocolError(
+            "response_create_without_input",
+            "response.create needs committed input: commit audio or create a user item first",
+            event_id=event.event_id,
+        )
+    batch.fact(SignalBody(signal="response.create", overrides=event.response))
+    active = state.response
+    if (
+        active is not None
+        and not _has_overrides(event.response)
+        and (state.items and state.items[-1].id == active.item_id)
+    ):
+        # Already answering the latest input (auto_response): coalesce, so a
+        # stock client's commit + response.create yields one response.
+        return Effects()
+    effects = Effects()
+    if active is not None:
+        aborted = cancel_response(batch, "new_response")
+        if aborted:
+            effects.abort.append(aborted)
+    effects.start = start_response(batch, event.response)
+    return effects
+
+
+def response_cancel(batch: Batch, event: ce.ResponseCancel, model: ModelPort) -> Effects:
+    active = batch.state.response
+    if active is None or (event.response_id is not None and event.response_id != active.id):
+        which = event.response_id or "active response"
+        raise ProtocolError(
+            "response_not_found",
+            f"no {which} to cancel",
+            param="response_id" if event.response_id else None,
+            event_id=event.event_id,
+        )
+    batch.fact(SignalBody(signal="response.cancel", response_id=active.id))
+    aborted = cancel_response(batch, "client_cancelled")
+    return Effects(abort=[aborted] if aborted else [])
+
+
+def _stop_output(batch: Batch, signal: str, reason: str) -> Effects:
+    active = batch.state.response
+    batch.fact(SignalBody(signal=signal))  # type: ignore[arg-type]
+    aborted = cancel_response(batch, reason)  # type: ignore[arg-type]
+    batch.emit(
+        OutputAudioCleared(response_id=active.id if active else None, epoch=batch.state.epoch)
+    )
+    return Effects(abort=[aborted] if aborted else [])
+
+
+def output_clear(batch: Batch, event: ce.OutputAudioClear, model: ModelPort) -> Effects:
+    return _stop_output(batch, "output_audio.clear", "output_cleared")
+
+
+def barge_in(batch: Batch, event: ce.ClientEvent, model: ModelPort) -> Effects:
+    if not model.capabilities.supports_barge_in:
+        raise ProtocolError(
+            "capability_unsupported",
+            f"model {model.name!r} does not support barge_in",
+            event_id=event.event_id,
+        )
+    return _stop_output(batch, "barge_in", "barge_in")
+
+
+def playback_ack(batch: Batch, event: ce.PlaybackAck, model: ModelPort) -> Effects:
+    state = batch.state
+    response = state.find_response(event.response_id)
+    if response is None and event.item_id is not None:
+        response = next(
+            (
+                r
+                for r in (state.response, state.last_response)
+                if r is not None and r.item_id == event.item_id
+            ),
+            None,
+        )
+    if response is None:
+        raise ProtocolError(
+            "response_not_found",
+            "no response to acknowledge playback for",
+            param="response_id",
+            event_id=event.event_id,
+        )
+    committed = event.committed_ms if event.committed_ms is not None else event.played_ms
+    batch.fact(
+        AckBody(
+            what="playback",
+            played_ms=event.played_ms,
+            committed_ms=committed,
+            truncate=event.truncate,
+            response_id=response.id,
+        )
+    )
+    item = state.find_item(response.item_id)
+    history_committed = (
+        item is not None
+        and response.status != "in_progress"
+        and ((item.history_ms or 0.0) + 1e-6 >= response.playback.generated_ms or item.truncated)
+    )
+    batch.emit(
+        PlaybackAcknowledged(
+            response_id=response.id,
+            item_id=response.item_id,
+            playback=ledger(response.playback),
+            history_committed=history_committed,
+            truncated=bool(item and item.truncated),
+        ),
+        response_id=response.id,
+    )
+    return Effects()
+
+
+HANDLERS: dict[type, Handler] = {
+    ce.SessionUpdateEvent: session_update,
+    ce.SessionHeartbeat: heartbeat,
+    ce.SessionEventAck: event_ack,
+    ce.SessionClose: session_close,
+    ce.InputAudioAppend: audio_append,
+    ce.InputAudioCommit: audio_commit,
+    ce.InputCommit: audio_commit,
+    ce.InputAudioClear: audio_clear,
+    ce.InputCancel: input_cancel,
+    ce.InputTextAppend: text_append,
+    ce.ItemCreate: item_create,
+    ce.ItemRetrieve: item_retrieve,
+    ce.ItemDelete: item_delete,
+    ce.ItemTruncate: item_truncate,
+    ce.ResponseCreate: response_create,
+    ce.ResponseCancel: response_cancel,
+    ce.OutputAudioClear: output_clear,
+    ce.BargeIn: barge_in,
+    ce.TurnSignal: barge_in,
+    ce.PlaybackAck: playback_ack,
+}
+
+__all__ = ["Effects", "HANDLERS", "item_text"]

@@ -1,0 +1,73 @@
+"""Conversation items as the session keeps them, and their wire projection.
+
+Audio lives in items as pcm16 (``audio``/``audio_rate``) so models read it
+directly; ``history_ms`` is how much of an assistant item counts as history
+(playback truth), ``marks`` map audio time to transcript length.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from msgspec import UNSET
+
+from protocol.items import ContentPart, ConversationItem
+
+
+class Part(msgspec.Struct):
+    type: str  # input_audio | input_text | audio | text | output_text
+    text: str = ""
+    transcript: str | None = None
+    audio: bytes = b""
+    audio_rate: int = 0
+    audio_ms: float = 0.0
+
+
+class Item(msgspec.Struct):
+    id: str
+    type: str = "message"
+    role: str | None = None
+    status: str = "completed"
+    parts: list[Part] = msgspec.field(default_factory=list)
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+    marks: list[tuple[float, int]] = msgspec.field(default_factory=list)
+    history_ms: float | None = None
+    truncated: bool = False
+
+
+def transcript_at(marks: list[tuple[float, int]], transcript: str, end_ms: float) -> str:
+    """The transcript prefix spoken by ``end_ms``, by the audio-text marks."""
+    cut = 0
+    for mark_ms, chars in marks:
+        if mark_ms > end_ms + 1e-6:
+            break
+        cut = chars
+    return transcript[:cut]
+
+
+def _wire_part(part: Part) -> ContentPart:
+    if part.type in ("input_text", "text", "output_text"):
+        return ContentPart(type=part.type, text=part.text)
+    return ContentPart(type=part.type, transcript=part.transcript)
+
+
+def to_wire(item: Item) -> ConversationItem:
+    return ConversationItem(
+        type=item.type,  # type: ignore[arg-type]
+        id=item.id,
+        role=item.role if item.role is not None else UNSET,  # type: ignore[arg-type]
+        status=item.status,  # type: ignore[arg-type]
+        content=[_wire_part(part) for part in item.parts],
+        call_id=item.call_id if item.call_id is not None else UNSET,
+        name=item.name if item.name is not None else UNSET,
+        arguments=item.arguments if item.arguments is not None else UNSET,
+        output=item.output if item.output is not None else UNSET,
+    )
+
+
+def item_text(item: Item) -> str:
+    """What the item says, as text: typed text or the audio's transcript."""
+    pieces = [part.text or (part.transcript or "") for part in item.parts]
+    return " ".join(piece for piece in pieces if piece)

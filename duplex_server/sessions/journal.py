@@ -1,0 +1,67 @@
+"""The window of journaled outbound events that senders drain.
+
+The log is the truth; this is its recent tail kept in memory so that a
+socket's sender never reads the backend on the hot path. It is bounded:
+an entry leaves when the client acknowledged it or when the window is full,
+and a cursor older than the window is a gap (``session.resync_required``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+
+class JournalGap(Exception):
+    def __init__(self, cursor: int, oldest: int) -> None:
+        super().__init__(f"cursor {cursor} is older than the journal (oldest {oldest})")
+        self.cursor = cursor
+        self.oldest = oldest
+
+
+class Journal:
+    def __init__(self, max_events: int, last_seq: int = 0) -> None:
+        self.max_events = max_events
+        self._entries: deque[tuple[int, bytes]] = deque()
+        self.last_seq = last_seq
+        self.dropped_upto = last_seq  # every seq <= this is gone from the window
+        self._changed = asyncio.Event()
+
+    def add(self, entries: list[tuple[int, bytes]]) -> int | None:
+        """Append; returns the new ``dropped_upto`` if the bound evicted entries."""
+        if not entries:
+            return None
+        self._entries.extend(entries)
+        self.last_seq = entries[-1][0]
+        evicted = None
+        while len(self._entries) > self.max_events:
+            evicted = self._entries.popleft()[0]
+        if evicted is not None:
+            self.dropped_upto = evicted
+        self._wake()
+        return evicted
+
+    def trim(self, upto: int) -> None:
+        while self._entries and self._entries[0][0] <= upto:
+            self._entries.popleft()
+        self.dropped_upto = max(self.dropped_upto, min(upto, self.last_seq))
+
+    def since(self, cursor: int) -> list[tuple[int, bytes]]:
+        if cursor < self.dropped_upto:
+            raise JournalGap(cursor, self.dropped_upto + 1)
+        newer: list[tuple[int, bytes]] = []
+        for entry in reversed(self._entries):  # senders ask for the recent tail
+            if entry[0] <= cursor:
+                break
+            newer.append(entry)
+        newer.reverse()
+        return newer
+
+    async def wait_beyond(self, cursor: int) -> None:
+        while self.last_seq <= cursor:
+            changed = self._changed
+            await changed.wait()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()

@@ -1,0 +1,54 @@
+"""The session log interface every backend implements (memory, sqlite, redis).
+
+Appends are batches: all records of one command land together or not at all,
+each batch carries the writer's fencing token, and client ``event_id``s are
+deduplicated within a window.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from duplex_server.sessions.records import Record
+
+EVENT_ID_WINDOW = 1024
+
+
+class LogError(Exception):
+    """Base of everything a backend refuses."""
+
+
+class StaleFence(LogError):
+    """The writer's fencing token is older than the lease's: it was deposed."""
+
+
+class DuplicateEvent(LogError):
+    """A client ``event_id`` inside the idempotency window was appended before."""
+
+    def __init__(self, event_id: str) -> None:
+        super().__init__(f"event_id {event_id!r} already appended")
+        self.event_id = event_id
+
+
+class UnknownSession(LogError):
+    pass
+
+
+class SessionLog(Protocol):
+    async def create(self, session_id: str) -> None: ...
+
+    async def acquire_lease(self, session_id: str, owner: str) -> int:
+        """Take the session's lease; returns the new (strictly larger) fencing token."""
+        ...
+
+    async def append(self, session_id: str, records: list[Record], fence: int) -> list[int]:
+        """Append atomically; sets and returns each record's ``seq``."""
+        ...
+
+    async def read(self, session_id: str, after_seq: int = 0) -> list[Record]: ...
+
+    async def trim(self, session_id: str, upto_server_event_seq: int) -> int:
+        """Drop payloads of outbound events up to the cursor; returns how many."""
+        ...
+
+    async def delete(self, session_id: str) -> None: ...

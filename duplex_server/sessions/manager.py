@@ -1,0 +1,125 @@
+"""Admission, the registry of live actors, resume routing and the reaper."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from duplex_server.sessions.actor import ActorSettings, SessionActor
+from duplex_server.sessions.attachment import Attachment
+from duplex_server.sessions.log import SessionLog
+from duplex_server.sessions.model_port import ModelPort
+from duplex_server.sessions.tokens import new_session_id
+from protocol.client_events import SessionResume
+from protocol.errors import ProtocolError
+from protocol.session_config import SessionUpdate
+
+TOMBSTONES = 10_000
+
+
+@dataclass
+class ManagerSettings:
+    owner: str
+    max_sessions: int = 1000
+    idle_ttl_s: float = 300.0
+    disconnect_grace_s: float = 30.0
+    reap_interval_s: float = 1.0
+    mailbox_size: int = 256
+    journal_max_events: int = 4096
+
+
+class SessionManager:
+    def __init__(self, log: SessionLog, model: ModelPort, settings: ManagerSettings) -> None:
+        self.log = log
+        self.model = model
+        self.settings = settings
+        self.actors: dict[str, SessionActor] = {}
+        self._ended: OrderedDict[str, str] = OrderedDict()
+        self._reaper: asyncio.Task[None] | None = None
+
+    def _actor_settings(self) -> ActorSettings:
+        s = self.settings
+        return ActorSettings(
+            owner=s.owner, mailbox_size=s.mailbox_size, journal_max_events=s.journal_max_events
+        )
+
+    async def open(
+        self, attachment: Attachment, patch: SessionUpdate, handshake: bool
+    ) -> SessionActor:
+        if len(self.actors) >= self.settings.max_sessions:
+            raise ProtocolError(
+                "resource_exhausted",
+                f"server is at capacity ({self.settings.max_sessions} sessions); retry later",
+            )
+        session_id = new_session_id()
+        actor = SessionActor(session_id, self.log, self.model, self._actor_settings(), self._closed)
+        self.actors[session_id] = actor
+        try:
+            await actor.open(attachment, patch, handshake)
+        except BaseException:
+            self.actors.pop(session_id, None)
+            raise
+        return actor
+
+    async def resume(self, attachment: Attachment, request: SessionResume) -> SessionActor:
+        actor = self.actors.get(request.session_id)
+        if actor is None:
+            if request.session_id in self._ended:
+                raise ProtocolError(
+                    "session_resume_expired",
+                    f"session {request.session_id} ended ({self._ended[request.session_id]})",
+                    param="session_id",
+                    event_id=request.event_id,
+                )
+            raise ProtocolError(
+                "session_resume_invalid",
+                "no such session",
+                param="session_id",
+                event_id=request.event_id,
+            )
+        await actor.resume(attachment, request)
+        return actor
+
+    def _closed(self, session_id: str, reason: str) -> None:
+        self.actors.pop(session_id, None)
+        self._ended[session_id] = reason
+        while len(self._ended) > TOMBSTONES:
+            self._ended.popitem(last=False)
+
+    def ended_reason(self, session_id: str) -> str | None:
+        return self._ended.get(session_id)
+
+    # --- reaper ------------------------------------------------------------
+
+    def start(self) -> None:
+        self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reap_interval_s)
+            self.reap(time.monotonic())
+
+    def reap(self, now: float) -> None:
+        for actor in list(self.actors.values()):
+            if actor.detached_at is not None:
+                if now - actor.detached_at >= self.settings.disconnect_grace_s:
+                    actor.end("disconnect_grace_expired")
+                continue
+            ttl = actor.state.config.idle_timeout_s or self.settings.idle_ttl_s
+            if now - actor.last_activity >= ttl:
+                actor.end("idle_ttl_expired")
+
+    async def shutdown(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        actors = list(self.actors.values())
+        for actor in actors:
+            actor.end("shutdown")
+        for actor in actors:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(actor.closed.wait(), timeout=3.0)

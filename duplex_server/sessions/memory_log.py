@@ -1,0 +1,91 @@
+"""In-process log backend, for tests, benchmarks and ``--store memory``."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import msgspec
+
+from duplex_server.sessions.log import (
+    EVENT_ID_WINDOW,
+    DuplicateEvent,
+    StaleFence,
+    UnknownSession,
+)
+from duplex_server.sessions.records import OutBody, Record
+
+
+@dataclass
+class _Stream:
+    records: list[Record] = field(default_factory=list)
+    fence: int = 0
+    owner: str = ""
+    event_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    trimmed_upto: int = 0
+
+
+class MemoryLog:
+    def __init__(self, event_id_window: int = EVENT_ID_WINDOW) -> None:
+        self._streams: dict[str, _Stream] = {}
+        self._window = event_id_window
+
+    def _stream(self, session_id: str) -> _Stream:
+        try:
+            return self._streams[session_id]
+        except KeyError:
+            raise UnknownSession(session_id) from None
+
+    async def create(self, session_id: str) -> None:
+        self._streams.setdefault(session_id, _Stream())
+
+    async def acquire_lease(self, session_id: str, owner: str) -> int:
+        stream = self._stream(session_id)
+        stream.fence += 1
+        stream.owner = owner
+        return stream.fence
+
+    async def append(self, session_id: str, records: list[Record], fence: int) -> list[int]:
+        stream = self._stream(session_id)
+        if fence < stream.fence:
+            raise StaleFence(f"fence {fence} < current {stream.fence} for {session_id}")
+        for record in records:
+            if record.event_id is not None and record.event_id in stream.event_ids:
+                raise DuplicateEvent(record.event_id)
+        next_seq = stream.records[-1].seq + 1 if stream.records else 1
+        seqs = []
+        for offset, record in enumerate(records):
+            record.seq = next_seq + offset
+            seqs.append(record.seq)
+            if record.event_id is not None:
+                stream.event_ids[record.event_id] = None
+        while len(stream.event_ids) > self._window:
+            stream.event_ids.popitem(last=False)
+        stream.records.extend(records)
+        return seqs
+
+    async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
+        records = self._stream(session_id).records
+        # seqs are dense from 1, so the index of seq N is N - 1.
+        return records[after_seq:]
+
+    async def trim(self, session_id: str, upto_server_event_seq: int) -> int:
+        stream = self._stream(session_id)
+        if upto_server_event_seq <= stream.trimmed_upto:
+            return 0
+        trimmed = 0
+        for index, record in enumerate(stream.records):
+            body = record.body
+            if not isinstance(body, OutBody) or body.trimmed:
+                continue
+            if body.server_event_seq > upto_server_event_seq:
+                break
+            stream.records[index] = msgspec.structs.replace(
+                record, body=msgspec.structs.replace(body, payload=b"", trimmed=True)
+            )
+            trimmed += 1
+        stream.trimmed_upto = upto_server_event_seq
+        return trimmed
+
+    async def delete(self, session_id: str) -> None:
+        self._streams.pop(session_id, None)

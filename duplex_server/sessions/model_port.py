@@ -1,0 +1,47 @@
+"""What the session actor needs from a model, and nothing more.
+
+Model adapters (``duplex_server.models``) implement :class:`ModelPort`; the
+session core never imports them, so the arrow points from models to here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import msgspec
+
+from duplex_server.sessions.config import EffectiveConfig
+from duplex_server.sessions.items import Item
+from protocol.server_events import Capabilities
+
+
+class ModelChunk(msgspec.Struct):
+    """One slice of a response: pcm16 audio at ``sample_rate_hz`` and/or text."""
+
+    audio: bytes = b""
+    sample_rate_hz: int = 24_000
+    text: str = ""
+
+
+class ResponseRequest(msgspec.Struct):
+    session_id: str
+    response_id: str
+    epoch: int
+    modalities: list[str]
+    history: list[Item]
+    config: EffectiveConfig
+
+
+class ModelPort(Protocol):
+    name: str
+    capabilities: Capabilities
+    turn_detection_types: tuple[str, ...]
+
+    def wants_to_speak(self, history: list[Item], config: EffectiveConfig) -> bool:
+        """The model's turn decision after a commit: answer now, or keep listening."""
+        ...
+
+    def stream(self, request: ResponseRequest) -> AsyncIterator[ModelChunk]: ...
+
+    def abort(self, response_id: str) -> None: ...

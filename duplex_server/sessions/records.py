@@ -1,0 +1,218 @@
+"""Log record types (DESIGN.md, "The log").
+
+A record's ``kind`` is the tag of its body, so the two cannot disagree.
+Bodies hold typed facts only: anything the fold needs is a field here, never
+something re-parsed from an outbound payload.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import msgspec
+
+from duplex_server.sessions.items import Item
+from protocol.client_events import ResponseOverrides
+from protocol.session_config import SessionUpdate
+
+Origin = Literal["client", "server", "engine", "manager"]
+
+
+class Body(msgspec.Struct, tag_field="kind", omit_defaults=True):
+    pass
+
+
+class ConfigBody(Body, tag="config"):
+    """A ``session.update`` patch (or the route's opening defaults)."""
+
+    patch: SessionUpdate
+
+
+class AudioBody(Body, tag="audio"):
+    """One input chunk, already converted to pcm16 at ``sample_rate_hz``."""
+
+    pcm: bytes
+    sample_rate_hz: int
+    source_format: str
+    duration_ms: float
+    audio_end_ms: float | None = None
+    is_speech: bool | None = None
+
+
+class FrameBody(Body, tag="frame"):
+    data: bytes
+    audio_ms: float
+
+
+class TextBody(Body, tag="text"):
+    text: str
+
+
+class CommitBody(Body, tag="commit"):
+    item_id: str
+    response_create: bool
+    is_speech: bool = True
+    final: bool = False
+
+
+ItemOp = Literal["create", "delete", "truncate"]
+
+
+class ItemBody(Body, tag="item"):
+    op: ItemOp
+    item_id: str
+    item: Item | None = None
+    previous_item_id: str | None = None
+    content_index: int = 0
+    audio_end_ms: float = 0.0
+
+
+class AckBody(Body, tag="ack"):
+    """``playback.ack`` (``what="playback"``) or ``session.event_ack`` (``"event"``)."""
+
+    what: Literal["playback", "event"]
+    played_ms: float = 0.0
+    committed_ms: float = 0.0
+    truncate: bool = False
+    response_id: str | None = None
+    server_event_seq: int = 0
+
+
+SignalName = Literal[
+    "barge_in",
+    "response.create",
+    "response.cancel",
+    "heartbeat",
+    "output_audio.clear",
+    "input.clear",
+    "input.cancel",
+]
+
+
+class SignalBody(Body, tag="signal"):
+    signal: SignalName
+    response_id: str | None = None
+    overrides: ResponseOverrides | None = None
+
+
+FenceReason = Literal[
+    "client_cancelled", "output_cleared", "barge_in", "input_cancelled", "new_response"
+]
+
+
+class FenceBody(Body, tag="fence"):
+    reason: FenceReason
+    new_epoch: int
+
+
+DecisionAction = Literal["speak", "listen", "response_done"]
+ResponseStatus = Literal["completed", "cancelled", "failed", "incomplete"]
+
+
+class DecisionBody(Body, tag="decision"):
+    action: DecisionAction
+    response_id: str | None = None
+    item_id: str | None = None
+    reason: str = ""
+    status: ResponseStatus | None = None
+    modalities: list[str] = msgspec.field(default_factory=list)
+    overrides: ResponseOverrides | None = None
+
+
+class OutBody(Body, tag="out"):
+    """One journaled server event; ``payload`` is exactly what goes on the wire.
+
+    ``audio_ms``/``text`` carry what the event adds to the active response so
+    the fold can keep the playback ledger and transcript without parsing JSON.
+    ``payload`` is emptied (``trimmed``) once the client acknowledged it.
+    """
+
+    server_event_seq: int
+    event_type: str
+    payload: bytes
+    response_id: str | None = None
+    audio_ms: float = 0.0
+    text: str = ""
+    trimmed: bool = False
+
+
+LeaseAction = Literal["attach", "detach", "resume", "replace", "takeover"]
+
+
+class LeaseBody(Body, tag="lease"):
+    action: LeaseAction
+    owner: str
+    fence: int
+    generation: int
+    token_hash: str | None = None
+
+
+CloseReason = Literal[
+    "client_close",
+    "disconnect",
+    "timeout",
+    "transport_error",
+    "shutdown",
+    "disconnect_grace_expired",
+    "idle_ttl_expired",
+]
+
+
+class CloseBody(Body, tag="close"):
+    reason: CloseReason
+
+
+AnyBody = Union[
+    ConfigBody,
+    AudioBody,
+    FrameBody,
+    TextBody,
+    CommitBody,
+    ItemBody,
+    AckBody,
+    SignalBody,
+    FenceBody,
+    DecisionBody,
+    OutBody,
+    LeaseBody,
+    CloseBody,
+]
+
+
+class Record(msgspec.Struct):
+    """``(seq, kind, epoch, ts_ms, origin, event_id?, body)``; ``seq`` set by the backend."""
+
+    epoch: int
+    ts_ms: int
+    origin: Origin
+    body: AnyBody
+    event_id: str | None = None
+    seq: int = 0
+
+    @property
+    def kind(self) -> str:
+        return self.body.__struct_config__.tag  # type: ignore[return-value]
+
+
+class RecordLine(msgspec.Struct):
+    """The JSON-lines shape of a record (``GET /v1/sessions/{id}/events``)."""
+
+    seq: int
+    kind: str
+    epoch: int
+    ts_ms: int
+    origin: str
+    event_id: str | None
+    body: AnyBody
+
+
+def to_line(record: Record) -> RecordLine:
+    return RecordLine(
+        record.seq,
+        record.kind,
+        record.epoch,
+        record.ts_ms,
+        record.origin,
+        record.event_id,
+        record.body,
+    )

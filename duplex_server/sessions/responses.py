@@ -1,0 +1,247 @@
+"""The assistant response lifecycle, in the order PROTOCOL.md fixes.
+
+created -> item added/created -> output_item.added -> content_part.added ->
+speak -> (audio + transcript | text) deltas -> *.done -> content_part.done ->
+output_item.done -> conversation.item.done -> response.done -> rate_limits.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import msgspec
+
+from duplex_server.audio import encode_from_pcm16, pcm16_duration_ms
+from duplex_server.sessions.batch import Batch
+from duplex_server.sessions.items import to_wire
+from duplex_server.sessions.model_port import ModelChunk
+from duplex_server.sessions.records import DecisionBody, FenceBody, FenceReason
+from duplex_server.sessions.snapshot import ledger
+from duplex_server.sessions.state import Response
+from protocol.client_events import ResponseOverrides
+from protocol.items import ContentPart
+from protocol.server_events import (
+    AudioDelta,
+    AudioDeltaMetadata,
+    AudioDone,
+    AudioTranscriptDelta,
+    AudioTranscriptDone,
+    ContentPartAdded,
+    ContentPartDone,
+    ItemAdded,
+    ItemCreated,
+    ItemDone,
+    OutputAudioDelta,
+    OutputAudioDone,
+    OutputAudioTranscriptDelta,
+    OutputAudioTranscriptDone,
+    OutputItemAdded,
+    OutputItemDone,
+    OutputTextDelta,
+    OutputTextDone,
+    RateLimit,
+    RateLimitsUpdated,
+    ResponseCreated,
+    ResponseDone,
+    ResponseListen,
+    ResponseObject,
+    ResponseSpeak,
+    ResponseStatusDetails,
+    TextDelta,
+    TextDone,
+)
+
+_STATUS_TYPE = {
+    "completed": "completed",
+    "cancelled": "cancelled",
+    "failed": "failed",
+    "incomplete": "incomplete",
+}
+
+
+def _is_audio(response: Response) -> bool:
+    return "audio" in response.modalities
+
+
+def response_object(batch: Batch, response: Response) -> ResponseObject:
+    state = batch.state
+    item = state.find_item(response.item_id)
+    details = None
+    if response.status != "in_progress":
+        details = ResponseStatusDetails(
+            type=_STATUS_TYPE[response.status],
+            reason=response.reason or msgspec.UNSET,
+        )
+    return ResponseObject(
+        id=response.id,
+        status=response.status,  # type: ignore[arg-type]
+        status_details=details,
+        output=[to_wire(item)] if item is not None else [],
+        modalities=list(response.modalities),
+        output_modalities=list(response.modalities),
+        metadata={
+            "epoch": response.epoch,
+            "turn_id": state.turn_id,
+            "playback": msgspec.to_builtins(ledger(response.playback)),
+        },
+    )
+
+
+def resolve_modalities(
+    config_modalities: list[str], overrides: ResponseOverrides | None
+) -> list[str]:
+    if overrides is not None:
+        for field in (overrides.output_modalities, overrides.modalities):
+            if field is not msgspec.UNSET:
+                return list(field)
+    return list(config_modalities)
+
+
+def start_response(batch: Batch, overrides: ResponseOverrides | None = None) -> Response:
+    state = batch.state
+    response_id = f"resp_{state.session_id[-10:]}_{state.response_count + 1}"
+    item_id = f"item_{response_id}"
+    modalities = resolve_modalities(state.config.modalities, overrides)
+    batch.fact(
+        DecisionBody(
+            action="speak",
+            response_id=response_id,
+            item_id=item_id,
+            modalities=modalities,
+            overrides=overrides,
+        ),
+        origin="server",
+    )
+    response = state.response
+    assert response is not None
+    item = state.find_item(item_id)
+    assert item is not None
+    previous = state.items[-2].id if len(state.items) > 1 else None
+    batch.emit(ResponseCreated(response=response_object(batch, response)), response_id=response_id)
+    for cls in (ItemAdded, ItemCreated):
+        batch.emit(cls(item=to_wire(item), previous_item_id=previous), response_id=response_id)
+    batch.emit(
+        OutputItemAdded(response_id=response_id, item=to_wire(item)), response_id=response_id
+    )
+    part = (
+        ContentPart(type="audio", transcript="")
+        if _is_audio(response)
+        else ContentPart(type="text", text="")
+    )
+    batch.emit(
+        ContentPartAdded(response_id=response_id, item_id=item_id, part=part),
+        response_id=response_id,
+    )
+    if _is_audio(response):
+        batch.emit(
+            ResponseSpeak(
+                response_id=response_id, item_id=item_id, epoch=state.epoch, turn_id=state.turn_id
+            ),
+            response_id=response_id,
+        )
+    return response
+
+
+def emit_chunk(batch: Batch, response: Response, chunk: ModelChunk) -> None:
+    """One model chunk: an audio delta paired with its transcript delta, or text."""
+    refs = {"response_id": response.id, "item_id": response.item_id}
+    if not _is_audio(response):
+        if chunk.text:
+            batch.emit(
+                OutputTextDelta(delta=chunk.text, **refs), response_id=response.id, text=chunk.text
+            )
+            batch.emit(TextDelta(delta=chunk.text, **refs), response_id=response.id)
+        return
+    out_fmt = batch.state.config.output_format
+    encoded = encode_from_pcm16(chunk.audio, chunk.sample_rate_hz, out_fmt)
+    duration = pcm16_duration_ms(len(chunk.audio), chunk.sample_rate_hz)
+    after = msgspec.structs.replace(
+        response.playback,
+        generated_ms=response.playback.generated_ms + duration,
+        sent_ms=response.playback.sent_ms + duration,
+    )
+    metadata = AudioDeltaMetadata(
+        epoch=response.epoch,
+        end_of_turn=False,
+        audio_duration_ms=round(duration, 3),
+        audio_text_marks=[
+            (round(after.generated_ms, 3), len(response.transcript) + len(chunk.text))
+        ],
+        playback=ledger(after),
+    )
+    delta = base64.b64encode(encoded).decode()
+    audio = {
+        "delta": delta,
+        "format": out_fmt.name,
+        "sample_rate_hz": out_fmt.sample_rate_hz,
+        "metadata": metadata,
+        **refs,
+    }
+    batch.emit(OutputAudioDelta(**audio), response_id=response.id, audio_ms=duration)
+    batch.emit(AudioDelta(**audio), response_id=response.id)
+    batch.emit(
+        OutputAudioTranscriptDelta(delta=chunk.text, **refs),
+        response_id=response.id,
+        text=chunk.text,
+    )
+    batch.emit(AudioTranscriptDelta(delta=chunk.text, **refs), response_id=response.id)
+
+
+def finish_response(batch: Batch, status: str, reason: str = "") -> None:
+    state = batch.state
+    response = state.response
+    if response is None:
+        return
+    refs = {"response_id": response.id, "item_id": response.item_id}
+    if _is_audio(response):
+        for cls in (OutputAudioDone, AudioDone):
+            batch.emit(cls(**refs), response_id=response.id)
+        for cls in (OutputAudioTranscriptDone, AudioTranscriptDone):
+            batch.emit(cls(transcript=response.transcript, **refs), response_id=response.id)
+        part = ContentPart(type="audio", transcript=response.transcript)
+    else:
+        for cls in (OutputTextDone, TextDone):
+            batch.emit(cls(text=response.transcript, **refs), response_id=response.id)
+        part = ContentPart(type="text", text=response.transcript)
+    batch.emit(ContentPartDone(part=part, **refs), response_id=response.id)
+    batch.fact(
+        DecisionBody(
+            action="response_done",
+            response_id=response.id,
+            status=status,  # type: ignore[arg-type]
+            reason=reason,
+        ),
+        origin="server",
+    )
+    item = state.find_item(response.item_id)
+    wire_item = to_wire(item) if item is not None else None
+    batch.emit(OutputItemDone(response_id=response.id, item=wire_item), response_id=response.id)
+    batch.emit(ItemDone(item=wire_item), response_id=response.id)
+    batch.emit(ResponseDone(response=response_object(batch, response)), response_id=response.id)
+    batch.emit(
+        RateLimitsUpdated(
+            rate_limits=[
+                RateLimit(name="requests", limit=1_000_000, remaining=1_000_000, reset_seconds=0.0)
+            ]
+        )
+    )
+
+
+def advance_epoch(batch: Batch, reason: FenceReason) -> None:
+    batch.fact(FenceBody(reason=reason, new_epoch=batch.state.epoch + 1), origin="server")
+
+
+def cancel_response(batch: Batch, reason: FenceReason, status: str = "cancelled") -> str | None:
+    """Fence off the active response and close it; returns its id for the engine abort."""
+    response = batch.state.response
+    advance_epoch(batch, reason)
+    if response is None:
+        return None
+    finish_response(batch, status, reason)
+    return response.id
+
+
+def listen(batch: Batch, reason: str) -> None:
+    state = batch.state
+    batch.fact(DecisionBody(action="listen", reason=reason), origin="server")
+    batch.emit(ResponseListen(reason=reason, epoch=state.epoch, turn_id=state.turn_id))

@@ -1,0 +1,331 @@
+"""Session state and the pure fold ``state = reduce(apply, records, initial)``.
+
+``apply`` reads nothing but the state and the record: no clock, randomness
+or I/O. It mutates the state it is given (the fold's accumulator), which is
+what keeps a live actor and a from-scratch refold byte-for-byte equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from duplex_server.sessions.config import EffectiveConfig, merge_config
+from duplex_server.sessions.items import Item, Part, transcript_at
+from duplex_server.sessions.records import (
+    AckBody,
+    AudioBody,
+    CloseBody,
+    CommitBody,
+    ConfigBody,
+    DecisionBody,
+    FenceBody,
+    FrameBody,
+    ItemBody,
+    LeaseBody,
+    OutBody,
+    Record,
+    SignalBody,
+    TextBody,
+)
+
+RECENT_EVENT_IDS = 256
+
+
+class Playback(msgspec.Struct):
+    generated_ms: float = 0.0
+    sent_ms: float = 0.0
+    played_ms: float = 0.0
+    committed_ms: float = 0.0
+
+
+class Response(msgspec.Struct):
+    id: str
+    item_id: str
+    epoch: int
+    modalities: list[str]
+    status: str = "in_progress"
+    reason: str = ""
+    playback: Playback = msgspec.field(default_factory=Playback)
+    transcript: str = ""
+
+
+class InputBuffer(msgspec.Struct):
+    chunks: list[bytes] = msgspec.field(default_factory=list)
+    sample_rate_hz: int = 0
+    audio_ms: float = 0.0
+    text: str = ""
+    frames: int = 0
+    end_ms: float = 0.0  # input timeline: audio_end_ms of the last chunk
+
+
+class Lease(msgspec.Struct):
+    owner: str = ""
+    fence: int = 0
+    generation: int = 0
+    token_hash: str | None = None
+    attached: bool = False
+
+
+class SessionState(msgspec.Struct):
+    session_id: str
+    config: EffectiveConfig
+    turn_detection_types: tuple[str, ...] = ()
+    epoch: int = 0
+    turn_id: int = 0
+    server_event_seq: int = 0
+    acked_server_event_seq: int = 0
+    last_seq: int = 0
+    input: InputBuffer = msgspec.field(default_factory=InputBuffer)
+    items: list[Item] = msgspec.field(default_factory=list)
+    response: Response | None = None
+    last_response: Response | None = None
+    response_count: int = 0
+    item_count: int = 0
+    pending_input: bool = False
+    listen_count: int = 0
+    lease: Lease = msgspec.field(default_factory=Lease)
+    recent_event_ids: list[str] = msgspec.field(default_factory=list)
+    closed_reason: str | None = None
+
+    def find_item(self, item_id: str) -> Item | None:
+        for item in self.items:
+            if item.id == item_id:
+                return item
+        return None
+
+    def find_response(self, response_id: str | None) -> Response | None:
+        for response in (self.response, self.last_response):
+            if response is not None and (response_id is None or response.id == response_id):
+                return response
+        return None
+
+
+def initial_state(
+    session_id: str, model: str, turn_detection_types: tuple[str, ...] = ()
+) -> SessionState:
+    return SessionState(
+        session_id=session_id,
+        config=EffectiveConfig(model=model),
+        turn_detection_types=turn_detection_types,
+    )
+
+
+def fold(records: Iterable[Record], state: SessionState) -> SessionState:
+    for record in records:
+        apply(state, record)
+    return state
+
+
+def apply(state: SessionState, record: Record) -> None:
+    if record.seq:
+        state.last_seq = record.seq
+    if record.event_id is not None:
+        state.recent_event_ids.append(record.event_id)
+        del state.recent_event_ids[:-RECENT_EVENT_IDS]
+    _APPLY[type(record.body)](state, record.body)
+
+
+def _config(state: SessionState, body: ConfigBody) -> None:
+    state.config = merge_config(state.config, body.patch, state.turn_detection_types)
+
+
+def _audio(state: SessionState, body: AudioBody) -> None:
+    buf = state.input
+    buf.chunks.append(body.pcm)
+    buf.sample_rate_hz = body.sample_rate_hz
+    buf.audio_ms += body.duration_ms
+    buf.end_ms = (
+        body.audio_end_ms if body.audio_end_ms is not None else buf.end_ms + body.duration_ms
+    )
+
+
+def _frame(state: SessionState, body: FrameBody) -> None:
+    state.input.frames += 1
+
+
+def _text(state: SessionState, body: TextBody) -> None:
+    state.input.text += body.text
+
+
+def _commit(state: SessionState, body: CommitBody) -> None:
+    buf = state.input
+    parts = []
+    if buf.chunks:
+        parts.append(
+            Part(
+                type="input_audio",
+                audio=b"".join(buf.chunks),
+                audio_rate=buf.sample_rate_hz,
+                audio_ms=buf.audio_ms,
+                transcript=buf.text or None,
+            )
+        )
+    elif buf.text:
+        parts.append(Part(type="input_text", text=buf.text))
+    if body.is_speech and parts:
+        state.items.append(Item(id=body.item_id, role="user", parts=parts))
+        state.item_count += 1
+        state.turn_id += 1
+        state.pending_input = True
+    state.input = InputBuffer(end_ms=buf.end_ms)
+
+
+def _item(state: SessionState, body: ItemBody) -> None:
+    if body.op == "create" and body.item is not None:
+        index = len(state.items)
+        if body.previous_item_id is not None:
+            index = next(
+                (i + 1 for i, it in enumerate(state.items) if it.id == body.previous_item_id),
+                index,
+            )
+        state.items.insert(index, body.item)
+        state.item_count += 1
+        if body.item.role == "user" or body.item.type == "function_call_output":
+            state.pending_input = True
+    elif body.op == "delete":
+        state.items = [it for it in state.items if it.id != body.item_id]
+    elif body.op == "truncate":
+        item = state.find_item(body.item_id)
+        if item is not None:
+            truncate_item(item, body.audio_end_ms)
+
+
+def truncate_item(item: Item, end_ms: float) -> None:
+    """Cut an assistant item's audio and transcript at ``end_ms`` for good."""
+    for part in item.parts:
+        if part.type == "audio":
+            part.audio_ms = min(part.audio_ms, end_ms)
+            part.transcript = transcript_at(item.marks, part.transcript or "", end_ms)
+    item.history_ms = end_ms
+    item.truncated = True
+    item.status = "incomplete"
+
+
+def _ack(state: SessionState, body: AckBody) -> None:
+    if body.what == "event":
+        state.acked_server_event_seq = max(state.acked_server_event_seq, body.server_event_seq)
+        return
+    response = state.find_response(body.response_id)
+    if response is None:
+        return
+    ledger = response.playback
+    ledger.played_ms = max(ledger.played_ms, min(body.played_ms, ledger.generated_ms))
+    ledger.committed_ms = max(ledger.committed_ms, min(body.committed_ms, ledger.played_ms))
+    item = state.find_item(response.item_id)
+    if item is None or item.truncated:
+        return
+    if body.truncate:
+        truncate_item(item, ledger.played_ms)
+    elif state.config.playback_commit_policy == "ack_only" or response.status == "in_progress":
+        item.history_ms = max(item.history_ms or 0.0, ledger.committed_ms)
+
+
+def _signal(state: SessionState, body: SignalBody) -> None:
+    """Most signals are audit facts whose effects are fences and decisions."""
+    if body.signal in ("input.clear", "input.cancel"):
+        state.input = InputBuffer(end_ms=state.input.end_ms)
+
+
+def _fence(state: SessionState, body: FenceBody) -> None:
+    state.epoch = body.new_epoch
+
+
+def _decision(state: SessionState, body: DecisionBody) -> None:
+    if body.action == "listen":
+        state.listen_count += 1
+        state.pending_input = False
+    elif body.action == "speak":
+        _start_response(state, body)
+    elif body.action == "response_done":
+        _finish_response(state, body)
+
+
+def _start_response(state: SessionState, body: DecisionBody) -> None:
+    assert body.response_id is not None and body.item_id is not None
+    part_type = "audio" if "audio" in body.modalities else "text"
+    state.items.append(
+        Item(
+            id=body.item_id,
+            role="assistant",
+            status="in_progress",
+            parts=[Part(type=part_type, transcript="" if part_type == "audio" else None)],
+        )
+    )
+    state.item_count += 1
+    state.response_count += 1
+    state.response = Response(
+        id=body.response_id, item_id=body.item_id, epoch=state.epoch, modalities=body.modalities
+    )
+    state.pending_input = False
+
+
+def _finish_response(state: SessionState, body: DecisionBody) -> None:
+    response = state.response
+    if response is None or response.id != body.response_id:
+        return
+    response.status = body.status or "completed"
+    response.reason = body.reason
+    item = state.find_item(response.item_id)
+    if item is not None:
+        item.status = "completed" if response.status == "completed" else "incomplete"
+        for part in item.parts:
+            if part.type == "audio":
+                part.transcript = response.transcript
+                part.audio_ms = response.playback.generated_ms
+            else:
+                part.text = response.transcript
+        if state.config.playback_commit_policy == "commit_all_on_done":
+            item.history_ms = response.playback.generated_ms
+        else:
+            item.history_ms = response.playback.committed_ms
+    state.last_response = response
+    state.response = None
+
+
+def _out(state: SessionState, body: OutBody) -> None:
+    state.server_event_seq = body.server_event_seq
+    response = state.response
+    if response is None or body.response_id != response.id:
+        return
+    if body.audio_ms:
+        response.playback.generated_ms += body.audio_ms
+        response.playback.sent_ms += body.audio_ms
+    if body.text:
+        response.transcript += body.text
+        item = state.find_item(response.item_id)
+        if item is not None:
+            item.marks.append((response.playback.generated_ms, len(response.transcript)))
+
+
+def _lease(state: SessionState, body: LeaseBody) -> None:
+    lease = state.lease
+    lease.owner = body.owner
+    lease.fence = body.fence
+    lease.generation = body.generation
+    if body.token_hash is not None:
+        lease.token_hash = body.token_hash
+    lease.attached = body.action != "detach"
+
+
+def _close(state: SessionState, body: CloseBody) -> None:
+    state.closed_reason = body.reason
+    state.lease.attached = False
+
+
+_APPLY = {
+    ConfigBody: _config,
+    AudioBody: _audio,
+    FrameBody: _frame,
+    TextBody: _text,
+    CommitBody: _commit,
+    ItemBody: _item,
+    AckBody: _ack,
+    SignalBody: _signal,
+    FenceBody: _fence,
+    DecisionBody: _decision,
+    OutBody: _out,
+    LeaseBody: _lease,
+    CloseBody: _close,
+}

@@ -1,0 +1,132 @@
+"""Text frame <-> typed event.
+
+``FrameDecoder.decode`` is the single gate every client frame passes: it
+returns a typed event or raises :class:`ProtocolError` with the precise code
+(and ``param`` for schema errors), so nothing untyped travels further in.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+
+import msgspec
+
+from protocol.client_events import (
+    CLIENT_EVENT_TYPES,
+    AnyClientEvent,
+    InputAudioAppend,
+)
+from protocol.errors import ProtocolError
+from protocol.server_events import AnyServerEvent, ServerEvent
+
+DEFAULT_MAX_FRAME_BYTES = 4 * 1024 * 1024
+
+_PATH = re.compile(r"- at `\$\.?(?P<path>[^`]*)`")
+_DATA_URL = re.compile(r"^data:[^;,]*(;base64)?,")
+
+
+def _param_from(message: str) -> str | None:
+    match = _PATH.search(message)
+    if match is None:
+        return None
+    path = match.group("path").replace("[", ".").replace("]", "")
+    return path or None
+
+
+def _event_id_of(raw: object) -> str | None:
+    if isinstance(raw, dict):
+        event_id = raw.get("event_id")
+        if isinstance(event_id, str):
+            return event_id
+    return None
+
+
+def decode_base64(data: str, *, param: str, event_id: str | None) -> bytes:
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ProtocolError(
+            "invalid_audio", f"{param} is not valid base64: {exc}", param=param, event_id=event_id
+        ) from None
+
+
+def strip_data_url(data: str) -> str:
+    return _DATA_URL.sub("", data, count=1)
+
+
+class FrameDecoder:
+    """Decodes client text frames; stateless apart from its limits."""
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._typed = msgspec.json.Decoder(AnyClientEvent)
+
+    def decode(self, frame: str | bytes) -> AnyClientEvent:
+        size = len(frame.encode() if isinstance(frame, str) else frame)
+        if size > self.max_frame_bytes:
+            raise ProtocolError(
+                "payload_too_large",
+                f"frame of {size} bytes exceeds the limit of {self.max_frame_bytes} bytes",
+            )
+        try:
+            event = self._typed.decode(frame)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise self._diagnose(frame) from None
+        if isinstance(event, InputAudioAppend):
+            self._check_media(event)
+        return event
+
+    def _diagnose(self, frame: str | bytes) -> ProtocolError:
+        """Slow path: say exactly why a frame did not decode."""
+        try:
+            raw = msgspec.json.decode(frame)
+        except msgspec.DecodeError as exc:
+            return ProtocolError("invalid_json", f"frame is not valid JSON: {exc}")
+        event_id = _event_id_of(raw)
+        if not isinstance(raw, dict):
+            return ProtocolError("invalid_event", "frame must be a JSON object", param="type")
+        event_type = raw.get("type")
+        if not isinstance(event_type, str):
+            return ProtocolError(
+                "invalid_event", "missing string field 'type'", param="type", event_id=event_id
+            )
+        cls = CLIENT_EVENT_TYPES.get(event_type)
+        if cls is None:
+            return ProtocolError(
+                "unknown_event_type", f"unknown event type {event_type!r}", event_id=event_id
+            )
+        try:
+            msgspec.convert(raw, cls)
+        except msgspec.ValidationError as exc:
+            message = str(exc)
+            return ProtocolError(
+                "invalid_event",
+                f"{event_type}: {message}",
+                param=_param_from(message),
+                event_id=event_id,
+            )
+        return ProtocolError("invalid_event", f"{event_type}: malformed", event_id=event_id)
+
+    @staticmethod
+    def _check_media(event: InputAudioAppend) -> None:
+        decode_base64(event.audio, param="audio", event_id=event.event_id)
+        for index, frame in enumerate(event.video_frames):
+            decode_base64(
+                strip_data_url(frame), param=f"video_frames.{index}", event_id=event.event_id
+            )
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode_server_event(event: ServerEvent) -> bytes:
+    return _encoder.encode(event)
+
+
+_server_decoder = msgspec.json.Decoder(AnyServerEvent)
+
+
+def decode_server_event(frame: str | bytes) -> AnyServerEvent:
+    return _server_decoder.decode(frame)

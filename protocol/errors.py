@@ -1,0 +1,78 @@
+"""Error classes and codes of the wire contract (PROTOCOL.md, "Errors")."""
+
+from __future__ import annotations
+
+import msgspec
+
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+RATE_LIMIT = "rate_limit_error"
+AUTHENTICATION = "authentication_error"
+
+# code -> error class. The class is implied by the code so that callers name
+# only the code and cannot pair it with the wrong class.
+ERROR_CLASS: dict[str, str] = {
+    "invalid_json": INVALID_REQUEST,
+    "unknown_event_type": INVALID_REQUEST,
+    "invalid_event": INVALID_REQUEST,
+    "invalid_audio": INVALID_REQUEST,
+    "input_audio_buffer_empty": INVALID_REQUEST,
+    "response_create_without_input": INVALID_REQUEST,
+    "response_not_found": INVALID_REQUEST,
+    "item_not_found": INVALID_REQUEST,
+    "unsupported_turn_detection": INVALID_REQUEST,
+    "capability_unsupported": INVALID_REQUEST,
+    "native_text_append_unsupported": INVALID_REQUEST,
+    "stale_epoch": INVALID_REQUEST,
+    "session_not_open": INVALID_REQUEST,
+    "session_resume_expired": INVALID_REQUEST,
+    "session_resume_invalid": INVALID_REQUEST,
+    "resource_exhausted": RATE_LIMIT,
+    "rate_limited": RATE_LIMIT,
+    "payload_too_large": INVALID_REQUEST,
+    "unauthorized": AUTHENTICATION,
+    "engine_error": SERVER_ERROR,
+    "storage_unavailable": SERVER_ERROR,
+}
+
+
+class ProtocolError(Exception):
+    """A rejected client event, carrying everything the error envelope needs."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        event_id: str | None = None,
+    ) -> None:
+        if code not in ERROR_CLASS:
+            raise ValueError(f"undocumented error code {code!r}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.event_id = event_id
+
+    @property
+    def error_class(self) -> str:
+        return ERROR_CLASS[self.code]
+
+
+class ErrorBody(msgspec.Struct):
+    type: str
+    code: str
+    message: str
+    event_id: str | None = None
+    param: str | None = None
+
+
+def error_body(err: ProtocolError) -> ErrorBody:
+    return ErrorBody(
+        type=err.error_class,
+        code=err.code,
+        message=err.message,
+        event_id=err.event_id,
+        param=err.param,
+    )

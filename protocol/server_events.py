@@ -1,0 +1,488 @@
+"""Server -> client events (PROTOCOL.md, "Server -> client").
+
+Where GA and beta spell an event differently, the beta class subclasses the
+GA class with its own tag: the server emits both, side by side.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from protocol.errors import ErrorBody
+from protocol.items import ContentPart, ConversationItem
+from protocol.session_config import InputTranscription, Tool, TurnDetection
+
+
+class Capabilities(msgspec.Struct):
+    implementation_level: str
+    chunk_period_ms: int
+    supports_input_append: bool
+    supports_barge_in: bool
+    supports_session_resume: bool
+    supports_audio_truncate: bool
+    supports_multi_session: bool
+    input_modes: list[str]
+    input_formats: list[str]
+    output_formats: list[str]
+
+
+class PlaybackLedger(msgspec.Struct):
+    generated_ms: float = 0.0
+    sent_ms: float = 0.0
+    played_ms: float = 0.0
+    committed_ms: float = 0.0
+
+
+class AudioFormatDescription(msgspec.Struct):
+    type: str
+    rate: int
+
+
+class SessionAudioInput(msgspec.Struct):
+    format: AudioFormatDescription
+    turn_detection: TurnDetection | None
+    transcription: InputTranscription | None
+
+
+class SessionAudioOutput(msgspec.Struct):
+    format: AudioFormatDescription
+    voice: str
+    speed: float
+
+
+class SessionAudio(msgspec.Struct):
+    input: SessionAudioInput
+    output: SessionAudioOutput
+
+
+class SessionExtraBody(msgspec.Struct):
+    auto_response: bool
+    force_listen_count: int
+    chunk_delay_ms: float
+
+
+class SessionObject(msgspec.Struct):
+    """Effective configuration plus live state, as announced to clients."""
+
+    id: str
+    model: str
+    modalities: list[str]
+    output_modalities: list[str]
+    instructions: str
+    voice: str
+    input_audio_format: str
+    output_audio_format: str
+    audio: SessionAudio
+    turn_detection: TurnDetection | None
+    input_audio_transcription: InputTranscription | None
+    tools: list[Tool]
+    tool_choice: str
+    temperature: float
+    max_response_output_tokens: int | str
+    speed: float
+    overlap_policy: str
+    playback_commit_policy: str
+    idle_timeout_s: float | None
+    extra_body: SessionExtraBody
+    state: str
+    turn_state: str
+    epoch: int
+    turn_id: int
+    active_response_id: str | None
+    active_item_id: str | None
+    playback: PlaybackLedger
+    capabilities: Capabilities
+    object: str = "realtime.session"
+
+
+class ResponseStatusDetails(msgspec.Struct, omit_defaults=True):
+    type: str
+    reason: str | UnsetType = UNSET
+
+
+class ResponseObject(msgspec.Struct):
+    id: str
+    status: Literal["in_progress", "completed", "cancelled", "failed", "incomplete"]
+    status_details: ResponseStatusDetails | None
+    output: list[ConversationItem]
+    modalities: list[str]
+    output_modalities: list[str]
+    metadata: dict[str, Any] | None
+    usage: dict[str, int] | None = None
+    object: str = "realtime.response"
+
+
+class ServerEvent(msgspec.Struct, tag_field="type"):
+    event_id: str = ""
+    # Absent only on attachment-scoped events (session.created, session.resumed,
+    # session.replaced, pre-session errors): those are not replayed.
+    server_event_seq: int | None = None
+
+
+# --- session ----------------------------------------------------------------
+
+
+class SessionCreated(ServerEvent, tag="session.created"):
+    session: SessionObject | None = None
+    attachment_generation: int = 0
+    resume_token: str = ""
+
+
+class SessionUpdated(ServerEvent, tag="session.updated"):
+    session: SessionObject | None = None
+
+
+class SessionHeartbeatAck(ServerEvent, tag="session.heartbeat_ack"):
+    epoch: int = 0
+
+
+class SessionClosed(ServerEvent, tag="session.closed"):
+    reason: Literal["client_close", "disconnect", "timeout", "transport_error", "shutdown"] = (
+        "client_close"
+    )
+
+
+class SessionResumed(ServerEvent, tag="session.resumed"):
+    session: SessionObject | None = None
+    attachment_generation: int = 0
+    resume_token: str = ""
+    replay_from_seq: int = 0
+    replay_to_seq: int = 0
+
+
+class SessionReplaced(ServerEvent, tag="session.replaced"):
+    attachment_generation: int = 0
+
+
+class SessionExpired(ServerEvent, tag="session.expired"):
+    reason: Literal["disconnect_grace_expired", "idle_ttl_expired"] = "idle_ttl_expired"
+
+
+class SessionResyncRequired(ServerEvent, tag="session.resync_required"):
+    reason: Literal["journal_gap", "journal_overflow"] = "journal_gap"
+    session: SessionObject | None = None
+    oldest_available_seq: int = 0
+
+
+# --- input ------------------------------------------------------------------
+
+
+class SpeechStarted(ServerEvent, tag="input_audio_buffer.speech_started"):
+    audio_start_ms: float = 0.0
+    item_id: str = ""
+
+
+class SpeechStopped(ServerEvent, tag="input_audio_buffer.speech_stopped"):
+    audio_end_ms: float = 0.0
+    item_id: str = ""
+
+
+class NativeCommit(msgspec.Struct):
+    turn_id: int
+    epoch: int
+    history_len: int
+    response_create_deferred: bool
+    audio_ms: float
+
+
+class InputCommitted(ServerEvent, tag="input_audio_buffer.committed"):
+    item_id: str = ""
+    previous_item_id: str | None = None
+    event: NativeCommit | None = None
+
+
+class InputCleared(ServerEvent, tag="input_audio_buffer.cleared"):
+    epoch: int = 0
+
+
+# --- conversation -----------------------------------------------------------
+
+
+class ItemAdded(ServerEvent, tag="conversation.item.added"):
+    item: ConversationItem | None = None
+    previous_item_id: str | None = None
+
+
+class ItemCreated(ItemAdded, tag="conversation.item.created"):
+    pass
+
+
+class ItemDone(ServerEvent, tag="conversation.item.done"):
+    item: ConversationItem | None = None
+    previous_item_id: str | None = None
+
+
+class ItemRetrieved(ServerEvent, tag="conversation.item.retrieved"):
+    item: ConversationItem | None = None
+
+
+class ItemDeleted(ServerEvent, tag="conversation.item.deleted"):
+    item_id: str = ""
+
+
+class ItemTruncated(ServerEvent, tag="conversation.item.truncated"):
+    item_id: str = ""
+    content_index: int = 0
+    audio_end_ms: float = 0.0
+
+
+class InputTranscriptionCompleted(
+    ServerEvent, tag="conversation.item.input_audio_transcription.completed"
+):
+    item_id: str = ""
+    content_index: int = 0
+    transcript: str = ""
+
+
+# --- response ---------------------------------------------------------------
+
+
+class ResponseCreated(ServerEvent, tag="response.created"):
+    response: ResponseObject | None = None
+
+
+class ResponseDone(ServerEvent, tag="response.done"):
+    response: ResponseObject | None = None
+
+
+class OutputItemAdded(ServerEvent, tag="response.output_item.added"):
+    response_id: str = ""
+    output_index: int = 0
+    item: ConversationItem | None = None
+
+
+class OutputItemDone(ServerEvent, tag="response.output_item.done"):
+    response_id: str = ""
+    output_index: int = 0
+    item: ConversationItem | None = None
+
+
+class ContentPartAdded(ServerEvent, tag="response.content_part.added"):
+    response_id: str = ""
+    item_id: str = ""
+    output_index: int = 0
+    content_index: int = 0
+    part: ContentPart | None = None
+
+
+class ContentPartDone(ServerEvent, tag="response.content_part.done"):
+    response_id: str = ""
+    item_id: str = ""
+    output_index: int = 0
+    content_index: int = 0
+    part: ContentPart | None = None
+
+
+class ResponseSpeak(ServerEvent, tag="response.speak"):
+    response_id: str = ""
+    item_id: str = ""
+    epoch: int = 0
+    turn_id: int = 0
+
+
+class ResponseListen(ServerEvent, tag="response.listen"):
+    response_id: str | None = None
+    reason: str = ""
+    epoch: int = 0
+    turn_id: int = 0
+
+
+class AudioDeltaMetadata(msgspec.Struct):
+    epoch: int
+    end_of_turn: bool
+    audio_duration_ms: float
+    audio_text_marks: list[tuple[float, int]]
+    playback: PlaybackLedger
+
+
+class _PartRef(ServerEvent):
+    response_id: str = ""
+    item_id: str = ""
+    output_index: int = 0
+    content_index: int = 0
+
+
+class OutputAudioDelta(_PartRef, tag="response.output_audio.delta"):
+    delta: str = ""
+    format: str = "pcm16"
+    sample_rate_hz: int = 24000
+    metadata: AudioDeltaMetadata | None = None
+
+
+class AudioDelta(OutputAudioDelta, tag="response.audio.delta"):
+    pass
+
+
+class OutputAudioDone(_PartRef, tag="response.output_audio.done"):
+    pass
+
+
+class AudioDone(OutputAudioDone, tag="response.audio.done"):
+    pass
+
+
+class OutputAudioTranscriptDelta(_PartRef, tag="response.output_audio_transcript.delta"):
+    delta: str = ""
+
+
+class AudioTranscriptDelta(OutputAudioTranscriptDelta, tag="response.audio_transcript.delta"):
+    pass
+
+
+class OutputAudioTranscriptDone(_PartRef, tag="response.output_audio_transcript.done"):
+    transcript: str = ""
+
+
+class AudioTranscriptDone(OutputAudioTranscriptDone, tag="response.audio_transcript.done"):
+    pass
+
+
+class OutputTextDelta(_PartRef, tag="response.output_text.delta"):
+    delta: str = ""
+
+
+class TextDelta(OutputTextDelta, tag="response.text.delta"):
+    pass
+
+
+class OutputTextDone(_PartRef, tag="response.output_text.done"):
+    text: str = ""
+
+
+class TextDone(OutputTextDone, tag="response.text.done"):
+    pass
+
+
+class FunctionCallArgumentsDelta(ServerEvent, tag="response.function_call_arguments.delta"):
+    response_id: str = ""
+    item_id: str = ""
+    output_index: int = 0
+    call_id: str = ""
+    delta: str = ""
+
+
+class FunctionCallArgumentsDone(ServerEvent, tag="response.function_call_arguments.done"):
+    response_id: str = ""
+    item_id: str = ""
+    output_index: int = 0
+    call_id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+class RateLimit(msgspec.Struct):
+    name: str
+    limit: int
+    remaining: int
+    reset_seconds: float
+
+
+class RateLimitsUpdated(ServerEvent, tag="rate_limits.updated"):
+    rate_limits: list[RateLimit] = msgspec.field(default_factory=list)
+
+
+# --- duplex -----------------------------------------------------------------
+
+
+class OutputAudioCleared(ServerEvent, tag="output_audio_buffer.cleared"):
+    response_id: str | None = None
+    epoch: int = 0
+
+
+class PlaybackAcknowledged(ServerEvent, tag="playback.acknowledged"):
+    response_id: str | None = None
+    item_id: str | None = None
+    playback: PlaybackLedger | None = None
+    history_committed: bool = False
+    truncated: bool = False
+
+
+class OverlapMetadata(msgspec.Struct):
+    overlap_ms: float
+
+
+class OverlapDecision(ServerEvent, tag="overlap.decision"):
+    action: Literal["drop", "listen", "barge_in"] = "drop"
+    reason: str = ""
+    response_id: str | None = None
+    metadata: OverlapMetadata | None = None
+
+
+class TurnEvent(ServerEvent, tag="turn.event"):
+    event: str = ""
+    turn_id: int = 0
+    epoch: int = 0
+
+
+class Error(ServerEvent, tag="error"):
+    error: ErrorBody | None = None
+
+
+AnyServerEvent = Union[
+    SessionCreated,
+    SessionUpdated,
+    SessionHeartbeatAck,
+    SessionClosed,
+    SessionResumed,
+    SessionReplaced,
+    SessionExpired,
+    SessionResyncRequired,
+    SpeechStarted,
+    SpeechStopped,
+    InputCommitted,
+    InputCleared,
+    ItemAdded,
+    ItemCreated,
+    ItemDone,
+    ItemRetrieved,
+    ItemDeleted,
+    ItemTruncated,
+    InputTranscriptionCompleted,
+    ResponseCreated,
+    ResponseDone,
+    OutputItemAdded,
+    OutputItemDone,
+    ContentPartAdded,
+    ContentPartDone,
+    ResponseSpeak,
+    ResponseListen,
+    OutputAudioDelta,
+    AudioDelta,
+    OutputAudioDone,
+    AudioDone,
+    OutputAudioTranscriptDelta,
+    AudioTranscriptDelta,
+    OutputAudioTranscriptDone,
+    AudioTranscriptDone,
+    OutputTextDelta,
+    TextDelta,
+    OutputTextDone,
+    TextDone,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    RateLimitsUpdated,
+    OutputAudioCleared,
+    PlaybackAcknowledged,
+    OverlapDecision,
+    TurnEvent,
+    Error,
+]
+
+SERVER_EVENT_TYPES: dict[str, type[ServerEvent]] = {
+    cls.__struct_config__.tag: cls
+    for cls in AnyServerEvent.__args__  # type: ignore[attr-defined]
+}
+
+# GA class -> its beta twin, for "emit both spellings".
+BETA_TWIN: dict[type[ServerEvent], type[ServerEvent]] = {
+    ItemAdded: ItemCreated,
+    OutputAudioDelta: AudioDelta,
+    OutputAudioDone: AudioDone,
+    OutputAudioTranscriptDelta: AudioTranscriptDelta,
+    OutputAudioTranscriptDone: AudioTranscriptDone,
+    OutputTextDelta: TextDelta,
+    OutputTextDone: TextDone,
+}
