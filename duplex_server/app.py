@@ -37,6 +37,7 @@ def create_app(config: ServerConfig) -> Starlette:
             max_sessions=config.max_sessions,
             idle_ttl_s=config.idle_ttl_s,
             disconnect_grace_s=config.disconnect_grace_s,
+        reap_interval_s=config.reap_interval_s,
             mailbox_size=config.mailbox_size,
             journal_max_events=config.journal_max_events,
         ),

@@ -22,6 +22,7 @@ class ServerConfig:
     max_sessions: int = 1000
     idle_ttl_s: float = 300.0
     disconnect_grace_s: float = 30.0
+    reap_interval_s: float = 1.0
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     mailbox_size: int = 256
     journal_max_events: int = 4096

@@ -248,6 +248,7 @@ class SessionActor:
                 ProtocolError("storage_unavailable", f"the session log is unavailable: {exc}")
             )
             return False
+        self.state.last_seq = batch.records[-1].seq
         evicted = self.journal.add(batch.outbound)
         if evicted is not None:
             await self._log.trim(self.session_id, evicted)

@@ -1,0 +1,103 @@
+"""Shared fixtures: a real server on a free port, in this test's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+import uvicorn
+
+from duplex_server.app import create_app
+from duplex_server.config import ServerConfig
+from duplex_server.sessions.manager import SessionManager
+from duplex_server.sessions.state import SessionState, fold, initial_state
+from tests.wsclient import WsClient
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    config: ServerConfig
+    app: object
+    final_states: dict[str, SessionState] = field(default_factory=dict)
+
+    @property
+    def base(self) -> str:
+        return f"127.0.0.1:{self.config.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://{self.base}/v1/realtime?duplex=1"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.base}"
+
+    @property
+    def manager(self) -> SessionManager:
+        return self.app.state.manager  # type: ignore[attr-defined]
+
+    async def connect(self, query: str = "", **kwargs) -> WsClient:
+        url = self.ws_url + (f"&{query}" if query else "")
+        return await WsClient.connect(url, **kwargs)
+
+    async def open(self, query: str = "") -> tuple[WsClient, dict]:
+        client = await self.connect(query)
+        created = await client.expect("session.created")
+        return client, created
+
+    async def assert_replay_determinism(self) -> None:
+        """Rule 2 of the log: refolding every session's log yields its live state."""
+        log = self.app.state.log  # type: ignore[attr-defined]
+        live = {sid: actor.state for sid, actor in self.manager.actors.items()}
+        live.update(self.final_states)
+        for session_id, state in live.items():
+            records = await log.read(session_id)
+            model = self.app.state.model  # type: ignore[attr-defined]
+            rebuilt = fold(records, initial_state(session_id, model.name,
+                                                  model.turn_detection_types))
+            assert rebuilt == state, f"refold of {session_id} differs from the live state"
+
+
+@pytest.fixture
+async def server(request) -> AsyncIterator[RunningServer]:
+    overrides = getattr(request, "param", {}) or {}
+    marker = request.node.get_closest_marker("server_config")
+    if marker is not None:
+        overrides = {**overrides, **marker.kwargs}
+    config = ServerConfig(port=free_port(), **overrides)
+    app = create_app(config)
+    running = RunningServer(config, app)
+    manager: SessionManager = app.state.manager
+    original = manager._closed
+
+    def capture(session_id: str, reason: str) -> None:
+        actor = manager.actors.get(session_id)
+        if actor is not None:
+            running.final_states[session_id] = actor.state
+        original(session_id, reason)
+
+    manager._closed = capture  # type: ignore[method-assign]
+    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port,
+                                       log_level="warning", ws_ping_interval=None))
+    task = asyncio.create_task(uv.serve())
+    while not uv.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield running
+        await running.assert_replay_determinism()
+    finally:
+        uv.should_exit = True
+        await task
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "server_config(**kwargs): ServerConfig overrides")

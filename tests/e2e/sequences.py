@@ -1,0 +1,46 @@
+"""The event orders PROTOCOL.md fixes, as lists the tests compare against."""
+
+COMMIT_FANOUT = [
+    "conversation.item.added",
+    "conversation.item.created",
+    "input_audio_buffer.committed",
+    "conversation.item.done",
+]
+RESPONSE_OPEN = [
+    "response.created",
+    "conversation.item.added",
+    "conversation.item.created",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.speak",
+]
+AUDIO_CHUNK = [
+    "response.output_audio.delta",
+    "response.audio.delta",
+    "response.output_audio_transcript.delta",
+    "response.audio_transcript.delta",
+]
+RESPONSE_CLOSE = [
+    "response.output_audio.done",
+    "response.audio.done",
+    "response.output_audio_transcript.done",
+    "response.audio_transcript.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "conversation.item.done",
+    "response.done",
+    "rate_limits.updated",
+]
+TEXT_CLOSE = [
+    "response.output_text.done",
+    "response.text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "conversation.item.done",
+    "response.done",
+    "rate_limits.updated",
+]
+
+
+def full_turn(chunks: int) -> list[str]:
+    return COMMIT_FANOUT + RESPONSE_OPEN + AUDIO_CHUNK * chunks + RESPONSE_CLOSE

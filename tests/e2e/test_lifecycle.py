@@ -1,0 +1,225 @@
+"""Response lifecycle, in the exact orders of PROTOCOL.md, over a real socket."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+from tests.e2e.sequences import (
+    AUDIO_CHUNK,
+    COMMIT_FANOUT,
+    RESPONSE_CLOSE,
+    RESPONSE_OPEN,
+    TEXT_CLOSE,
+    full_turn,
+)
+from tests.wsclient import WsClient, tone_pcm16, types_of
+
+
+async def slow_session(server, delay_ms: float = 40.0) -> WsClient:
+    """A session whose echo streams one chunk per ``delay_ms``, so it can be interrupted."""
+    client, _ = await server.open()
+    await client.send({"type": "session.update",
+                       "session": {"extra_body": {"chunk_delay_ms": delay_ms}}})
+    await client.expect("session.updated")
+    return client
+
+
+async def start_long_response(client: WsClient, ms: float = 2000) -> dict:
+    await client.append(tone_pcm16(ms))
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("response.output_audio.delta")
+    return next(e for e in events if e["type"] == "response.created")["response"]
+
+
+async def assert_quiet(client: WsClient) -> list[dict]:
+    """Nothing stale arrives: a heartbeat's ack is the next event after a pause."""
+    await asyncio.sleep(0.3)
+    await client.send({"type": "session.heartbeat"})
+    return await client.recv_until("session.heartbeat_ack")
+
+
+async def test_full_turn_in_documented_order(server):
+    client, _ = await server.open()
+    await client.append(tone_pcm16(300))
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("rate_limits.updated")
+    assert types_of(events) == full_turn(3)
+    seqs = [e["server_event_seq"] for e in events]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    committed = events[2]["event"]
+    assert committed["turn_id"] == 1 and committed["response_create_deferred"] is False
+    audio = b"".join(base64.b64decode(e["delta"]) for e in events
+                     if e["type"] == "response.output_audio.delta")
+    assert len(audio) == len(tone_pcm16(300))
+    done = events[-2]["response"]
+    assert done["status"] == "completed"
+    assert done["output"][0]["id"] == f"item_{done['id']}"
+    assert done["metadata"]["playback"]["generated_ms"] == 300.0
+
+
+async def test_text_input_becomes_transcript_and_answer(server):
+    client, _ = await server.open()
+    await client.send({"type": "input.text.append", "text": "hello there world"})
+    await client.append(tone_pcm16(200))
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("rate_limits.updated")
+    assert types_of(events[:5]) == COMMIT_FANOUT[:3] + [
+        "conversation.item.input_audio_transcription.completed", "conversation.item.done"]
+    assert events[3]["transcript"] == "hello there world"
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta"]
+    assert len(deltas) == 2 and "".join(deltas) == "hello there world"
+    done = next(e for e in events if e["type"] == "response.output_audio_transcript.done")
+    assert done["transcript"] == "hello there world"
+
+
+async def test_text_modality_streams_text(server):
+    client, _ = await server.open()
+    await client.send({"type": "session.update", "session": {"modalities": ["text"]}})
+    await client.expect("session.updated")
+    await client.send({"type": "input.text.append", "text": "one two"})
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("rate_limits.updated")
+    open_ = ["response.created", "conversation.item.added", "conversation.item.created",
+             "response.output_item.added", "response.content_part.added"]
+    text = ["response.output_text.delta", "response.text.delta"]
+    assert types_of(events) == COMMIT_FANOUT + open_ + text * 2 + TEXT_CLOSE
+
+
+async def test_declared_silence_is_listen(server):
+    client, _ = await server.open()
+    await client.append(tone_pcm16(100, amp=0))
+    await client.send({"type": "input_audio_buffer.commit", "is_speech": False})
+    listen = await client.expect("response.listen")
+    assert listen["reason"] == "client_declared_silence"
+    quiet = await assert_quiet(client)
+    assert types_of(quiet) == ["session.heartbeat_ack"]
+
+
+async def test_deferred_commit_then_response_create(server):
+    client, _ = await server.open()
+    await client.append(tone_pcm16(100))
+    await client.send({"type": "input_audio_buffer.commit", "response_create": False})
+    fanout = await client.recv_until("conversation.item.done")
+    assert types_of(fanout) == COMMIT_FANOUT
+    assert fanout[2]["event"]["response_create_deferred"] is True
+    await client.send({"type": "response.create"})
+    events = await client.recv_until("rate_limits.updated")
+    assert types_of(events) == RESPONSE_OPEN + AUDIO_CHUNK + RESPONSE_CLOSE
+
+
+async def test_response_create_without_input(server):
+    client, _ = await server.open()
+    await client.send({"type": "response.create", "event_id": "rc1"})
+    error = await client.expect("error")
+    assert error["error"]["code"] == "response_create_without_input"
+    assert error["error"]["event_id"] == "rc1"
+
+
+async def test_response_create_coalesces_with_auto_response(server):
+    client = await slow_session(server, 10)
+    await client.append(tone_pcm16(300))
+    await client.send({"type": "input_audio_buffer.commit"})
+    await client.send({"type": "response.create"})
+    events = await client.recv_until("rate_limits.updated")
+    assert types_of(events).count("response.created") == 1
+    assert events[-2]["response"]["status"] == "completed"
+
+
+async def test_response_create_with_overrides_supersedes(server):
+    client = await slow_session(server)
+    first = await start_long_response(client)
+    await client.send({"type": "response.create", "response": {"instructions": "again"}})
+    events = await client.recv_until("response.created")
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    assert done["id"] == first["id"]
+    assert done["status"] == "cancelled"
+    assert done["status_details"] == {"type": "cancelled", "reason": "new_response"}
+    second = events[-1]["response"]
+    assert second["id"] != first["id"] and second["metadata"]["epoch"] == 1
+
+
+async def test_response_cancel_fences_stale_output(server):
+    client = await slow_session(server)
+    response = await start_long_response(client)
+    await client.send({"type": "response.cancel"})
+    events = await client.recv_until("rate_limits.updated")
+    tail = [t for t in types_of(events) if t not in AUDIO_CHUNK]
+    assert tail == RESPONSE_CLOSE
+    done = events[-2]["response"]
+    assert done["id"] == response["id"]
+    assert done["status"] == "cancelled" and done["status_details"]["reason"] == "client_cancelled"
+    assert done["output"][0]["status"] == "incomplete"
+    quiet = await assert_quiet(client)
+    assert types_of(quiet) == ["session.heartbeat_ack"]
+    assert quiet[0]["epoch"] == 1
+
+
+async def test_cancel_without_response_is_an_error(server):
+    client, _ = await server.open()
+    await client.send({"type": "response.cancel", "event_id": "c1"})
+    error = await client.expect("error")
+    assert error["error"]["code"] == "response_not_found"
+    await client.send({"type": "response.cancel", "response_id": "resp_nope"})
+    assert (await client.expect("error"))["error"]["param"] == "response_id"
+
+
+async def test_output_audio_buffer_clear(server):
+    client = await slow_session(server)
+    response = await start_long_response(client)
+    await client.send({"type": "output_audio_buffer.clear"})
+    events = await client.recv_until("output_audio_buffer.cleared")
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    assert done["status_details"]["reason"] == "output_cleared"
+    assert events[-1]["response_id"] == response["id"] and events[-1]["epoch"] == 1
+    assert types_of(await assert_quiet(client)) == ["session.heartbeat_ack"]
+
+
+async def test_barge_in_both_spellings(server):
+    client = await slow_session(server)
+    for epoch, signal in enumerate(
+        [{"type": "barge_in"}, {"type": "turn.signal", "event": "barge_in"}], start=1
+    ):
+        await start_long_response(client)
+        await client.send(signal)
+        events = await client.recv_until("output_audio_buffer.cleared")
+        done = next(e for e in events if e["type"] == "response.done")["response"]
+        assert done["status"] == "cancelled"
+        assert done["status_details"]["reason"] == "barge_in"
+        assert events[-1]["epoch"] == epoch
+        assert types_of(await assert_quiet(client)) == ["session.heartbeat_ack"]
+
+
+async def test_input_cancel_and_clear(server):
+    client, _ = await server.open()
+    await client.append(tone_pcm16(100))
+    await client.send({"type": "input_audio_buffer.clear"})
+    assert (await client.expect("input_audio_buffer.cleared"))["epoch"] == 0
+    await client.append(tone_pcm16(100))
+    await client.send({"type": "input.cancel"})
+    assert (await client.expect("input_audio_buffer.cleared"))["epoch"] == 1
+    await client.send({"type": "input_audio_buffer.commit"})
+    assert (await client.expect("error"))["error"]["code"] == "input_audio_buffer_empty"
+    await client.append(tone_pcm16(100), epoch=0)
+    stale = await client.expect("error")
+    assert stale["error"]["code"] == "stale_epoch"
+
+
+async def test_native_commit_spelling(server):
+    client, _ = await server.open()
+    await client.append(tone_pcm16(100))
+    await client.send({"type": "input.commit"})
+    events = await client.recv_until("rate_limits.updated")
+    assert types_of(events) == full_turn(1)
+
+
+async def test_commit_while_speaking_starts_a_new_response(server):
+    client = await slow_session(server)
+    first = await start_long_response(client)
+    await client.append(tone_pcm16(100))
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("response.created")
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    assert done["id"] == first["id"] and done["status_details"]["reason"] == "new_response"
+    events = await client.recv_until("response.done")
+    assert events[-1]["response"]["status"] == "completed"
