@@ -1,0 +1,127 @@
+"""Every rejected input gets its documented error; the session keeps serving
+and its log gains exactly one record: the journaled error event."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.wsclient import b64, tone_pcm16
+
+BIG = 64 * 1024
+
+CASES = [
+    # (name, frame, code, param)
+    ("not json", "{nope", "invalid_json", None),
+    ("not an object", "[1, 2]", "invalid_event", "type"),
+    ("no type", json.dumps({"event_id": "e"}), "invalid_event", "type"),
+    ("type not a string", json.dumps({"type": 7}), "invalid_event", "type"),
+    ("unknown type", json.dumps({"type": "response.explode"}), "unknown_event_type", None),
+    ("wrong field type", json.dumps({"type": "session.event_ack", "server_event_seq": "x"}),
+     "invalid_event", "server_event_seq"),
+    ("negative", json.dumps({"type": "playback.ack", "played_ms": -1}), "invalid_event",
+     "played_ms"),
+    ("bad enum", json.dumps({"type": "session.update",
+                             "session": {"overlap_policy": "shout"}}),
+     "invalid_event", "session.overlap_policy"),
+    ("vad threshold", json.dumps({"type": "session.update",
+                                  "session": {"turn_detection": {"threshold": 1.5}}}),
+     "invalid_event", "session.turn_detection.threshold"),
+    ("bad base64", json.dumps({"type": "input_audio_buffer.append", "audio": "%%%"}),
+     "invalid_audio", "audio"),
+    ("odd pcm16", json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\x01\x02\x03")}),
+     "invalid_audio", "audio"),
+    ("f32 not multiple of 4", json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": b64(b"\x00" * 6), "format": "pcm_f32le"}),
+     "invalid_audio", "audio"),
+    ("unknown format", json.dumps({"type": "input_audio_buffer.append",
+                                   "audio": b64(b"\x00\x00"), "format": "mp3"}),
+     "invalid_audio", "format"),
+    ("g711 at wrong rate", json.dumps({"type": "input_audio_buffer.append",
+                                       "audio": b64(b"\x00\x00"), "format": "g711_ulaw",
+                                       "sample_rate_hz": 16000}),
+     "invalid_audio", "format"),
+    ("unknown session format", json.dumps({"type": "session.update",
+                                           "session": {"output_audio_format": "flac"}}),
+     "invalid_audio", "session.output_audio_format"),
+    ("bad video frame", json.dumps({"type": "input_audio_buffer.append",
+                                    "audio": b64(b"\x00\x00"), "video_frames": ["data:,@@"]}),
+     "invalid_audio", "video_frames.0"),
+    ("empty commit", json.dumps({"type": "input_audio_buffer.commit"}),
+     "input_audio_buffer_empty", None),
+    ("cancel nothing", json.dumps({"type": "response.cancel"}), "response_not_found", None),
+    ("unknown item", json.dumps({"type": "conversation.item.delete", "item_id": "i"}),
+     "item_not_found", "item_id"),
+    ("oversized", json.dumps({"type": "input_audio_buffer.append", "audio": "A" * BIG}),
+     "payload_too_large", None),
+    ("binary garbage", b"\xff\xfe", "invalid_json", None),
+]
+
+
+@pytest.mark.server_config(max_frame_bytes=BIG)
+@pytest.mark.parametrize(("name", "frame", "code", "param"), CASES, ids=[c[0] for c in CASES])
+async def test_rejected_input(server, name, frame, code, param):
+    client, created = await server.open()
+    session_id = created["session"]["id"]
+    await client.append(tone_pcm16(100) if code != "input_audio_buffer_empty" else b"")
+    if code == "input_audio_buffer_empty":
+        await client.send({"type": "input_audio_buffer.clear"})
+        await client.expect("input_audio_buffer.cleared")
+    await client.send({"type": "session.heartbeat"})
+    await client.expect("session.heartbeat_ack")  # everything above is in the log now
+    log = server.app.state.log
+    before = await log.read(session_id)
+    await client.send_raw(frame)
+    error = await client.expect("error")
+    assert error["error"]["code"] == code, error
+    assert error["error"]["param"] == param, error
+    assert error["error"]["type"] in ("invalid_request_error", "rate_limit_error")
+    after = await log.read(session_id)
+    assert after[: len(before)] == before  # nothing lost or rewritten
+    assert [r.kind for r in after[len(before):]] == ["out"]  # only the journaled error
+    # The session keeps serving: a normal turn still works.
+    await client.append(tone_pcm16(100))
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("response.done")
+    assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_error_echoes_event_id(server):
+    client, _ = await server.open()
+    await client.send({"type": "input_audio_buffer.append", "audio": "%%", "event_id": "ev-9"})
+    error = await client.expect("error")
+    assert error["error"]["event_id"] == "ev-9"
+    await client.send({"type": "nope", "event_id": "ev-10"})
+    assert (await client.expect("error"))["error"]["event_id"] == "ev-10"
+
+
+@pytest.mark.server_config(mailbox_size=4)
+async def test_flood_is_rate_limited_without_losing_accepted_events(server):
+    client, created = await server.open()
+    chunk = tone_pcm16(20)
+    for index in range(200):
+        await client.append(chunk, event_id=f"f{index}")
+    errors = []
+    acked = False
+    for attempt in range(50):  # the heartbeat itself may be refused while flooded
+        await client.send({"type": "session.heartbeat", "event_id": f"hb{attempt}"})
+        while True:
+            event = await client.recv()
+            if event["type"] == "session.heartbeat_ack":
+                acked = True
+                break
+            assert event["type"] == "error"
+            if event["error"]["event_id"] == f"hb{attempt}":
+                break
+            errors.append(event)
+        if acked:
+            break
+    assert acked
+    assert errors and {e["error"]["code"] for e in errors} == {"rate_limited"}
+    assert {e["error"]["type"] for e in errors} == {"rate_limit_error"}
+    records = await server.app.state.log.read(created["session"]["id"])
+    accepted = [r for r in records if r.kind == "audio"]
+    rejected = {e["error"]["event_id"] for e in errors}
+    assert len(accepted) + len(rejected) == 200
+    assert not rejected & {r.event_id for r in accepted}

@@ -1,0 +1,180 @@
+"""Session lifecycle: handshake, updates, heartbeat, close, admission, expiry."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import websockets
+
+from tests.wsclient import WsClient, tone_pcm16
+
+
+async def test_autostart_announces_session(server):
+    client, created = await server.open()
+    session = created["session"]
+    assert created["server_event_seq"] is None  # attachment-scoped, never replayed
+    assert created["attachment_generation"] == 1
+    assert len(created["resume_token"]) >= 22  # 128 bits, urlsafe base64
+    assert session["id"].startswith("sess_") and session["state"] == "open"
+    assert session["turn_state"] == "listening"
+    assert session["playback"] == {"generated_ms": 0.0, "sent_ms": 0.0, "played_ms": 0.0,
+                                   "committed_ms": 0.0}
+    assert session["turn_detection"] is None
+    assert session["capabilities"]["implementation_level"] == "loopback"
+
+
+async def test_handshake_with_autostart_off(server):
+    client = await server.connect("autostart=0")
+    await client.send({"type": "input_audio_buffer.commit", "event_id": "early"})
+    error = await client.expect("error")
+    assert error["error"]["code"] == "session_not_open"
+    await client.send({"type": "session.update", "session": {"instructions": "be brief",
+                                                             "voice": "alloy"}})
+    created = await client.expect("session.created")
+    updated = await client.expect("session.updated")
+    assert created["session"]["instructions"] == "be brief"
+    assert updated["session"]["voice"] == "alloy" and updated["server_event_seq"] == 1
+
+
+async def test_model_query_parameter(server):
+    client, created = await server.open("model=echo-custom")
+    assert created["session"]["model"] == "echo-custom"
+
+
+async def test_session_update_accepts_both_spellings(server):
+    client, _ = await server.open()
+    await client.send({"type": "session.update", "session": {
+        "type": "realtime", "output_modalities": ["text"],
+        "audio": {"input": {"format": {"type": "audio/pcmu"}},
+                  "output": {"format": {"type": "audio/pcm", "rate": 16000}, "voice": "v2",
+                             "speed": 1.25}},
+        "overlap_policy": "listen_only", "idle_timeout_s": 60,
+    }})
+    session = (await client.expect("session.updated"))["session"]
+    assert session["modalities"] == ["text"]
+    assert session["input_audio_format"] == "g711_ulaw"
+    assert session["audio"]["input"]["format"] == {"type": "audio/pcmu", "rate": 8000}
+    assert session["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 16000}
+    assert (session["voice"], session["speed"]) == ("v2", 1.25)
+    assert session["overlap_policy"] == "listen_only" and session["idle_timeout_s"] == 60
+
+
+async def test_unsupported_turn_detection(server):
+    client, _ = await server.open()
+    await client.send({"type": "session.update", "event_id": "u1",
+                       "session": {"turn_detection": {"type": "server_vad"}}})
+    error = await client.expect("error")
+    assert error["error"]["code"] == "unsupported_turn_detection"
+    assert error["error"]["event_id"] == "u1"
+    await client.send({"type": "session.update", "session": {"turn_detection": None}})
+    assert (await client.expect("session.updated"))["session"]["turn_detection"] is None
+
+
+async def test_heartbeat(server):
+    client, _ = await server.open()
+    await client.send({"type": "session.heartbeat"})
+    ack = await client.expect("session.heartbeat_ack")
+    assert ack["epoch"] == 0 and ack["server_event_seq"] == 1
+
+
+async def test_close_is_graceful(server):
+    client, created = await server.open()
+    await client.send({"type": "session.close"})
+    closed = await client.expect("session.closed")
+    assert closed["reason"] == "client_close"
+    with pytest.raises(websockets.ConnectionClosedOK):
+        await client.recv(timeout=5)
+    session_id = created["session"]["id"]
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        detail = (await http.get(f"/v1/sessions/{session_id}")).json()
+    assert detail == {"id": session_id, "state": "closed", "reason": "client_close"}
+
+
+async def test_close_mid_response_cancels_it(server):
+    client, _ = await server.open()
+    await client.send({"type": "session.update",
+                       "session": {"extra_body": {"chunk_delay_ms": 40}}})
+    await client.expect("session.updated")
+    await client.append(tone_pcm16(2000))
+    await client.send({"type": "input_audio_buffer.commit"})
+    await client.recv_until("response.output_audio.delta")
+    await client.send({"type": "session.close"})
+    events = await client.recv_until("session.closed")
+    done = next(e for e in events if e["type"] == "response.done")
+    assert done["response"]["status"] == "cancelled"
+
+
+@pytest.mark.server_config(max_sessions=1)
+async def test_admission_limit(server):
+    first, _ = await server.open()
+    second = await server.connect()
+    error = await second.expect("error")
+    assert error["error"] == {"type": "rate_limit_error", "code": "resource_exhausted",
+                              "message": error["error"]["message"], "event_id": None,
+                              "param": None}
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await second.recv(timeout=5)
+    assert closed.value.rcvd.code == 1013
+    await first.send({"type": "session.close"})
+    await first.expect("session.closed")
+    await asyncio.sleep(0.05)
+    third, _ = await server.open()  # capacity is given back on close
+
+
+@pytest.mark.server_config(idle_ttl_s=0.6, reap_interval_s=0.05)
+async def test_idle_ttl_expires_and_heartbeat_keeps_alive(server):
+    kept, _ = await server.open()
+    idle, _ = await server.open()
+    for _ in range(6):
+        await asyncio.sleep(0.2)
+        await kept.send({"type": "session.heartbeat"})
+        await kept.expect("session.heartbeat_ack")
+    expired = await idle.expect("session.expired")
+    assert expired["reason"] == "idle_ttl_expired"
+    with pytest.raises(websockets.ConnectionClosed):
+        await idle.recv(timeout=5)
+    await kept.send({"type": "session.heartbeat"})
+    await kept.expect("session.heartbeat_ack")
+
+
+@pytest.mark.server_config(disconnect_grace_s=0.3, reap_interval_s=0.05)
+async def test_disconnect_grace_expires(server):
+    client, created = await server.open()
+    await client.close()
+    await asyncio.sleep(0.7)
+    late = await server.connect("autostart=0")
+    await late.send({"type": "session.resume", "session_id": created["session"]["id"],
+                     "resume_token": created["resume_token"],
+                     "last_received_server_event_seq": 0})
+    error = await late.expect("error")
+    assert error["error"]["code"] == "session_resume_expired"
+    records = server.final_states[created["session"]["id"]]
+    assert records.closed_reason == "disconnect_grace_expired"
+
+
+async def test_shutdown_tells_attached_clients(server):
+    client, _ = await server.open()
+    await server.manager.shutdown()
+    closed = await client.expect("session.closed")
+    assert closed["reason"] == "shutdown"
+
+
+
+
+@pytest.mark.server_config(api_key="sekrit")
+async def test_api_key(server):
+    denied = await WsClient.connect(server.ws_url)
+    error = await denied.expect("error")
+    assert error["error"]["code"] == "unauthorized"
+    allowed = await WsClient.connect(server.ws_url,
+                                     additional_headers={"Authorization": "Bearer sekrit"})
+    await allowed.expect("session.created")
+    browser = await WsClient.connect(
+        server.ws_url, subprotocols=["realtime", "openai-insecure-api-key.sekrit"])
+    await browser.expect("session.created")
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        assert (await http.get("/v1/sessions/x/events")).status_code == 401
+        ok = await http.get("/v1/sessions/x/events", headers={"Authorization": "Bearer sekrit"})
+        assert ok.status_code == 404

@@ -1,0 +1,126 @@
+"""The pure fold, driven through the command handlers without any I/O."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from duplex_server.models import build_model
+from duplex_server.sessions.batch import Batch
+from duplex_server.sessions.commands import HANDLERS
+from duplex_server.sessions.model_port import ModelChunk
+from duplex_server.sessions.records import Record
+from duplex_server.sessions.responses import emit_chunk, finish_response
+from duplex_server.sessions.state import SessionState, fold, initial_state
+from protocol import client_events as ce
+from protocol.errors import ProtocolError
+from tests.wsclient import b64, tone_pcm16
+
+MODEL = build_model("echo")
+
+
+class Script:
+    """Runs commands the way the actor does and keeps the log it would append."""
+
+    def __init__(self) -> None:
+        self.state = initial_state("sess_test0001", MODEL.name, MODEL.turn_detection_types)
+        self.log: list[Record] = []
+        self.clock = 1000
+
+    def _batch(self, event_id=None) -> Batch:
+        self.clock += 10
+        return Batch(self.state, MODEL.capabilities, self.clock, event_id)
+
+    def _keep(self, batch: Batch) -> None:
+        for record in batch.records:
+            record.seq = len(self.log) + 1
+            self.log.append(record)
+        if batch.records:
+            self.state.last_seq = batch.records[-1].seq
+
+    def send(self, event: ce.ClientEvent):
+        batch = self._batch(event.event_id)
+        effects = HANDLERS[type(event)](batch, event, MODEL)
+        self._keep(batch)
+        return effects
+
+    def chunk(self, text: str, ms: float = 100) -> None:
+        batch = self._batch()
+        emit_chunk(batch, self.state.response, ModelChunk(audio=tone_pcm16(ms), text=text))
+        self._keep(batch)
+
+    def finish(self) -> None:
+        batch = self._batch()
+        finish_response(batch, "completed")
+        self._keep(batch)
+
+    def refold(self) -> SessionState:
+        return fold(self.log, initial_state("sess_test0001", MODEL.name,
+                                            MODEL.turn_detection_types))
+
+
+def conversation() -> Script:
+    script = Script()
+    script.send(ce.SessionUpdateEvent(session=msgspec.convert(
+        {"instructions": "hi", "input_audio_format": "g711_ulaw"},
+        ce.SessionUpdate)))
+    script.send(ce.InputAudioAppend(audio=b64(b"\xff" * 800), event_id="a1"))
+    script.send(ce.InputTextAppend(text="one two"))
+    effects = script.send(ce.InputAudioCommit())
+    assert effects.start is not None
+    script.chunk("one")
+    script.chunk(" two")
+    script.finish()
+    script.send(ce.PlaybackAck(played_ms=150))
+    return script
+
+
+def test_refold_equals_live_state():
+    script = conversation()
+    assert script.refold() == script.state
+    assert script.state.turn_id == 1 and script.state.response is None
+    item = script.state.items[-1]
+    assert item.parts[0].transcript == "one two" and item.history_ms == 150.0
+    assert item.marks == [(100.0, 3), (200.0, 7)]
+
+
+def test_refold_is_independent_of_chunking():
+    """Folding in one pass or record by record gives the same state."""
+    script = conversation()
+    stepwise = initial_state("sess_test0001", MODEL.name, MODEL.turn_detection_types)
+    for record in script.log:
+        fold([record], stepwise)
+    assert stepwise == script.state
+
+
+def test_a_diverging_state_is_detected():
+    script = conversation()
+    script.state.epoch += 1  # what an apply with hidden inputs would cause
+    assert script.refold() != script.state
+
+
+def test_rejected_command_adds_nothing():
+    script = conversation()
+    before = len(script.log)
+    with pytest.raises(ProtocolError) as err:
+        script.send(ce.InputAudioCommit())
+    assert err.value.code == "input_audio_buffer_empty"
+    assert len(script.log) == before
+
+
+def test_fold_has_no_hidden_inputs():
+    """The same records fold to the same state twice, with time passing between."""
+    script = conversation()
+    assert script.refold() == script.refold()
+
+
+def test_cancel_advances_epoch_and_closes_response():
+    script = Script()
+    script.send(ce.InputAudioAppend(audio=b64(tone_pcm16(300))))
+    script.send(ce.InputAudioCommit())
+    script.chunk("x")
+    effects = script.send(ce.ResponseCancel())
+    assert effects.abort and script.state.epoch == 1
+    assert script.state.last_response.status == "cancelled"
+    assert script.state.last_response.reason == "client_cancelled"
+    assert script.refold() == script.state
