@@ -10,6 +10,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from duplex_server import http_routes
 from duplex_server.config import ServerConfig
+from duplex_server.metrics import Metrics
 from duplex_server.models import build_model
 from duplex_server.realtime import realtime_endpoint
 from duplex_server.sessions.log import SessionLog
@@ -29,6 +30,7 @@ def open_store(spec: str) -> SessionLog:
 def create_app(config: ServerConfig) -> Starlette:
     log = open_store(config.store)
     model = build_model(config.model)
+    metrics = Metrics()
     manager = SessionManager(
         log,
         model,
@@ -37,9 +39,11 @@ def create_app(config: ServerConfig) -> Starlette:
             max_sessions=config.max_sessions,
             idle_ttl_s=config.idle_ttl_s,
             disconnect_grace_s=config.disconnect_grace_s,
-        reap_interval_s=config.reap_interval_s,
+            reap_interval_s=config.reap_interval_s,
             mailbox_size=config.mailbox_size,
             journal_max_events=config.journal_max_events,
+            observe_append=metrics.observe_append,
+            on_open=metrics.sessions_opened.inc,
         ),
     )
 
@@ -53,6 +57,7 @@ def create_app(config: ServerConfig) -> Starlette:
         routes=[
             Route("/health", http_routes.health),
             Route("/v1/models", http_routes.models),
+            Route("/metrics", http_routes.metrics),
             Route("/v1/sessions/{session_id}", http_routes.session_detail),
             Route("/v1/sessions/{session_id}/events", http_routes.session_events),
             WebSocketRoute("/v1/realtime", realtime_endpoint),
@@ -64,5 +69,6 @@ def create_app(config: ServerConfig) -> Starlette:
     app.state.log = log
     app.state.model = model
     app.state.manager = manager
+    app.state.metrics = metrics
     app.state.decoder = FrameDecoder(config.max_frame_bytes)
     return app

@@ -29,3 +29,4 @@ class ServerConfig:
     api_key: str | None = None
     replica_id: str = field(default_factory=default_replica_id)
     log_level: str = "info"
+    ws_per_message_deflate: bool = False

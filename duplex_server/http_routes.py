@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from duplex_server.auth import is_authorized
 from duplex_server.sessions.log import UnknownSession
@@ -57,6 +57,12 @@ async def models(request: Request) -> Response:
             ],
         }
     )
+
+
+async def metrics(request: Request) -> Response:
+    state = request.app.state
+    return PlainTextResponse(state.metrics.render(len(state.manager.actors)),
+                             media_type="text/plain; version=0.0.4")
 
 
 async def session_detail(request: Request) -> Response:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from duplex_server.sessions.attachment import Attachment
 from duplex_server.sessions.batch import Batch
@@ -46,17 +46,24 @@ log = logging.getLogger(__name__)
 DRAIN_TIMEOUT_S = 2.0
 
 
+def _ignore(seconds: float) -> None:
+    pass
+
+
 @dataclass
 class ActorSettings:
     owner: str
     mailbox_size: int = 256
     journal_max_events: int = 4096
+    # Called with (frame received -> records appended) in seconds, for metrics.
+    observe_append: Callable[[float], None] = field(default=_ignore)
 
 
 @dataclass
 class _Client:
     event: ClientEvent
     generation: int
+    received_at: float
 
 
 @dataclass
@@ -168,7 +175,7 @@ class SessionActor:
         if self._pending_client >= self.settings.mailbox_size:
             return False
         self._pending_client += 1
-        self._mailbox.put_nowait(_Client(event, generation))
+        self._mailbox.put_nowait(_Client(event, generation, time.perf_counter()))
         return True
 
     def post_reject(self, error: ProtocolError, generation: int) -> bool:
@@ -289,6 +296,7 @@ class SessionActor:
             await self.reject(err)
             return
         if await self._commit(batch):
+            self.settings.observe_append(time.perf_counter() - message.received_at)
             await self._apply_effects(effects)
 
     async def reject(self, err: ProtocolError) -> None:

@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from duplex_server.sessions.actor import ActorSettings, SessionActor
 from duplex_server.sessions.attachment import Attachment
@@ -29,6 +30,8 @@ class ManagerSettings:
     reap_interval_s: float = 1.0
     mailbox_size: int = 256
     journal_max_events: int = 4096
+    observe_append: Callable[[float], None] | None = None
+    on_open: Callable[[], None] | None = field(default=None)
 
 
 class SessionManager:
@@ -42,9 +45,12 @@ class SessionManager:
 
     def _actor_settings(self) -> ActorSettings:
         s = self.settings
-        return ActorSettings(
+        settings = ActorSettings(
             owner=s.owner, mailbox_size=s.mailbox_size, journal_max_events=s.journal_max_events
         )
+        if s.observe_append is not None:
+            settings.observe_append = s.observe_append
+        return settings
 
     async def open(
         self, attachment: Attachment, patch: SessionUpdate, handshake: bool
@@ -62,6 +68,8 @@ class SessionManager:
         except BaseException:
             self.actors.pop(session_id, None)
             raise
+        if self.settings.on_open is not None:
+            self.settings.on_open()
         return actor
 
     async def resume(self, attachment: Attachment, request: SessionResume) -> SessionActor:

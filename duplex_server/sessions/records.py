@@ -18,8 +18,9 @@ from protocol.session_config import SessionUpdate
 Origin = Literal["client", "server", "engine", "manager"]
 
 
-class Body(msgspec.Struct, tag_field="kind", omit_defaults=True):
-    pass
+class Body(msgspec.Struct, tag_field="kind", omit_defaults=True, gc=False):
+    """Records are the most numerous objects in the server and never form
+    cycles, so the cyclic collector does not track them (``gc=False``)."""
 
 
 class ConfigBody(Body, tag="config"):
@@ -179,7 +180,7 @@ AnyBody = Union[
 ]
 
 
-class Record(msgspec.Struct):
+class Record(msgspec.Struct, gc=False):
     """``(seq, kind, epoch, ts_ms, origin, event_id?, body)``; ``seq`` set by the backend."""
 
     epoch: int

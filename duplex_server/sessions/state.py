@@ -90,7 +90,7 @@ class SessionState(msgspec.Struct):
     closed_reason: str | None = None
 
     def find_item(self, item_id: str) -> Item | None:
-        for item in self.items:
+        for item in reversed(self.items):  # lookups are almost always of recent items
             if item.id == item_id:
                 return item
         return None

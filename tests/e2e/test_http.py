@@ -42,3 +42,19 @@ async def test_session_log_as_json_lines(server):
     assert [json.loads(x)["seq"] for x in later.text.splitlines()][0] == 4
     assert bad.status_code == 400 and missing.status_code == 404
     assert detail["id"] == session_id and detail["turn_id"] == 1
+
+
+async def test_metrics_count_applied_events(server):
+    from duplex_server.metrics import histogram_quantile, parse_histogram
+
+    client, _ = await server.open()
+    for _ in range(3):
+        await client.send({"type": "session.heartbeat"})
+        await client.expect("session.heartbeat_ack")
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        text = (await http.get("/metrics")).text
+    assert "duplex_client_events_total 3" in text
+    assert "duplex_sessions_opened_total 1" in text and "duplex_sessions_live 1" in text
+    buckets = parse_histogram(text, "duplex_append_latency_seconds")
+    assert buckets[-1] == (float("inf"), 3)
+    assert 0 < histogram_quantile(buckets, 0.5) < 5.0

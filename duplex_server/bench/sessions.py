@@ -1,0 +1,252 @@
+"""``duplex-server bench sessions``: N clients streaming audio at one server.
+
+Each client appends ``chunk_ms`` of audio every ``chunk_ms``, commits every
+``commit_every_s``, acks the journal, and sends a heartbeat every second.
+The same clients first run against a bare echo server (the baseline,
+measured in the same run), then against duplex-server with the echo model.
+One JSON line is printed; ratios compare the two phases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+import numpy as np
+import psutil
+import websockets
+
+from duplex_server.metrics import histogram_quantile, parse_histogram
+
+TARGET_COMMIT_TO_AUDIO_P99_MS = 50.0
+TARGET_HEARTBEAT_RATIO = 1.5
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _quantiles(samples: list[float]) -> dict[str, float | None]:
+    if not samples:
+        return {"p50": None, "p99": None}
+    values = np.array(samples) * 1000.0
+    return {"p50": round(float(np.percentile(values, 50)), 3),
+            "p99": round(float(np.percentile(values, 99)), 3)}
+
+
+@dataclass
+class Measures:
+    appends: int = 0
+    heartbeat_rtt: list[float] = field(default_factory=list)
+    commit_to_audio: list[float] = field(default_factory=list)
+    errors: int = 0
+    connect_failures: int = 0
+
+
+class BenchClient:
+    """One session: a paced sender and a reader that timestamps what matters."""
+
+    def __init__(self, url: str, frame: str, args: argparse.Namespace, measures: Measures,
+                 deadline: float, measure_from: float) -> None:
+        self.url = url
+        self.frame = frame
+        self.args = args
+        self.m = measures
+        self.deadline = deadline
+        self.measure_from = measure_from
+        self.heartbeat_sent: float | None = None
+        self.commit_sent: float | None = None
+        self.last_seq = 0
+
+    def _measuring(self, now: float) -> bool:
+        return now >= self.measure_from
+
+    async def run(self, start_delay: float) -> None:
+        await asyncio.sleep(start_delay)
+        try:
+            async with websockets.connect(self.url, max_size=None, ping_interval=None) as ws:
+                await ws.recv()  # session.created
+                reader = asyncio.create_task(self._read(ws))
+                await self._send(ws)
+                reader.cancel()
+        except (OSError, websockets.WebSocketException):
+            self.m.connect_failures += 1
+
+    async def _send(self, ws) -> None:
+        loop = asyncio.get_running_loop()
+        period = self.args.chunk_ms / 1000.0
+        per_commit = max(1, round(self.args.commit_every_s / period))
+        per_heartbeat = max(1, round(1.0 / period))
+        tick = 0
+        next_at = loop.time()
+        while (now := loop.time()) < self.deadline:
+            await ws.send(self.frame)
+            if self._measuring(now):
+                self.m.appends += 1
+            tick += 1
+            if tick % per_commit == 0:
+                self.commit_sent = loop.time()
+                await ws.send('{"type":"input_audio_buffer.commit"}')
+                if self.last_seq:
+                    await ws.send(json.dumps({"type": "session.event_ack",
+                                              "server_event_seq": self.last_seq}))
+            if tick % per_heartbeat == 0 and self.heartbeat_sent is None:
+                self.heartbeat_sent = loop.time()
+                await ws.send('{"type":"session.heartbeat"}')
+            next_at += period
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+
+    async def _read(self, ws) -> None:
+        loop = asyncio.get_running_loop()
+        async for frame in ws:
+            now = loop.time()
+            # Server frames start with their type (msgspec writes the tag first),
+            # so the reader avoids parsing every audio delta.
+            head = frame[:48]
+            if '"session.heartbeat_ack"' in head and self.heartbeat_sent is not None:
+                if self._measuring(now):
+                    self.m.heartbeat_rtt.append(now - self.heartbeat_sent)
+                self.heartbeat_sent = None
+            elif '"response.output_audio.delta"' in head and self.commit_sent is not None:
+                if self._measuring(now):
+                    self.m.commit_to_audio.append(now - self.commit_sent)
+                self.commit_sent = None
+            elif '"rate_limits.updated"' in head:
+                self.last_seq = json.loads(frame).get("server_event_seq") or self.last_seq
+            elif '"error"' in head:
+                self.m.errors += 1
+
+
+def _wait_http(url: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return response.read().decode()
+
+
+async def _drive(url: str, args: argparse.Namespace, proc: psutil.Process,
+                 metrics_url: str | None) -> dict:
+    pcm = (np.sin(np.arange(24 * args.chunk_ms) / 24000 * 2 * np.pi * 440) * 6000)
+    frame = json.dumps({"type": "input_audio_buffer.append",
+                        "audio": base64.b64encode(pcm.astype("<i2").tobytes()).decode()})
+    measures = Measures()
+    loop = asyncio.get_running_loop()
+    measure_from = loop.time() + args.ramp_s + 1.0
+    deadline = measure_from + args.seconds
+    clients = [BenchClient(url, frame, args, measures, deadline, measure_from)
+               for _ in range(args.sessions)]
+    before = None
+    tasks = [asyncio.create_task(c.run(args.ramp_s * i / max(1, args.sessions)))
+             for i, c in enumerate(clients)]
+    await asyncio.sleep(measure_from - loop.time())
+    proc.cpu_percent(None)
+    if metrics_url:
+        before = parse_histogram(await asyncio.to_thread(_scrape, metrics_url),
+                                 "duplex_append_latency_seconds")
+    await asyncio.sleep(max(0.0, deadline - loop.time()))
+    cpu = proc.cpu_percent(None)
+    rss = proc.memory_info().rss / 2**20
+    after = None
+    if metrics_url:
+        after = parse_histogram(await asyncio.to_thread(_scrape, metrics_url),
+                                "duplex_append_latency_seconds")
+    await asyncio.gather(*tasks)
+    result = {
+        "appends_per_s": round(measures.appends / args.seconds, 1),
+        "heartbeat_rtt_ms": _quantiles(measures.heartbeat_rtt),
+        "commit_to_first_audio_ms": _quantiles(measures.commit_to_audio),
+        "server_cpu_percent": round(cpu, 1),
+        "server_rss_mib": round(rss, 1),
+        "errors": measures.errors,
+        "connect_failures": measures.connect_failures,
+    }
+    if before is not None and after is not None:
+        window = [(b, a - c) for (b, a), (_, c) in zip(after, before, strict=True)]
+        p50, p99 = (histogram_quantile(window, q) for q in (0.5, 0.99))
+        result["append_to_journal_ms"] = {
+            "p50": None if p50 is None else round(p50 * 1000, 3),
+            "p99": None if p99 is None else round(p99 * 1000, 3),
+        }
+    return result
+
+
+def _spawn(cmd: list[str], health_url: str) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_http(health_url)
+    except OSError:
+        proc.kill()
+        raise SystemExit(f"bench: could not start {' '.join(cmd)}: "
+                         f"{proc.stderr.read().decode() if proc.stderr else ''}") from None
+    return proc
+
+
+def _phase(cmd: list[str], port: int, path: str, args: argparse.Namespace,
+           metrics: bool) -> dict:
+    proc = _spawn(cmd, f"http://127.0.0.1:{port}/health")
+    try:
+        url = f"ws://127.0.0.1:{port}{path}"
+        metrics_url = f"http://127.0.0.1:{port}/metrics" if metrics else None
+        return asyncio.run(_drive(url, args, psutil.Process(proc.pid), metrics_url))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _ratio(ours: dict, base: dict, key: str, q: str) -> float | None:
+    a, b = ours[key][q], base[key][q]
+    return None if a is None or not b else round(a / b, 3)
+
+
+def run(args: argparse.Namespace) -> None:
+    python = sys.executable
+    base_port = _free_port()
+    baseline = _phase([python, "-m", "duplex_server.bench.echo_server", str(base_port)],
+                      base_port, "/", args, metrics=False)
+    port = args.port or _free_port()
+    server_cmd = [python, "-m", "duplex_server.cli", "serve", "--port", str(port),
+                  "--store", args.store, "--model", "echo", "--log-level", "warning",
+                  "--max-sessions", str(args.sessions + 10)]
+    ours = _phase(server_cmd, port, "/v1/realtime?duplex=1", args, metrics=True)
+    p99_audio = ours["commit_to_first_audio_ms"]["p99"]
+    ratio = _ratio(ours, baseline, "heartbeat_rtt_ms", "p99")
+    print(json.dumps({
+        "bench": "sessions",
+        "sessions": args.sessions,
+        "seconds": args.seconds,
+        "store": args.store,
+        "chunk_ms": args.chunk_ms,
+        "commit_every_s": args.commit_every_s,
+        "cpu_count": os.cpu_count(),
+        **ours,
+        "baseline_bare_echo": baseline,
+        "heartbeat_rtt_p50_ratio_vs_echo": _ratio(ours, baseline, "heartbeat_rtt_ms", "p50"),
+        "heartbeat_rtt_p99_ratio_vs_echo": ratio,
+        "targets": {
+            "commit_to_first_audio_p99_ms_under_50": (
+                None if p99_audio is None else p99_audio < TARGET_COMMIT_TO_AUDIO_P99_MS),
+            "heartbeat_p99_within_1_5x_echo": (
+                None if ratio is None else ratio <= TARGET_HEARTBEAT_RATIO),
+        },
+    }))
