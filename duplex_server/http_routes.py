@@ -61,8 +61,9 @@ async def models(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     state = request.app.state
-    return PlainTextResponse(state.metrics.render(len(state.manager.actors)),
-                             media_type="text/plain; version=0.0.4")
+    return PlainTextResponse(
+        state.metrics.render(len(state.manager.actors)), media_type="text/plain; version=0.0.4"
+    )
 
 
 async def session_detail(request: Request) -> Response:

@@ -9,14 +9,36 @@ from __future__ import annotations
 import bisect
 
 LATENCY_BUCKETS_S = (
-    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01,
-    0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.00075,
+    0.001,
+    0.0015,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
 )
 
 
 class Histogram:
-    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...] = LATENCY_BUCKETS_S
-                 ) -> None:
+    def __init__(
+        self, name: str, help_text: str, buckets: tuple[float, ...] = LATENCY_BUCKETS_S
+    ) -> None:
         self.name = name
         self.help = help_text
         self.buckets = buckets
@@ -51,15 +73,19 @@ class Counter:
         self.value += amount
 
     def render(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter",
-                f"{self.name} {self.value}"]
+        return [
+            f"# HELP {self.name} {self.help}",
+            f"# TYPE {self.name} counter",
+            f"{self.name} {self.value}",
+        ]
 
 
 class Metrics:
     def __init__(self) -> None:
         self.append_latency = Histogram(
             "duplex_append_latency_seconds",
-            "client frame received -> its records appended to the session log")
+            "client frame received -> its records appended to the session log",
+        )
         self.client_events = Counter("duplex_client_events_total", "client events applied")
         self.sessions_opened = Counter("duplex_sessions_opened_total", "sessions opened")
 
@@ -68,10 +94,14 @@ class Metrics:
         self.client_events.inc()
 
     def render(self, live_sessions: int) -> str:
-        lines = [*self.append_latency.render(), *self.client_events.render(),
-                 *self.sessions_opened.render(),
-                 "# HELP duplex_sessions_live sessions with a live actor",
-                 "# TYPE duplex_sessions_live gauge", f"duplex_sessions_live {live_sessions}"]
+        lines = [
+            *self.append_latency.render(),
+            *self.client_events.render(),
+            *self.sessions_opened.render(),
+            "# HELP duplex_sessions_live sessions with a live actor",
+            "# TYPE duplex_sessions_live gauge",
+            f"duplex_sessions_live {live_sessions}",
+        ]
         return "\n".join(lines) + "\n"
 
 
@@ -81,7 +111,7 @@ def parse_histogram(text: str, name: str) -> list[tuple[float, int]]:
     out = []
     for line in text.splitlines():
         if line.startswith(prefix):
-            bound, _, count = line[len(prefix):].partition('"} ')
+            bound, _, count = line[len(prefix) :].partition('"} ')
             out.append((float("inf") if bound == "+Inf" else float(bound), int(count)))
     return out
 

@@ -62,8 +62,9 @@ class RunningServer:
         for session_id, state in live.items():
             records = await log.read(session_id)
             model = self.app.state.model  # type: ignore[attr-defined]
-            rebuilt = fold(records, initial_state(session_id, model.name,
-                                                  model.turn_detection_types))
+            rebuilt = fold(
+                records, initial_state(session_id, model.name, model.turn_detection_types)
+            )
             assert rebuilt == state, f"refold of {session_id} differs from the live state"
 
 
@@ -86,8 +87,11 @@ async def server(request) -> AsyncIterator[RunningServer]:
         original(session_id, reason)
 
     manager._closed = capture  # type: ignore[method-assign]
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port,
-                                       log_level="warning", ws_ping_interval=None))
+    uv = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=config.port, log_level="warning", ws_ping_interval=None
+        )
+    )
     task = asyncio.create_task(uv.serve())
     while not uv.started:
         await asyncio.sleep(0.01)

@@ -23,8 +23,9 @@ def peak_hz(pcm: bytes, rate: int) -> float:
     return float(np.argmax(np.abs(np.fft.rfft(samples))) * rate / len(samples))
 
 
-@pytest.mark.parametrize(("src", "dst"), [(24000, 8000), (8000, 24000), (16000, 48000),
-                                          (48000, 16000), (44100, 24000)])
+@pytest.mark.parametrize(
+    ("src", "dst"), [(24000, 8000), (8000, 24000), (16000, 48000), (48000, 16000), (44100, 24000)]
+)
 def test_resampling_keeps_frequency_and_duration(src, dst):
     pcm = tone_pcm16(1000, rate=src, freq=700)
     out = resample_pcm16(pcm, src, dst)
@@ -46,8 +47,9 @@ def test_g711_tables_match_reference_points():
     assert ALAW_TO_PCM16[0xAA] == 32256 and ALAW_TO_PCM16[0x2A] == -32256
 
 
-@pytest.mark.parametrize(("encode", "table"), [(ulaw_encode, ULAW_TO_PCM16),
-                                               (alaw_encode, ALAW_TO_PCM16)])
+@pytest.mark.parametrize(
+    ("encode", "table"), [(ulaw_encode, ULAW_TO_PCM16), (alaw_encode, ALAW_TO_PCM16)]
+)
 def test_g711_round_trip_is_close(encode, table):
     samples = np.arange(-32768, 32768, 7, dtype=np.int32).astype(np.int16)
     decoded = table[encode(samples)].astype(float)
@@ -64,8 +66,7 @@ def test_float_input_is_clipped_and_checked():
     pcm = np.frombuffer(decode_to_pcm16(f32, AudioFormat("pcm_f32le", 24000)), "<i2")
     assert list(pcm) == [16383, -32767, 32767]
     with pytest.raises(AudioDecodeError, match="NaN"):
-        decode_to_pcm16(np.array([np.nan], dtype="<f4").tobytes(),
-                        AudioFormat("pcm_f32le", 24000))
+        decode_to_pcm16(np.array([np.nan], dtype="<f4").tobytes(), AudioFormat("pcm_f32le", 24000))
     with pytest.raises(AudioDecodeError, match="even"):
         decode_to_pcm16(b"\x00", AudioFormat("pcm16", 24000))
 

@@ -19,8 +19,13 @@ def test_limit_is_checked_before_parsing():
 
 
 def test_data_url_frames_are_accepted():
-    frame = json.dumps({"type": "input_audio_buffer.append", "audio": "AAA=",
-                        "video_frames": ["data:image/jpeg;base64,/9j/4AAQ", "/9j/4AAQ"]})
+    frame = json.dumps(
+        {
+            "type": "input_audio_buffer.append",
+            "audio": "AAA=",
+            "video_frames": ["data:image/jpeg;base64,/9j/4AAQ", "/9j/4AAQ"],
+        }
+    )
     event = FrameDecoder().decode(frame)
     assert isinstance(event, InputAudioAppend) and len(event.video_frames) == 2
 

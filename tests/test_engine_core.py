@@ -25,8 +25,9 @@ class Steps:
 
 
 def req(rid: str, chunks: int = 1, priority: Priority = Priority.REALTIME) -> EngineRequest:
-    return EngineRequest(request_id=rid, session_id="s", response_id=rid, epoch=0,
-                         payload=chunks, priority=priority)
+    return EngineRequest(
+        request_id=rid, session_id="s", response_id=rid, epoch=0, payload=chunks, priority=priority
+    )
 
 
 async def drain(core, request):

@@ -55,15 +55,20 @@ class Script:
         self._keep(batch)
 
     def refold(self) -> SessionState:
-        return fold(self.log, initial_state("sess_test0001", MODEL.name,
-                                            MODEL.turn_detection_types))
+        return fold(
+            self.log, initial_state("sess_test0001", MODEL.name, MODEL.turn_detection_types)
+        )
 
 
 def conversation() -> Script:
     script = Script()
-    script.send(ce.SessionUpdateEvent(session=msgspec.convert(
-        {"instructions": "hi", "input_audio_format": "g711_ulaw"},
-        ce.SessionUpdate)))
+    script.send(
+        ce.SessionUpdateEvent(
+            session=msgspec.convert(
+                {"instructions": "hi", "input_audio_format": "g711_ulaw"}, ce.SessionUpdate
+            )
+        )
+    )
     script.send(ce.InputAudioAppend(audio=b64(b"\xff" * 800), event_id="a1"))
     script.send(ce.InputTextAppend(text="one two"))
     effects = script.send(ce.InputAudioCommit())

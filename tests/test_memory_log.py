@@ -10,13 +10,18 @@ from duplex_server.sessions.records import OutBody, Record, SignalBody
 
 
 def signal(event_id: str | None = None) -> Record:
-    return Record(epoch=0, ts_ms=1, origin="client", body=SignalBody(signal="heartbeat"),
-                  event_id=event_id)
+    return Record(
+        epoch=0, ts_ms=1, origin="client", body=SignalBody(signal="heartbeat"), event_id=event_id
+    )
 
 
 def out(seq: int) -> Record:
-    return Record(epoch=0, ts_ms=1, origin="server",
-                  body=OutBody(server_event_seq=seq, event_type="x", payload=b"{}"))
+    return Record(
+        epoch=0,
+        ts_ms=1,
+        origin="server",
+        body=OutBody(server_event_seq=seq, event_type="x", payload=b"{}"),
+    )
 
 
 async def test_seqs_are_dense_and_read_after():

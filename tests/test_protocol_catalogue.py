@@ -14,12 +14,17 @@ from protocol.server_events import BETA_TWIN, SERVER_EVENT_TYPES
 
 ROOT = Path(__file__).resolve().parent.parent
 # The repository keeps a copy; a checkout beside ../shared is checked against the original too.
-PROTOCOL_FILES = [p for p in (ROOT / "docs" / "PROTOCOL.md", ROOT.parent / "shared" / "PROTOCOL.md")
-                  if p.exists()]
+PROTOCOL_FILES = [
+    p for p in (ROOT / "docs" / "PROTOCOL.md", ROOT.parent / "shared" / "PROTOCOL.md") if p.exists()
+]
 
 NOT_EVENTS = {
-    "audio.input.format", "audio.output.format", "capabilities.supports_barge_in",
-    "error.error.event_id", "metadata.overlap_ms", "status_details.reason",
+    "audio.input.format",
+    "audio.output.format",
+    "capabilities.supports_barge_in",
+    "error.error.event_id",
+    "metadata.overlap_ms",
+    "status_details.reason",
 }
 _TOKEN = re.compile(r"`([^`]*)`")
 _NAME = re.compile(r"^(\.?[a-z_]+(?:\.[a-z_]+)*(?:/\.?[a-z_]+)*)")
@@ -67,9 +72,14 @@ def documented() -> set[str]:
 def test_catalogue_is_found():
     names = documented()
     assert PROTOCOL_FILES, "PROTOCOL.md not found"
-    assert {"conversation.item.retrieve", "input_audio_buffer.speech_stopped",
-            "response.function_call_arguments.done", "turn.signal", "session.updated",
-            "response.audio.done"} <= names
+    assert {
+        "conversation.item.retrieve",
+        "input_audio_buffer.speech_stopped",
+        "response.function_call_arguments.done",
+        "turn.signal",
+        "session.updated",
+        "response.audio.done",
+    } <= names
     assert len(names) >= 58
 
 

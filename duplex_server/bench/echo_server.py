@@ -44,5 +44,11 @@ async def app(scope, receive, send) -> None:
 if __name__ == "__main__":
     # Same transport settings as `duplex-server serve` defaults, so the two
     # phases of the bench differ only in what the server does with a frame.
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
-                ws_ping_interval=None, ws_per_message_deflate=False)
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=int(sys.argv[1]),
+        log_level="warning",
+        ws_ping_interval=None,
+        ws_per_message_deflate=False,
+    )

@@ -41,8 +41,10 @@ def _quantiles(samples: list[float]) -> dict[str, float | None]:
     if not samples:
         return {"p50": None, "p99": None}
     values = np.array(samples) * 1000.0
-    return {"p50": round(float(np.percentile(values, 50)), 3),
-            "p99": round(float(np.percentile(values, 99)), 3)}
+    return {
+        "p50": round(float(np.percentile(values, 50)), 3),
+        "p99": round(float(np.percentile(values, 99)), 3),
+    }
 
 
 @dataclass
@@ -57,8 +59,15 @@ class Measures:
 class BenchClient:
     """One session: a paced sender and a reader that timestamps what matters."""
 
-    def __init__(self, url: str, frame: str, args: argparse.Namespace, measures: Measures,
-                 deadline: float, measure_from: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        frame: str,
+        args: argparse.Namespace,
+        measures: Measures,
+        deadline: float,
+        measure_from: float,
+    ) -> None:
         self.url = url
         self.frame = frame
         self.args = args
@@ -99,8 +108,9 @@ class BenchClient:
                 self.commit_sent = loop.time()
                 await ws.send('{"type":"input_audio_buffer.commit"}')
                 if self.last_seq:
-                    await ws.send(json.dumps({"type": "session.event_ack",
-                                              "server_event_seq": self.last_seq}))
+                    await ws.send(
+                        json.dumps({"type": "session.event_ack", "server_event_seq": self.last_seq})
+                    )
             if tick % per_heartbeat == 0 and self.heartbeat_sent is None:
                 self.heartbeat_sent = loop.time()
                 await ws.send('{"type":"session.heartbeat"}')
@@ -145,32 +155,43 @@ def _scrape(url: str) -> str:
         return response.read().decode()
 
 
-async def _drive(url: str, args: argparse.Namespace, proc: psutil.Process,
-                 metrics_url: str | None) -> dict:
-    pcm = (np.sin(np.arange(24 * args.chunk_ms) / 24000 * 2 * np.pi * 440) * 6000)
-    frame = json.dumps({"type": "input_audio_buffer.append",
-                        "audio": base64.b64encode(pcm.astype("<i2").tobytes()).decode()})
+async def _drive(
+    url: str, args: argparse.Namespace, proc: psutil.Process, metrics_url: str | None
+) -> dict:
+    pcm = np.sin(np.arange(24 * args.chunk_ms) / 24000 * 2 * np.pi * 440) * 6000
+    frame = json.dumps(
+        {
+            "type": "input_audio_buffer.append",
+            "audio": base64.b64encode(pcm.astype("<i2").tobytes()).decode(),
+        }
+    )
     measures = Measures()
     loop = asyncio.get_running_loop()
     measure_from = loop.time() + args.ramp_s + 1.0
     deadline = measure_from + args.seconds
-    clients = [BenchClient(url, frame, args, measures, deadline, measure_from)
-               for _ in range(args.sessions)]
+    clients = [
+        BenchClient(url, frame, args, measures, deadline, measure_from)
+        for _ in range(args.sessions)
+    ]
     before = None
-    tasks = [asyncio.create_task(c.run(args.ramp_s * i / max(1, args.sessions)))
-             for i, c in enumerate(clients)]
+    tasks = [
+        asyncio.create_task(c.run(args.ramp_s * i / max(1, args.sessions)))
+        for i, c in enumerate(clients)
+    ]
     await asyncio.sleep(measure_from - loop.time())
     proc.cpu_percent(None)
     if metrics_url:
-        before = parse_histogram(await asyncio.to_thread(_scrape, metrics_url),
-                                 "duplex_append_latency_seconds")
+        before = parse_histogram(
+            await asyncio.to_thread(_scrape, metrics_url), "duplex_append_latency_seconds"
+        )
     await asyncio.sleep(max(0.0, deadline - loop.time()))
     cpu = proc.cpu_percent(None)
     rss = proc.memory_info().rss / 2**20
     after = None
     if metrics_url:
-        after = parse_histogram(await asyncio.to_thread(_scrape, metrics_url),
-                                "duplex_append_latency_seconds")
+        after = parse_histogram(
+            await asyncio.to_thread(_scrape, metrics_url), "duplex_append_latency_seconds"
+        )
     await asyncio.gather(*tasks)
     result = {
         "appends_per_s": round(measures.appends / args.seconds, 1),
@@ -197,13 +218,14 @@ def _spawn(cmd: list[str], health_url: str) -> subprocess.Popen:
         _wait_http(health_url)
     except OSError:
         proc.kill()
-        raise SystemExit(f"bench: could not start {' '.join(cmd)}: "
-                         f"{proc.stderr.read().decode() if proc.stderr else ''}") from None
+        raise SystemExit(
+            f"bench: could not start {' '.join(cmd)}: "
+            f"{proc.stderr.read().decode() if proc.stderr else ''}"
+        ) from None
     return proc
 
 
-def _phase(cmd: list[str], port: int, path: str, args: argparse.Namespace,
-           metrics: bool) -> dict:
+def _phase(cmd: list[str], port: int, path: str, args: argparse.Namespace, metrics: bool) -> dict:
     proc = _spawn(cmd, f"http://127.0.0.1:{port}/health")
     try:
         url = f"ws://127.0.0.1:{port}{path}"
@@ -222,31 +244,57 @@ def _ratio(ours: dict, base: dict, key: str, q: str) -> float | None:
 def run(args: argparse.Namespace) -> None:
     python = sys.executable
     base_port = _free_port()
-    baseline = _phase([python, "-m", "duplex_server.bench.echo_server", str(base_port)],
-                      base_port, "/", args, metrics=False)
+    baseline = _phase(
+        [python, "-m", "duplex_server.bench.echo_server", str(base_port)],
+        base_port,
+        "/",
+        args,
+        metrics=False,
+    )
     port = args.port or _free_port()
-    server_cmd = [python, "-m", "duplex_server.cli", "serve", "--port", str(port),
-                  "--store", args.store, "--model", "echo", "--log-level", "warning",
-                  "--max-sessions", str(args.sessions + 10)]
+    server_cmd = [
+        python,
+        "-m",
+        "duplex_server.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--store",
+        args.store,
+        "--model",
+        "echo",
+        "--log-level",
+        "warning",
+        "--max-sessions",
+        str(args.sessions + 10),
+    ]
     ours = _phase(server_cmd, port, "/v1/realtime?duplex=1", args, metrics=True)
     p99_audio = ours["commit_to_first_audio_ms"]["p99"]
     ratio = _ratio(ours, baseline, "heartbeat_rtt_ms", "p99")
-    print(json.dumps({
-        "bench": "sessions",
-        "sessions": args.sessions,
-        "seconds": args.seconds,
-        "store": args.store,
-        "chunk_ms": args.chunk_ms,
-        "commit_every_s": args.commit_every_s,
-        "cpu_count": os.cpu_count(),
-        **ours,
-        "baseline_bare_echo": baseline,
-        "heartbeat_rtt_p50_ratio_vs_echo": _ratio(ours, baseline, "heartbeat_rtt_ms", "p50"),
-        "heartbeat_rtt_p99_ratio_vs_echo": ratio,
-        "targets": {
-            "commit_to_first_audio_p99_ms_under_50": (
-                None if p99_audio is None else p99_audio < TARGET_COMMIT_TO_AUDIO_P99_MS),
-            "heartbeat_p99_within_1_5x_echo": (
-                None if ratio is None else ratio <= TARGET_HEARTBEAT_RATIO),
-        },
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "sessions",
+                "sessions": args.sessions,
+                "seconds": args.seconds,
+                "store": args.store,
+                "chunk_ms": args.chunk_ms,
+                "commit_every_s": args.commit_every_s,
+                "cpu_count": os.cpu_count(),
+                **ours,
+                "baseline_bare_echo": baseline,
+                "heartbeat_rtt_p50_ratio_vs_echo": _ratio(
+                    ours, baseline, "heartbeat_rtt_ms", "p50"
+                ),
+                "heartbeat_rtt_p99_ratio_vs_echo": ratio,
+                "targets": {
+                    "commit_to_first_audio_p99_ms_under_50": (
+                        None if p99_audio is None else p99_audio < TARGET_COMMIT_TO_AUDIO_P99_MS
+                    ),
+                    "heartbeat_p99_within_1_5x_echo": (
+                        None if ratio is None else ratio <= TARGET_HEARTBEAT_RATIO
+                    ),
+                },
+            }
+        )
+    )

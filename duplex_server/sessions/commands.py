@@ -165,15 +165,19 @@ def audio_append(batch: Batch, event: ce.InputAudioAppend, model: ModelPort) -> 
             event_id=event.event_id,
         )
     frames = [
-        decode_base64(strip_data_url(frame), param=f"video_frames.{index}",
-                      event_id=event.event_id)
+        decode_base64(strip_data_url(frame), param=f"video_frames.{index}", event_id=event.event_id)
         for index, frame in enumerate(event.video_frames)
     ]
-    batch.fact(AudioBody(
-        pcm=pcm, sample_rate_hz=fmt.sample_rate_hz, source_format=fmt.name,
-        duration_ms=pcm16_duration_ms(len(pcm), fmt.sample_rate_hz),
-        audio_end_ms=event.audio_end_ms, is_speech=event.is_speech,
-    ))
+    batch.fact(
+        AudioBody(
+            pcm=pcm,
+            sample_rate_hz=fmt.sample_rate_hz,
+            source_format=fmt.name,
+            duration_ms=pcm16_duration_ms(len(pcm), fmt.sample_rate_hz),
+            audio_end_ms=event.audio_end_ms,
+            is_speech=event.is_speech,
+        )
+    )
     for data in frames:
         batch.fact(FrameBody(data=data, audio_ms=state.input.audio_ms))
     return Effects()

@@ -18,43 +18,108 @@ CASES = [
     ("no type", json.dumps({"event_id": "e"}), "invalid_event", "type"),
     ("type not a string", json.dumps({"type": 7}), "invalid_event", "type"),
     ("unknown type", json.dumps({"type": "response.explode"}), "unknown_event_type", None),
-    ("wrong field type", json.dumps({"type": "session.event_ack", "server_event_seq": "x"}),
-     "invalid_event", "server_event_seq"),
-    ("negative", json.dumps({"type": "playback.ack", "played_ms": -1}), "invalid_event",
-     "played_ms"),
-    ("bad enum", json.dumps({"type": "session.update",
-                             "session": {"overlap_policy": "shout"}}),
-     "invalid_event", "session.overlap_policy"),
-    ("vad threshold", json.dumps({"type": "session.update",
-                                  "session": {"turn_detection": {"threshold": 1.5}}}),
-     "invalid_event", "session.turn_detection.threshold"),
-    ("bad base64", json.dumps({"type": "input_audio_buffer.append", "audio": "%%%"}),
-     "invalid_audio", "audio"),
-    ("odd pcm16", json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\x01\x02\x03")}),
-     "invalid_audio", "audio"),
-    ("f32 not multiple of 4", json.dumps({"type": "input_audio_buffer.append",
-                                          "audio": b64(b"\x00" * 6), "format": "pcm_f32le"}),
-     "invalid_audio", "audio"),
-    ("unknown format", json.dumps({"type": "input_audio_buffer.append",
-                                   "audio": b64(b"\x00\x00"), "format": "mp3"}),
-     "invalid_audio", "format"),
-    ("g711 at wrong rate", json.dumps({"type": "input_audio_buffer.append",
-                                       "audio": b64(b"\x00\x00"), "format": "g711_ulaw",
-                                       "sample_rate_hz": 16000}),
-     "invalid_audio", "format"),
-    ("unknown session format", json.dumps({"type": "session.update",
-                                           "session": {"output_audio_format": "flac"}}),
-     "invalid_audio", "session.output_audio_format"),
-    ("bad video frame", json.dumps({"type": "input_audio_buffer.append",
-                                    "audio": b64(b"\x00\x00"), "video_frames": ["data:,@@"]}),
-     "invalid_audio", "video_frames.0"),
-    ("empty commit", json.dumps({"type": "input_audio_buffer.commit"}),
-     "input_audio_buffer_empty", None),
+    (
+        "wrong field type",
+        json.dumps({"type": "session.event_ack", "server_event_seq": "x"}),
+        "invalid_event",
+        "server_event_seq",
+    ),
+    (
+        "negative",
+        json.dumps({"type": "playback.ack", "played_ms": -1}),
+        "invalid_event",
+        "played_ms",
+    ),
+    (
+        "bad enum",
+        json.dumps({"type": "session.update", "session": {"overlap_policy": "shout"}}),
+        "invalid_event",
+        "session.overlap_policy",
+    ),
+    (
+        "vad threshold",
+        json.dumps({"type": "session.update", "session": {"turn_detection": {"threshold": 1.5}}}),
+        "invalid_event",
+        "session.turn_detection.threshold",
+    ),
+    (
+        "bad base64",
+        json.dumps({"type": "input_audio_buffer.append", "audio": "%%%"}),
+        "invalid_audio",
+        "audio",
+    ),
+    (
+        "odd pcm16",
+        json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\x01\x02\x03")}),
+        "invalid_audio",
+        "audio",
+    ),
+    (
+        "f32 not multiple of 4",
+        json.dumps(
+            {"type": "input_audio_buffer.append", "audio": b64(b"\x00" * 6), "format": "pcm_f32le"}
+        ),
+        "invalid_audio",
+        "audio",
+    ),
+    (
+        "unknown format",
+        json.dumps(
+            {"type": "input_audio_buffer.append", "audio": b64(b"\x00\x00"), "format": "mp3"}
+        ),
+        "invalid_audio",
+        "format",
+    ),
+    (
+        "g711 at wrong rate",
+        json.dumps(
+            {
+                "type": "input_audio_buffer.append",
+                "audio": b64(b"\x00\x00"),
+                "format": "g711_ulaw",
+                "sample_rate_hz": 16000,
+            }
+        ),
+        "invalid_audio",
+        "format",
+    ),
+    (
+        "unknown session format",
+        json.dumps({"type": "session.update", "session": {"output_audio_format": "flac"}}),
+        "invalid_audio",
+        "session.output_audio_format",
+    ),
+    (
+        "bad video frame",
+        json.dumps(
+            {
+                "type": "input_audio_buffer.append",
+                "audio": b64(b"\x00\x00"),
+                "video_frames": ["data:,@@"],
+            }
+        ),
+        "invalid_audio",
+        "video_frames.0",
+    ),
+    (
+        "empty commit",
+        json.dumps({"type": "input_audio_buffer.commit"}),
+        "input_audio_buffer_empty",
+        None,
+    ),
     ("cancel nothing", json.dumps({"type": "response.cancel"}), "response_not_found", None),
-    ("unknown item", json.dumps({"type": "conversation.item.delete", "item_id": "i"}),
-     "item_not_found", "item_id"),
-    ("oversized", json.dumps({"type": "input_audio_buffer.append", "audio": "A" * BIG}),
-     "payload_too_large", None),
+    (
+        "unknown item",
+        json.dumps({"type": "conversation.item.delete", "item_id": "i"}),
+        "item_not_found",
+        "item_id",
+    ),
+    (
+        "oversized",
+        json.dumps({"type": "input_audio_buffer.append", "audio": "A" * BIG}),
+        "payload_too_large",
+        None,
+    ),
     ("binary garbage", b"\xff\xfe", "invalid_json", None),
 ]
 
@@ -79,7 +144,7 @@ async def test_rejected_input(server, name, frame, code, param):
     assert error["error"]["type"] in ("invalid_request_error", "rate_limit_error")
     after = await log.read(session_id)
     assert after[: len(before)] == before  # nothing lost or rewritten
-    assert [r.kind for r in after[len(before):]] == ["out"]  # only the journaled error
+    assert [r.kind for r in after[len(before) :]] == ["out"]  # only the journaled error
     # The session keeps serving: a normal turn still works.
     await client.append(tone_pcm16(100))
     await client.send({"type": "input_audio_buffer.commit"})

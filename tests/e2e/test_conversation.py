@@ -26,12 +26,18 @@ def assistant_item(server, item_id: str):
 
 async def test_item_create_retrieve_delete(server):
     client, _ = await server.open()
-    item = {"type": "message", "role": "user",
-            "content": [{"type": "input_text", "text": "typed words"}]}
+    item = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "typed words"}],
+    }
     await client.send({"type": "conversation.item.create", "item": item})
     events = await client.recv_until("conversation.item.done")
-    assert types_of(events) == ["conversation.item.added", "conversation.item.created",
-                                "conversation.item.done"]
+    assert types_of(events) == [
+        "conversation.item.added",
+        "conversation.item.created",
+        "conversation.item.done",
+    ]
     item_id = events[0]["item"]["id"]
     assert events[0]["item"]["content"] == [{"type": "input_text", "text": "typed words"}]
     await client.send({"type": "conversation.item.retrieve", "item_id": item_id})
@@ -45,8 +51,11 @@ async def test_item_create_retrieve_delete(server):
 
 async def test_created_user_item_can_be_answered(server):
     client, _ = await server.open()
-    item = {"type": "message", "role": "user",
-            "content": [{"type": "input_audio", "audio": b64(tone_pcm16(200))}]}
+    item = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_audio", "audio": b64(tone_pcm16(200))}],
+    }
     await client.send({"type": "conversation.item.create", "item": item})
     await client.recv_until("conversation.item.done")
     await client.send({"type": "response.create"})
@@ -56,33 +65,53 @@ async def test_created_user_item_can_be_answered(server):
 
 async def test_function_call_output_item(server):
     client, _ = await server.open()
-    await client.send({"type": "conversation.item.create",
-                       "item": {"type": "function_call_output", "output": "{}"}})
+    await client.send(
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "function_call_output", "output": "{}"},
+        }
+    )
     error = await client.expect("error")
     assert error["error"]["code"] == "invalid_event"
     assert error["error"]["param"] == "item.call_id"
-    await client.send({"type": "conversation.item.create",
-                       "item": {"type": "function_call_output", "call_id": "c1",
-                                "output": "{\"ok\": true}"}})
+    await client.send(
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": "c1", "output": '{"ok": true}'},
+        }
+    )
     added = (await client.recv_until("conversation.item.done"))[0]
-    assert added["item"]["call_id"] == "c1" and added["item"]["output"] == "{\"ok\": true}"
+    assert added["item"]["call_id"] == "c1" and added["item"]["output"] == '{"ok": true}'
 
 
 async def test_previous_item_id_must_exist(server):
     client, _ = await server.open()
-    await client.send({"type": "conversation.item.create", "previous_item_id": "item_x",
-                       "item": {"role": "user", "content": []}})
+    await client.send(
+        {
+            "type": "conversation.item.create",
+            "previous_item_id": "item_x",
+            "item": {"role": "user", "content": []},
+        }
+    )
     error = await client.expect("error")
-    assert (error["error"]["code"], error["error"]["param"]) == ("item_not_found",
-                                                                 "previous_item_id")
+    assert (error["error"]["code"], error["error"]["param"]) == (
+        "item_not_found",
+        "previous_item_id",
+    )
 
 
 async def test_truncate_cuts_audio_and_transcript(server):
     client, _ = await server.open()
     response = await answered_turn(client)
     item_id = response["output"][0]["id"]
-    await client.send({"type": "conversation.item.truncate", "item_id": item_id,
-                       "content_index": 0, "audio_end_ms": 150})
+    await client.send(
+        {
+            "type": "conversation.item.truncate",
+            "item_id": item_id,
+            "content_index": 0,
+            "audio_end_ms": 150,
+        }
+    )
     truncated = await client.expect("conversation.item.truncated")
     assert truncated["audio_end_ms"] == 150
     item = assistant_item(server, item_id)
@@ -98,13 +127,25 @@ async def test_truncate_rejects_bad_targets(server):
     client, _ = await server.open()
     response = await answered_turn(client)
     item_id = response["output"][0]["id"]
-    await client.send({"type": "conversation.item.truncate", "item_id": item_id,
-                       "content_index": 0, "audio_end_ms": 5000})
+    await client.send(
+        {
+            "type": "conversation.item.truncate",
+            "item_id": item_id,
+            "content_index": 0,
+            "audio_end_ms": 5000,
+        }
+    )
     error = await client.expect("error")
     assert (error["error"]["code"], error["error"]["param"]) == ("invalid_event", "audio_end_ms")
     user_item = next(e for e in client.received if e["type"] == "conversation.item.added")
-    await client.send({"type": "conversation.item.truncate", "item_id": user_item["item"]["id"],
-                       "content_index": 0, "audio_end_ms": 10})
+    await client.send(
+        {
+            "type": "conversation.item.truncate",
+            "item_id": user_item["item"]["id"],
+            "content_index": 0,
+            "audio_end_ms": 10,
+        }
+    )
     assert (await client.expect("error"))["error"]["param"] == "content_index"
 
 
@@ -115,8 +156,12 @@ async def test_ack_only_history_follows_acks(server):
     assert assistant_item(server, item_id).history_ms == 0.0
     await client.send({"type": "playback.ack", "played_ms": 150, "response_id": response["id"]})
     ack = await client.expect("playback.acknowledged")
-    assert ack["playback"] == {"generated_ms": 300.0, "sent_ms": 300.0, "played_ms": 150.0,
-                               "committed_ms": 150.0}
+    assert ack["playback"] == {
+        "generated_ms": 300.0,
+        "sent_ms": 300.0,
+        "played_ms": 150.0,
+        "committed_ms": 150.0,
+    }
     assert ack["history_committed"] is False
     assert assistant_item(server, item_id).history_ms == 150.0
     await client.send({"type": "playback.ack", "played_ms": 300, "item_id": item_id})
@@ -135,8 +180,9 @@ async def test_ack_cannot_claim_more_than_generated(server):
 
 async def test_commit_all_on_done(server):
     client, _ = await server.open()
-    await client.send({"type": "session.update",
-                       "session": {"playback_commit_policy": "commit_all_on_done"}})
+    await client.send(
+        {"type": "session.update", "session": {"playback_commit_policy": "commit_all_on_done"}}
+    )
     await client.expect("session.updated")
     response = await answered_turn(client)
     item = assistant_item(server, response["output"][0]["id"])
@@ -148,8 +194,7 @@ async def test_commit_all_on_done(server):
 
 async def test_truncating_ack_mid_response(server):
     client, _ = await server.open()
-    await client.send({"type": "session.update",
-                       "session": {"extra_body": {"chunk_delay_ms": 40}}})
+    await client.send({"type": "session.update", "session": {"extra_body": {"chunk_delay_ms": 40}}})
     await client.expect("session.updated")
     await client.send({"type": "input.text.append", "text": "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10"})
     await client.append(tone_pcm16(1000))
@@ -188,16 +233,23 @@ def dominant_hz(pcm: bytes, rate: int) -> float:
         ("pcm16", 48000, "pcm16", "g711_ulaw", 8000),
     ],
 )
-async def test_formats_in_and_out_keep_the_tone(server, in_fmt, in_rate, encode, out_fmt,
-                                                out_rate):
+async def test_formats_in_and_out_keep_the_tone(server, in_fmt, in_rate, encode, out_fmt, out_rate):
     from duplex_server.audio import encode_from_pcm16
     from duplex_server.audio.g711 import ALAW_TO_PCM16, ULAW_TO_PCM16
     from protocol.audio_formats import AudioFormat
 
     client, _ = await server.open()
-    await client.send({"type": "session.update", "session": {
-        "input_audio_format": in_fmt, "input_sample_rate_hz": in_rate,
-        "output_audio_format": out_fmt, "output_sample_rate_hz": out_rate}})
+    await client.send(
+        {
+            "type": "session.update",
+            "session": {
+                "input_audio_format": in_fmt,
+                "input_sample_rate_hz": in_rate,
+                "output_audio_format": out_fmt,
+                "output_sample_rate_hz": out_rate,
+            },
+        }
+    )
     updated = await client.expect("session.updated")
     assert updated["session"]["input_audio_format"] == in_fmt
     source = tone_pcm16(500, rate=24000, freq=600)
@@ -216,4 +268,4 @@ async def test_formats_in_and_out_keep_the_tone(server, in_fmt, in_rate, encode,
         pcm = out
     assert len(pcm) // 2 == pytest.approx(out_rate * 0.5, abs=2)
     assert dominant_hz(pcm, out_rate) == pytest.approx(600, abs=4)
-    assert types_of(events)[-len(RESPONSE_CLOSE):] == RESPONSE_CLOSE
+    assert types_of(events)[-len(RESPONSE_CLOSE) :] == RESPONSE_CLOSE

@@ -19,8 +19,9 @@ from tests.wsclient import WsClient, tone_pcm16, types_of
 async def slow_session(server, delay_ms: float = 40.0) -> WsClient:
     """A session whose echo streams one chunk per ``delay_ms``, so it can be interrupted."""
     client, _ = await server.open()
-    await client.send({"type": "session.update",
-                       "session": {"extra_body": {"chunk_delay_ms": delay_ms}}})
+    await client.send(
+        {"type": "session.update", "session": {"extra_body": {"chunk_delay_ms": delay_ms}}}
+    )
     await client.expect("session.updated")
     return client
 
@@ -49,8 +50,9 @@ async def test_full_turn_in_documented_order(server):
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
     committed = events[2]["event"]
     assert committed["turn_id"] == 1 and committed["response_create_deferred"] is False
-    audio = b"".join(base64.b64decode(e["delta"]) for e in events
-                     if e["type"] == "response.output_audio.delta")
+    audio = b"".join(
+        base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta"
+    )
     assert len(audio) == len(tone_pcm16(300))
     done = events[-2]["response"]
     assert done["status"] == "completed"
@@ -65,7 +67,9 @@ async def test_text_input_becomes_transcript_and_answer(server):
     await client.send({"type": "input_audio_buffer.commit"})
     events = await client.recv_until("rate_limits.updated")
     assert types_of(events[:5]) == COMMIT_FANOUT[:3] + [
-        "conversation.item.input_audio_transcription.completed", "conversation.item.done"]
+        "conversation.item.input_audio_transcription.completed",
+        "conversation.item.done",
+    ]
     assert events[3]["transcript"] == "hello there world"
     deltas = [e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta"]
     assert len(deltas) == 2 and "".join(deltas) == "hello there world"
@@ -80,8 +84,13 @@ async def test_text_modality_streams_text(server):
     await client.send({"type": "input.text.append", "text": "one two"})
     await client.send({"type": "input_audio_buffer.commit"})
     events = await client.recv_until("rate_limits.updated")
-    open_ = ["response.created", "conversation.item.added", "conversation.item.created",
-             "response.output_item.added", "response.content_part.added"]
+    open_ = [
+        "response.created",
+        "conversation.item.added",
+        "conversation.item.created",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
     text = ["response.output_text.delta", "response.text.delta"]
     assert types_of(events) == COMMIT_FANOUT + open_ + text * 2 + TEXT_CLOSE
 

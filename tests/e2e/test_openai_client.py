@@ -14,10 +14,10 @@ async def test_openai_sdk_holds_a_turn(server):
     async with client.realtime.connect(model="echo") as connection:
         created = await connection.recv()
         assert created.type == "session.created"
-        await connection.session.update(session={"type": "realtime",
-                                                 "output_modalities": ["audio"]})
-        await connection.input_audio_buffer.append(audio=base64.b64encode(
-            tone_pcm16(400)).decode())
+        await connection.session.update(
+            session={"type": "realtime", "output_modalities": ["audio"]}
+        )
+        await connection.input_audio_buffer.append(audio=base64.b64encode(tone_pcm16(400)).decode())
         await connection.input_audio_buffer.commit()
         await connection.response.create()
         audio = b""

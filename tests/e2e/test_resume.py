@@ -13,8 +13,14 @@ from tests.wsclient import WsClient, tone_pcm16, types_of
 
 async def resume(server, session_id: str, token: str, cursor: int) -> WsClient:
     client = await server.connect("autostart=0")
-    await client.send({"type": "session.resume", "session_id": session_id,
-                       "resume_token": token, "last_received_server_event_seq": cursor})
+    await client.send(
+        {
+            "type": "session.resume",
+            "session_id": session_id,
+            "resume_token": token,
+            "last_received_server_event_seq": cursor,
+        }
+    )
     return client
 
 
@@ -26,8 +32,7 @@ def journaled(server, session_id: str) -> list[tuple[int, str]]:
 async def test_drop_mid_response_resumes_with_exact_replay(server):
     client, created = await server.open()
     session_id, token = created["session"]["id"], created["resume_token"]
-    await client.send({"type": "session.update",
-                       "session": {"extra_body": {"chunk_delay_ms": 20}}})
+    await client.send({"type": "session.update", "session": {"extra_body": {"chunk_delay_ms": 20}}})
     await client.append(tone_pcm16(1000))
     await client.send({"type": "input_audio_buffer.commit"})
     seen = await client.recv_until("response.output_audio.delta")
@@ -44,12 +49,13 @@ async def test_drop_mid_response_resumes_with_exact_replay(server):
     events = await again.recv_until("rate_limits.updated")
     seqs = [e["server_event_seq"] for e in events]
     assert seqs == list(range(cursor + 1, cursor + 1 + len(seqs)))  # no gap, no duplicate
-    assert types_of(events)[-len(RESPONSE_CLOSE):] == RESPONSE_CLOSE
+    assert types_of(events)[-len(RESPONSE_CLOSE) :] == RESPONSE_CLOSE
     # What was replayed is byte-for-byte what the journal holds.
     journal = dict(journaled(server, session_id))
     for event in events:
         assert journal[event["server_event_seq"]] == (
-            __import__("json").dumps(event, separators=(",", ":")).encode())
+            __import__("json").dumps(event, separators=(",", ":")).encode()
+        )
     # The conversation goes on: next turn is turn 2.
     await again.append(tone_pcm16(100))
     await again.send({"type": "input_audio_buffer.commit"})
@@ -76,8 +82,10 @@ async def test_rotated_and_wrong_tokens_are_refused(server):
     assert (await cross.expect("error"))["error"]["code"] == "session_resume_invalid"
     unknown = await resume(server, "sess_nope", new_token, 0)
     error = await unknown.expect("error")
-    assert (error["error"]["code"], error["error"]["param"]) == ("session_resume_invalid",
-                                                                 "session_id")
+    assert (error["error"]["code"], error["error"]["param"]) == (
+        "session_resume_invalid",
+        "session_id",
+    )
     # The session itself is untouched and still resumable with the current token.
     ok = await resume(server, session_id, new_token, 0)
     await ok.expect("session.resumed")
@@ -144,17 +152,24 @@ async def test_acked_events_are_trimmed_from_the_log(server):
     assert not outs[-1].trimmed
     await client.send({"type": "session.event_ack", "server_event_seq": 999, "event_id": "bad"})
     error = await client.expect("error")
-    assert (error["error"]["code"], error["error"]["param"]) == ("invalid_event",
-                                                                 "server_event_seq")
+    assert (error["error"]["code"], error["error"]["param"]) == (
+        "invalid_event",
+        "server_event_seq",
+    )
 
 
 async def test_resume_on_an_autostarted_socket(server):
     client, created = await server.open()
     await client.close()
     other, other_created = await server.open()
-    await other.send({"type": "session.resume", "session_id": created["session"]["id"],
-                      "resume_token": created["resume_token"],
-                      "last_received_server_event_seq": 0})
+    await other.send(
+        {
+            "type": "session.resume",
+            "session_id": created["session"]["id"],
+            "resume_token": created["resume_token"],
+            "last_received_server_event_seq": 0,
+        }
+    )
     await other.expect("session.resumed")
     await other.send({"type": "session.heartbeat"})
     await other.expect("session.heartbeat_ack")
@@ -167,8 +182,9 @@ async def test_retried_event_id_applies_once(server):
     client, created = await server.open()
     await client.append(tone_pcm16(100), event_id="a-1")
     await client.append(tone_pcm16(100), event_id="a-1")  # retry after a "drop"
-    await client.send({"type": "input_audio_buffer.commit", "event_id": "c-1",
-                       "response_create": False})
+    await client.send(
+        {"type": "input_audio_buffer.commit", "event_id": "c-1", "response_create": False}
+    )
     events = await client.recv_until("conversation.item.done")
     assert events[2]["event"]["audio_ms"] == 100.0
     await client.send({"type": "input_audio_buffer.commit", "event_id": "c-1"})

@@ -19,8 +19,12 @@ async def test_autostart_announces_session(server):
     assert len(created["resume_token"]) >= 22  # 128 bits, urlsafe base64
     assert session["id"].startswith("sess_") and session["state"] == "open"
     assert session["turn_state"] == "listening"
-    assert session["playback"] == {"generated_ms": 0.0, "sent_ms": 0.0, "played_ms": 0.0,
-                                   "committed_ms": 0.0}
+    assert session["playback"] == {
+        "generated_ms": 0.0,
+        "sent_ms": 0.0,
+        "played_ms": 0.0,
+        "committed_ms": 0.0,
+    }
     assert session["turn_detection"] is None
     assert session["capabilities"]["implementation_level"] == "loopback"
 
@@ -30,8 +34,9 @@ async def test_handshake_with_autostart_off(server):
     await client.send({"type": "input_audio_buffer.commit", "event_id": "early"})
     error = await client.expect("error")
     assert error["error"]["code"] == "session_not_open"
-    await client.send({"type": "session.update", "session": {"instructions": "be brief",
-                                                             "voice": "alloy"}})
+    await client.send(
+        {"type": "session.update", "session": {"instructions": "be brief", "voice": "alloy"}}
+    )
     created = await client.expect("session.created")
     updated = await client.expect("session.updated")
     assert created["session"]["instructions"] == "be brief"
@@ -45,13 +50,25 @@ async def test_model_query_parameter(server):
 
 async def test_session_update_accepts_both_spellings(server):
     client, _ = await server.open()
-    await client.send({"type": "session.update", "session": {
-        "type": "realtime", "output_modalities": ["text"],
-        "audio": {"input": {"format": {"type": "audio/pcmu"}},
-                  "output": {"format": {"type": "audio/pcm", "rate": 16000}, "voice": "v2",
-                             "speed": 1.25}},
-        "overlap_policy": "listen_only", "idle_timeout_s": 60,
-    }})
+    await client.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "output_modalities": ["text"],
+                "audio": {
+                    "input": {"format": {"type": "audio/pcmu"}},
+                    "output": {
+                        "format": {"type": "audio/pcm", "rate": 16000},
+                        "voice": "v2",
+                        "speed": 1.25,
+                    },
+                },
+                "overlap_policy": "listen_only",
+                "idle_timeout_s": 60,
+            },
+        }
+    )
     session = (await client.expect("session.updated"))["session"]
     assert session["modalities"] == ["text"]
     assert session["input_audio_format"] == "g711_ulaw"
@@ -63,8 +80,13 @@ async def test_session_update_accepts_both_spellings(server):
 
 async def test_unsupported_turn_detection(server):
     client, _ = await server.open()
-    await client.send({"type": "session.update", "event_id": "u1",
-                       "session": {"turn_detection": {"type": "server_vad"}}})
+    await client.send(
+        {
+            "type": "session.update",
+            "event_id": "u1",
+            "session": {"turn_detection": {"type": "server_vad"}},
+        }
+    )
     error = await client.expect("error")
     assert error["error"]["code"] == "unsupported_turn_detection"
     assert error["error"]["event_id"] == "u1"
@@ -94,8 +116,7 @@ async def test_close_is_graceful(server):
 
 async def test_close_mid_response_cancels_it(server):
     client, _ = await server.open()
-    await client.send({"type": "session.update",
-                       "session": {"extra_body": {"chunk_delay_ms": 40}}})
+    await client.send({"type": "session.update", "session": {"extra_body": {"chunk_delay_ms": 40}}})
     await client.expect("session.updated")
     await client.append(tone_pcm16(2000))
     await client.send({"type": "input_audio_buffer.commit"})
@@ -111,9 +132,13 @@ async def test_admission_limit(server):
     first, _ = await server.open()
     second = await server.connect()
     error = await second.expect("error")
-    assert error["error"] == {"type": "rate_limit_error", "code": "resource_exhausted",
-                              "message": error["error"]["message"], "event_id": None,
-                              "param": None}
+    assert error["error"] == {
+        "type": "rate_limit_error",
+        "code": "resource_exhausted",
+        "message": error["error"]["message"],
+        "event_id": None,
+        "param": None,
+    }
     with pytest.raises(websockets.ConnectionClosed) as closed:
         await second.recv(timeout=5)
     assert closed.value.rcvd.code == 1013
@@ -145,9 +170,14 @@ async def test_disconnect_grace_expires(server):
     await client.close()
     await asyncio.sleep(0.7)
     late = await server.connect("autostart=0")
-    await late.send({"type": "session.resume", "session_id": created["session"]["id"],
-                     "resume_token": created["resume_token"],
-                     "last_received_server_event_seq": 0})
+    await late.send(
+        {
+            "type": "session.resume",
+            "session_id": created["session"]["id"],
+            "resume_token": created["resume_token"],
+            "last_received_server_event_seq": 0,
+        }
+    )
     error = await late.expect("error")
     assert error["error"]["code"] == "session_resume_expired"
     records = server.final_states[created["session"]["id"]]
@@ -161,18 +191,18 @@ async def test_shutdown_tells_attached_clients(server):
     assert closed["reason"] == "shutdown"
 
 
-
-
 @pytest.mark.server_config(api_key="sekrit")
 async def test_api_key(server):
     denied = await WsClient.connect(server.ws_url)
     error = await denied.expect("error")
     assert error["error"]["code"] == "unauthorized"
-    allowed = await WsClient.connect(server.ws_url,
-                                     additional_headers={"Authorization": "Bearer sekrit"})
+    allowed = await WsClient.connect(
+        server.ws_url, additional_headers={"Authorization": "Bearer sekrit"}
+    )
     await allowed.expect("session.created")
     browser = await WsClient.connect(
-        server.ws_url, subprotocols=["realtime", "openai-insecure-api-key.sekrit"])
+        server.ws_url, subprotocols=["realtime", "openai-insecure-api-key.sekrit"]
+    )
     await browser.expect("session.created")
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         assert (await http.get("/v1/sessions/x/events")).status_code == 401
