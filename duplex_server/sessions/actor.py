@@ -21,7 +21,13 @@ from duplex_server.sessions.commands import HANDLERS, Effects
 from duplex_server.sessions.journal import Journal
 from duplex_server.sessions.log import DuplicateEvent, LogError, SessionLog, StaleFence
 from duplex_server.sessions.model_port import ModelChunk, ModelPort, ResponseRequest
-from duplex_server.sessions.records import CloseBody, CloseReason, ConfigBody, LeaseBody
+from duplex_server.sessions.records import (
+    CloseBody,
+    CloseReason,
+    ConfigBody,
+    LeaseAction,
+    LeaseBody,
+)
 from duplex_server.sessions.responses import cancel_response, emit_chunk, finish_response
 from duplex_server.sessions.snapshot import session_object
 from duplex_server.sessions.state import Response, SessionState, fold, initial_state
@@ -144,16 +150,7 @@ class SessionActor:
         self.fence = await self._log.acquire_lease(self.session_id, self.settings.owner)
         token = new_resume_token()
         batch = self._batch()
-        batch.fact(
-            LeaseBody(
-                action="attach",
-                owner=self.settings.owner,
-                fence=self.fence,
-                generation=1,
-                token_hash=hash_token(token),
-            ),
-            origin="manager",
-        )
+        self._lease_fact(batch, "attach", 1, token)
         batch.fact(ConfigBody(patch=patch))
         if handshake:
             batch.emit(SessionUpdated(session=self._snapshot()))
@@ -230,6 +227,21 @@ class SessionActor:
 
     def _batch(self, event_id: str | None = None) -> Batch:
         return Batch(self.state, self.model.capabilities, _now_ms(), event_id)
+
+    def _lease_fact(
+        self, batch: Batch, action: LeaseAction, generation: int, token: str | None = None
+    ) -> None:
+        """Record an attachment change; only the token's hash enters the log."""
+        batch.fact(
+            LeaseBody(
+                action=action,
+                owner=self.settings.owner,
+                fence=self.fence,
+                generation=generation,
+                token_hash=hash_token(token) if token is not None else None,
+            ),
+            origin="manager",
+        )
 
     def _snapshot(self):
         return session_object(self.state, self.model.capabilities)
@@ -405,16 +417,7 @@ class SessionActor:
         token = new_resume_token()
         generation = state.lease.generation + 1
         batch = self._batch()
-        batch.fact(
-            LeaseBody(
-                action="resume",
-                owner=self.settings.owner,
-                fence=self.fence,
-                generation=generation,
-                token_hash=hash_token(token),
-            ),
-            origin="manager",
-        )
+        self._lease_fact(batch, "resume", generation, token)
         if not await self._commit(batch):
             message.done.set_exception(
                 ProtocolError("storage_unavailable", "could not record the resume")
@@ -469,15 +472,7 @@ class SessionActor:
         await attachment.stop()
         self.detached_at = time.monotonic()
         batch = self._batch()
-        batch.fact(
-            LeaseBody(
-                action="detach",
-                owner=self.settings.owner,
-                fence=self.fence,
-                generation=self.state.lease.generation,
-            ),
-            origin="manager",
-        )
+        self._lease_fact(batch, "detach", self.state.lease.generation)
         await self._commit(batch)
 
     async def _on_end(self, reason: CloseReason) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from duplex_server.sessions.state import Playback, SessionState
+from duplex_server.sessions.state import SessionState
 from protocol.audio_formats import ga_type
 from protocol.server_events import (
     AudioFormatDescription,
@@ -16,7 +16,8 @@ from protocol.server_events import (
 )
 
 
-def ledger(playback: Playback | None) -> PlaybackLedger:
+def ledger(playback: PlaybackLedger | None) -> PlaybackLedger:
+    """The wire copy of a ledger, rounded to microseconds of audio."""
     if playback is None:
         return PlaybackLedger()
     return PlaybackLedger(

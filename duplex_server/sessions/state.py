@@ -29,15 +29,9 @@ from duplex_server.sessions.records import (
     SignalBody,
     TextBody,
 )
+from protocol.server_events import PlaybackLedger
 
 RECENT_EVENT_IDS = 256
-
-
-class Playback(msgspec.Struct):
-    generated_ms: float = 0.0
-    sent_ms: float = 0.0
-    played_ms: float = 0.0
-    committed_ms: float = 0.0
 
 
 class Response(msgspec.Struct):
@@ -47,7 +41,7 @@ class Response(msgspec.Struct):
     modalities: list[str]
     status: str = "in_progress"
     reason: str = ""
-    playback: Playback = msgspec.field(default_factory=Playback)
+    playback: PlaybackLedger = msgspec.field(default_factory=PlaybackLedger)
     transcript: str = ""
 
 

@@ -19,6 +19,17 @@ async def answered_turn(client, text: str = "alpha beta gamma", ms: float = 300)
     return events[-2]["response"]
 
 
+async def truncate(client, item_id: str, end_ms: float, content_index: int = 0) -> None:
+    await client.send(
+        {
+            "type": "conversation.item.truncate",
+            "item_id": item_id,
+            "content_index": content_index,
+            "audio_end_ms": end_ms,
+        }
+    )
+
+
 def assistant_item(server, item_id: str):
     (actor,) = server.manager.actors.values()
     return actor.state.find_item(item_id)
@@ -104,14 +115,7 @@ async def test_truncate_cuts_audio_and_transcript(server):
     client, _ = await server.open()
     response = await answered_turn(client)
     item_id = response["output"][0]["id"]
-    await client.send(
-        {
-            "type": "conversation.item.truncate",
-            "item_id": item_id,
-            "content_index": 0,
-            "audio_end_ms": 150,
-        }
-    )
+    await truncate(client, item_id, 150)
     truncated = await client.expect("conversation.item.truncated")
     assert truncated["audio_end_ms"] == 150
     item = assistant_item(server, item_id)
@@ -127,25 +131,11 @@ async def test_truncate_rejects_bad_targets(server):
     client, _ = await server.open()
     response = await answered_turn(client)
     item_id = response["output"][0]["id"]
-    await client.send(
-        {
-            "type": "conversation.item.truncate",
-            "item_id": item_id,
-            "content_index": 0,
-            "audio_end_ms": 5000,
-        }
-    )
+    await truncate(client, item_id, 5000)
     error = await client.expect("error")
     assert (error["error"]["code"], error["error"]["param"]) == ("invalid_event", "audio_end_ms")
     user_item = next(e for e in client.received if e["type"] == "conversation.item.added")
-    await client.send(
-        {
-            "type": "conversation.item.truncate",
-            "item_id": user_item["item"]["id"],
-            "content_index": 0,
-            "audio_end_ms": 10,
-        }
-    )
+    await truncate(client, user_item["item"]["id"], 10)
     assert (await client.expect("error"))["error"]["param"] == "content_index"
 
 
