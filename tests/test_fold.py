@@ -32,11 +32,10 @@ class Script:
         return Batch(self.state, MODEL.capabilities, self.clock, event_id)
 
     def _keep(self, batch: Batch) -> None:
-        for record in batch.records:
-            record.seq = len(self.log) + 1
-            self.log.append(record)
-        if batch.records:
-            self.state.last_seq = batch.records[-1].seq
+        assert [r.seq for r in batch.records] == list(
+            range(len(self.log) + 1, len(self.log) + 1 + len(batch.records))
+        )
+        self.log.extend(batch.records)
 
     def send(self, event: ce.ClientEvent):
         batch = self._batch(event.event_id)

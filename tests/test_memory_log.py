@@ -4,65 +4,82 @@ from __future__ import annotations
 
 import pytest
 
-from duplex_server.sessions.log import DuplicateEvent, StaleFence, UnknownSession
+from duplex_server.sessions.log import (
+    DuplicateEvent,
+    SequenceConflict,
+    StaleFence,
+    UnknownSession,
+)
 from duplex_server.sessions.memory_log import MemoryLog
 from duplex_server.sessions.records import OutBody, Record, SignalBody
 
 
-def signal(event_id: str | None = None) -> Record:
-    return Record(
-        epoch=0, ts_ms=1, origin="client", body=SignalBody(signal="heartbeat"), event_id=event_id
-    )
-
-
-def out(seq: int) -> Record:
+def signal(seq: int, event_id: str | None = None) -> Record:
     return Record(
         epoch=0,
         ts_ms=1,
-        origin="server",
-        body=OutBody(server_event_seq=seq, event_type="x", payload=b"{}"),
+        origin="client",
+        body=SignalBody(signal="heartbeat"),
+        event_id=event_id,
+        seq=seq,
     )
+
+
+def out(seq: int, server_event_seq: int) -> Record:
+    body = OutBody(server_event_seq=server_event_seq, event_type="x", payload=b"{}")
+    return Record(epoch=0, ts_ms=1, origin="server", body=body, seq=seq)
+
+
+async def opened(log: MemoryLog) -> int:
+    await log.create("s")
+    return await log.acquire_lease("s", "me")
 
 
 async def test_seqs_are_dense_and_read_after():
     log = MemoryLog()
-    await log.create("s")
-    fence = await log.acquire_lease("s", "me")
-    assert await log.append("s", [signal(), signal()], fence) == [1, 2]
-    assert await log.append("s", [signal()], fence) == [3]
+    fence = await opened(log)
+    assert await log.append("s", [signal(1), signal(2)], fence) == [1, 2]
+    assert await log.append("s", [signal(3)], fence) == [3]
     assert [r.seq for r in await log.read("s", 1)] == [2, 3]
+
+
+async def test_batch_must_continue_the_log():
+    log = MemoryLog()
+    fence = await opened(log)
+    await log.append("s", [signal(1)], fence)
+    for bad in ([signal(1)], [signal(3)], [signal(2), signal(4)]):
+        with pytest.raises(SequenceConflict):
+            await log.append("s", bad, fence)
+    assert [r.seq for r in await log.read("s")] == [1]
 
 
 async def test_stale_fence_is_refused():
     log = MemoryLog()
-    await log.create("s")
-    old = await log.acquire_lease("s", "a")
+    old = await opened(log)
     new = await log.acquire_lease("s", "b")
     assert new > old
     with pytest.raises(StaleFence):
-        await log.append("s", [signal()], old)
+        await log.append("s", [signal(1)], old)
     assert await log.read("s") == []
-    assert await log.append("s", [signal()], new) == [1]
+    assert await log.append("s", [signal(1)], new) == [1]
 
 
 async def test_event_id_window():
     log = MemoryLog(event_id_window=2)
-    await log.create("s")
-    fence = await log.acquire_lease("s", "a")
-    await log.append("s", [signal("e1")], fence)
+    fence = await opened(log)
+    await log.append("s", [signal(1, "e1")], fence)
     with pytest.raises(DuplicateEvent):
-        await log.append("s", [signal(), signal("e1")], fence)
+        await log.append("s", [signal(2), signal(3, "e1")], fence)
     assert len(await log.read("s")) == 1  # the refused batch left nothing behind
-    await log.append("s", [signal("e2")], fence)
-    await log.append("s", [signal("e3")], fence)
-    await log.append("s", [signal("e1")], fence)  # e1 fell out of the window
+    await log.append("s", [signal(2, "e2")], fence)
+    await log.append("s", [signal(3, "e3")], fence)
+    await log.append("s", [signal(4, "e1")], fence)  # e1 fell out of the window
 
 
 async def test_trim_drops_payloads_but_keeps_seqs():
     log = MemoryLog()
-    await log.create("s")
-    fence = await log.acquire_lease("s", "a")
-    await log.append("s", [out(1), signal(), out(2), out(3)], fence)
+    fence = await opened(log)
+    await log.append("s", [out(1, 1), signal(2), out(3, 2), out(4, 3)], fence)
     assert await log.trim("s", 2) == 2
     bodies = [r.body for r in await log.read("s")]
     assert [b.trimmed for b in bodies if isinstance(b, OutBody)] == [True, True, False]

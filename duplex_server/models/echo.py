@@ -103,14 +103,15 @@ class EchoModel:
 
     def wants_to_speak(self, history: list[Item], config: EffectiveConfig) -> bool:
         item = _last_user_item(history)
-        return item is not None and any(p.audio or p.text or p.transcript for p in item.parts)
+        return item is not None and any(p.audio_ms or p.text or p.transcript for p in item.parts)
 
     def stream(self, request: ResponseRequest) -> AsyncIterator[ModelChunk]:
         item = _last_user_item(request.history)
-        audio = next((p for p in item.parts if p.audio), None) if item else None
+        pcm = request.audio.get(item.id, b"") if item else b""
+        audio = next((p for p in item.parts if p.audio_ms), None) if item and pcm else None
         text = item_text(item) if item else ""
         payload = EchoPayload(
-            pcm=audio.audio if audio else b"",
+            pcm=pcm,
             sample_rate_hz=audio.audio_rate if audio else MODEL_RATE_HZ,
             text=text,
             chunk_delay_ms=request.config.chunk_delay_ms,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,6 +51,7 @@ from protocol.session_config import SessionUpdate
 log = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT_S = 2.0
+RECENT_TURN_AUDIO = 8  # user turns whose pcm the actor keeps for the model
 
 
 def _ignore(seconds: float) -> None:
@@ -134,6 +136,9 @@ class SessionActor:
         self._mailbox: asyncio.Queue[object] = asyncio.Queue()
         self._pending_client = 0
         self._streams: dict[str, asyncio.Task[None]] = {}
+        # pcm16 of recent user items: the log holds all of it, this spares the
+        # model a log read per response (and survives compaction of old turns).
+        self.turn_audio: OrderedDict[str, bytes] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
         self.last_activity = time.monotonic()
         self.detached_at: float | None = None
@@ -267,7 +272,6 @@ class SessionActor:
                 ProtocolError("storage_unavailable", f"the session log is unavailable: {exc}")
             )
             return False
-        self.state.last_seq = batch.records[-1].seq
         evicted = self.journal.add(batch.outbound)
         if evicted is not None:
             await self._log.trim(self.session_id, evicted)
@@ -317,7 +321,14 @@ class SessionActor:
         batch.emit(Error(error=error_body(err)))
         await self._commit(batch)
 
+    def remember_audio(self, item_id: str, pcm: bytes) -> None:
+        self.turn_audio[item_id] = pcm
+        while len(self.turn_audio) > RECENT_TURN_AUDIO:
+            self.turn_audio.popitem(last=False)
+
     async def _apply_effects(self, effects: Effects) -> None:
+        for item_id, pcm, _rate in effects.audio:
+            self.remember_audio(item_id, pcm)
         for response_id in effects.abort:
             self._abort_stream(response_id)
         if effects.start is not None:
@@ -338,6 +349,7 @@ class SessionActor:
             modalities=list(response.modalities),
             history=list(self.state.items),
             config=self.state.config,
+            audio=dict(self.turn_audio),
         )
         task = asyncio.get_running_loop().create_task(self._pump(request))
         self._streams[response.id] = task

@@ -33,12 +33,15 @@ class Batch:
         # The client's event_id rides on the first record only: that is the
         # one the log deduplicates on, the rest are its consequences.
         event_id, self._event_id = self._event_id, None
+        # The actor is the session's only writer, so it knows the next seq;
+        # the backend checks it (and the fence) when the batch is appended.
         record = Record(
             epoch=self.state.epoch,
             ts_ms=self.now_ms,
             origin=origin,
             body=body,
             event_id=event_id,
+            seq=self.state.last_seq + 1,
         )
         apply(self.state, record)
         self.records.append(record)

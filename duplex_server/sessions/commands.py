@@ -64,6 +64,8 @@ from protocol.server_events import (
 
 @dataclass
 class Effects:
+    # (item_id, pcm16, rate) of newly committed user audio, for the model's cache
+    audio: list[tuple[str, bytes, int]] = field(default_factory=list)
     start: Response | None = None
     abort: list[str] = field(default_factory=list)
     trim_to: int | None = None
@@ -205,6 +207,7 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, model: ModelPort) -> 
     )
     previous = state.items[-1].id if state.items else None
     item_id = _new_item_id(state)
+    audio = (item_id, b"".join(state.input.chunks), state.input.sample_rate_hz)
     batch.fact(CommitBody(item_id=item_id, response_create=respond, final=bool(event.final)))
     item = state.find_item(item_id)
     assert item is not None
@@ -228,7 +231,10 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, model: ModelPort) -> 
     if transcript:
         batch.emit(InputTranscriptionCompleted(item_id=item_id, transcript=transcript))
     batch.emit(ItemDone(item=wire, previous_item_id=previous))
-    return _maybe_respond(batch, model) if respond else Effects()
+    effects = _maybe_respond(batch, model) if respond else Effects()
+    if audio[1]:
+        effects.audio.append(audio)
+    return effects
 
 
 def _maybe_respond(batch: Batch, model: ModelPort, overrides=None) -> Effects:
@@ -276,7 +282,8 @@ def text_append(batch: Batch, event: ce.InputTextAppend, model: ModelPort) -> Ef
 # --- conversation -----------------------------------------------------------
 
 
-def _client_item(state: SessionState, event: ce.ItemCreate) -> Item:
+def _client_item(state: SessionState, event: ce.ItemCreate) -> tuple[Item, list[bytes]]:
+    """The item to store, and the pcm16 of each of its parts (b"" for text)."""
     wire = event.item
     item_id = wire.id if isinstance(wire.id, str) and wire.id else _new_item_id(state)
     if state.find_item(item_id) is not None:
@@ -301,6 +308,7 @@ def _client_item(state: SessionState, event: ce.ItemCreate) -> Item:
             event_id=event.event_id,
         )
     parts = []
+    audio: list[bytes] = []
     for index, content in enumerate(wire.content):
         param = f"item.content.{index}.audio"
         if content.type in ("input_audio", "audio") and isinstance(content.audio, str):
@@ -311,10 +319,10 @@ def _client_item(state: SessionState, event: ce.ItemCreate) -> Item:
                 event.event_id,
                 param,
             )
+            audio.append(pcm)
             parts.append(
                 Part(
                     type=content.type,
-                    audio=pcm,
                     audio_rate=fmt.sample_rate_hz,
                     audio_ms=pcm16_duration_ms(len(pcm), fmt.sample_rate_hz),
                     transcript=content.transcript or None,
@@ -323,15 +331,17 @@ def _client_item(state: SessionState, event: ce.ItemCreate) -> Item:
         else:
             text = content.text if isinstance(content.text, str) else ""
             transcript = content.transcript if isinstance(content.transcript, str) else None
+            audio.append(b"")
             parts.append(Part(type=content.type, text=text, transcript=transcript))
     optional = {name: getattr(wire, name) for name in ("call_id", "name", "arguments", "output")}
-    return Item(
+    item = Item(
         id=item_id,
         type=wire.type,
         role=wire.role if wire.role is not UNSET else None,
         parts=parts,
         **{k: (v if isinstance(v, str) else None) for k, v in optional.items()},
     )
+    return item, audio
 
 
 def item_create(batch: Batch, event: ce.ItemCreate, model: ModelPort) -> Effects:
@@ -344,7 +354,7 @@ def item_create(batch: Batch, event: ce.ItemCreate, model: ModelPort) -> Effects
             param="previous_item_id",
             event_id=event.event_id,
         )
-    item = _client_item(state, event)
+    item, audio = _client_item(state, event)
     if previous is None and state.items:
         previous = state.items[-1].id
     batch.fact(
@@ -353,12 +363,15 @@ def item_create(batch: Batch, event: ce.ItemCreate, model: ModelPort) -> Effects
             item_id=item.id,
             item=item,
             previous_item_id=None if previous == "root" else previous,
+            audio=audio,
         )
     )
     for cls in (ItemAdded, ItemCreated):
         batch.emit(cls(item=to_wire(item), previous_item_id=previous))
     batch.emit(ItemDone(item=to_wire(item), previous_item_id=previous))
-    return Effects()
+    pcm = b"".join(audio)
+    rate = next((p.audio_rate for p in item.parts if p.audio_rate), 0)
+    return Effects(audio=[(item.id, pcm, rate)] if pcm else [])
 
 
 def _existing_item(state: SessionState, event: ce.ClientEvent, item_id: str) -> Item:

@@ -1,8 +1,11 @@
 """Conversation items as the session keeps them, and their wire projection.
 
-Audio lives in items as pcm16 (``audio``/``audio_rate``) so models read it
-directly; ``history_ms`` is how much of an assistant item counts as history
-(playback truth), ``marks`` map audio time to transcript length.
+Items hold audio *metadata* only (rate, duration, and ``audio_ref``: the seqs
+of the log records that carry the samples). The samples stay in the log, so
+compacting them away never changes the folded state; the actor keeps the
+recent turns' pcm in a cache for the model. ``history_ms`` is how much of an
+assistant item counts as history (playback truth), ``marks`` map audio time
+to transcript length.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ class Part(msgspec.Struct):
     type: str  # input_audio | input_text | audio | text | output_text
     text: str = ""
     transcript: str | None = None
-    audio: bytes = b""
     audio_rate: int = 0
     audio_ms: float = 0.0
+    audio_ref: tuple[int, int] | None = None  # first and last seq holding the samples
 
 
 class Item(msgspec.Struct):

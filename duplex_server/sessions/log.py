@@ -34,6 +34,11 @@ class UnknownSession(LogError):
     pass
 
 
+class SequenceConflict(LogError):
+    """The batch does not start right after the log's last seq: another writer
+    appended, or the writer's view of the log is stale."""
+
+
 class SessionLog(Protocol):
     async def create(self, session_id: str) -> None: ...
 
@@ -42,7 +47,8 @@ class SessionLog(Protocol):
         ...
 
     async def append(self, session_id: str, records: list[Record], fence: int) -> list[int]:
-        """Append atomically; sets and returns each record's ``seq``."""
+        """Append atomically; the records carry consecutive seqs that must
+        continue the log. Returns the seqs."""
         ...
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Record]: ...

@@ -10,6 +10,7 @@ import msgspec
 from duplex_server.sessions.log import (
     EVENT_ID_WINDOW,
     DuplicateEvent,
+    SequenceConflict,
     StaleFence,
     UnknownSession,
 )
@@ -52,11 +53,13 @@ class MemoryLog:
         for record in records:
             if record.event_id is not None and record.event_id in stream.event_ids:
                 raise DuplicateEvent(record.event_id)
-        next_seq = stream.records[-1].seq + 1 if stream.records else 1
-        seqs = []
-        for offset, record in enumerate(records):
-            record.seq = next_seq + offset
-            seqs.append(record.seq)
+        next_seq = len(stream.records) + 1
+        seqs = [record.seq for record in records]
+        if seqs != list(range(next_seq, next_seq + len(records))):
+            raise SequenceConflict(
+                f"{session_id}: batch seqs {seqs[:3]}... do not follow {next_seq - 1}"
+            )
+        for record in records:
             if record.event_id is not None:
                 stream.event_ids[record.event_id] = None
         while len(stream.event_ids) > self._window:

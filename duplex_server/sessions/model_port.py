@@ -31,6 +31,8 @@ class ResponseRequest(msgspec.Struct):
     modalities: list[str]
     history: list[Item]
     config: EffectiveConfig
+    # pcm16 of recent user items by item id (rate: the item's part.audio_rate)
+    audio: dict[str, bytes] = msgspec.field(default_factory=dict)
 
 
 class ModelPort(Protocol):

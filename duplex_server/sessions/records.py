@@ -63,6 +63,8 @@ class ItemBody(Body, tag="item"):
     op: ItemOp
     item_id: str
     item: Item | None = None
+    # pcm16 of the created item's audio parts, in order (compactable).
+    audio: list[bytes] = msgspec.field(default_factory=list)
     previous_item_id: str | None = None
     content_index: int = 0
     audio_end_ms: float = 0.0

@@ -47,6 +47,7 @@ class Response(msgspec.Struct):
 
 class InputBuffer(msgspec.Struct):
     chunks: list[bytes] = msgspec.field(default_factory=list)
+    first_seq: int = 0  # of the utterance's first audio record
     sample_rate_hz: int = 0
     audio_ms: float = 0.0
     text: str = ""
@@ -113,20 +114,21 @@ def fold(records: Iterable[Record], state: SessionState) -> SessionState:
 
 
 def apply(state: SessionState, record: Record) -> None:
-    if record.seq:
-        state.last_seq = record.seq
+    state.last_seq = record.seq
     if record.event_id is not None:
         state.recent_event_ids.append(record.event_id)
         del state.recent_event_ids[:-RECENT_EVENT_IDS]
-    _APPLY[type(record.body)](state, record.body)
+    _APPLY[type(record.body)](state, record.body, record.seq)
 
 
-def _config(state: SessionState, body: ConfigBody) -> None:
+def _config(state: SessionState, body: ConfigBody, seq: int) -> None:
     state.config = merge_config(state.config, body.patch, state.turn_detection_types)
 
 
-def _audio(state: SessionState, body: AudioBody) -> None:
+def _audio(state: SessionState, body: AudioBody, seq: int) -> None:
     buf = state.input
+    if not buf.chunks:
+        buf.first_seq = seq
     buf.chunks.append(body.pcm)
     buf.sample_rate_hz = body.sample_rate_hz
     buf.audio_ms += body.duration_ms
@@ -135,25 +137,25 @@ def _audio(state: SessionState, body: AudioBody) -> None:
     )
 
 
-def _frame(state: SessionState, body: FrameBody) -> None:
+def _frame(state: SessionState, body: FrameBody, seq: int) -> None:
     state.input.frames += 1
 
 
-def _text(state: SessionState, body: TextBody) -> None:
+def _text(state: SessionState, body: TextBody, seq: int) -> None:
     state.input.text += body.text
 
 
-def _commit(state: SessionState, body: CommitBody) -> None:
+def _commit(state: SessionState, body: CommitBody, seq: int) -> None:
     buf = state.input
     parts = []
     if buf.chunks:
         parts.append(
             Part(
                 type="input_audio",
-                audio=b"".join(buf.chunks),
                 audio_rate=buf.sample_rate_hz,
                 audio_ms=buf.audio_ms,
                 transcript=buf.text or None,
+                audio_ref=(buf.first_seq, seq - 1),
             )
         )
     elif buf.text:
@@ -166,17 +168,22 @@ def _commit(state: SessionState, body: CommitBody) -> None:
     state.input = InputBuffer(end_ms=buf.end_ms)
 
 
-def _item(state: SessionState, body: ItemBody) -> None:
+def _item(state: SessionState, body: ItemBody, seq: int) -> None:
     if body.op == "create" and body.item is not None:
+        # A copy: the record's item must never change when the live one does.
+        item = msgspec.json.decode(msgspec.json.encode(body.item), type=Item)
+        for part in item.parts:
+            if part.audio_ms:
+                part.audio_ref = (seq, seq)
         index = len(state.items)
         if body.previous_item_id is not None:
             index = next(
                 (i + 1 for i, it in enumerate(state.items) if it.id == body.previous_item_id),
                 index,
             )
-        state.items.insert(index, body.item)
+        state.items.insert(index, item)
         state.item_count += 1
-        if body.item.role == "user" or body.item.type == "function_call_output":
+        if item.role == "user" or item.type == "function_call_output":
             state.pending_input = True
     elif body.op == "delete":
         state.items = [it for it in state.items if it.id != body.item_id]
@@ -197,7 +204,7 @@ def truncate_item(item: Item, end_ms: float) -> None:
     item.status = "incomplete"
 
 
-def _ack(state: SessionState, body: AckBody) -> None:
+def _ack(state: SessionState, body: AckBody, seq: int) -> None:
     if body.what == "event":
         state.acked_server_event_seq = max(state.acked_server_event_seq, body.server_event_seq)
         return
@@ -216,17 +223,17 @@ def _ack(state: SessionState, body: AckBody) -> None:
         item.history_ms = max(item.history_ms or 0.0, ledger.committed_ms)
 
 
-def _signal(state: SessionState, body: SignalBody) -> None:
+def _signal(state: SessionState, body: SignalBody, seq: int) -> None:
     """Most signals are audit facts whose effects are fences and decisions."""
     if body.signal in ("input.clear", "input.cancel"):
         state.input = InputBuffer(end_ms=state.input.end_ms)
 
 
-def _fence(state: SessionState, body: FenceBody) -> None:
+def _fence(state: SessionState, body: FenceBody, seq: int) -> None:
     state.epoch = body.new_epoch
 
 
-def _decision(state: SessionState, body: DecisionBody) -> None:
+def _decision(state: SessionState, body: DecisionBody, seq: int) -> None:
     if body.action == "listen":
         state.listen_count += 1
         state.pending_input = False
@@ -278,7 +285,7 @@ def _finish_response(state: SessionState, body: DecisionBody) -> None:
     state.response = None
 
 
-def _out(state: SessionState, body: OutBody) -> None:
+def _out(state: SessionState, body: OutBody, seq: int) -> None:
     state.server_event_seq = body.server_event_seq
     response = state.response
     if response is None or body.response_id != response.id:
@@ -293,7 +300,7 @@ def _out(state: SessionState, body: OutBody) -> None:
             item.marks.append((response.playback.generated_ms, len(response.transcript)))
 
 
-def _lease(state: SessionState, body: LeaseBody) -> None:
+def _lease(state: SessionState, body: LeaseBody, seq: int) -> None:
     lease = state.lease
     lease.owner = body.owner
     lease.fence = body.fence
@@ -303,7 +310,7 @@ def _lease(state: SessionState, body: LeaseBody) -> None:
     lease.attached = body.action != "detach"
 
 
-def _close(state: SessionState, body: CloseBody) -> None:
+def _close(state: SessionState, body: CloseBody, seq: int) -> None:
     state.closed_reason = body.reason
     state.lease.attached = False
 
