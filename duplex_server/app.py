@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
@@ -16,19 +17,28 @@ from duplex_server.realtime import realtime_endpoint
 from duplex_server.sessions.log import SessionLog
 from duplex_server.sessions.manager import ManagerSettings, SessionManager
 from duplex_server.sessions.memory_log import MemoryLog
+from duplex_server.sessions.sqlite_log import Durability, SqliteLog
 from protocol.codec import FrameDecoder
 
-STORES = ("memory",)
+logger = logging.getLogger("duplex_server")
+
+STORES = ("memory", "sqlite:PATH")
 
 
-def open_store(spec: str) -> SessionLog:
+def open_store(spec: str, durability: Durability = "fsync-per-batch") -> SessionLog:
+    """``memory`` or ``sqlite:PATH``; raises ValueError or StoreError with the reason."""
     if spec == "memory":
         return MemoryLog()
+    if spec.startswith("sqlite:"):
+        path = spec.removeprefix("sqlite:")
+        if not path:
+            raise ValueError("sqlite store needs a path: --store sqlite:./data/sessions.db")
+        return SqliteLog(path, durability)
     raise ValueError(f"unknown store {spec!r}; available: {', '.join(STORES)}")
 
 
 def create_app(config: ServerConfig) -> Starlette:
-    log = open_store(config.store)
+    log = open_store(config.store, config.durability)
     model = build_model(config.model)
     metrics = Metrics()
     manager = SessionManager(
@@ -49,9 +59,13 @@ def create_app(config: ServerConfig) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        recovered = await manager.recover()
+        if recovered:
+            logger.info("recovered %d session(s) awaiting resume", recovered)
         manager.start()
         yield
         await manager.shutdown()
+        await log.close()
 
     app = Starlette(
         routes=[

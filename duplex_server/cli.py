@@ -19,7 +19,19 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
-    p.add_argument("--store", default="memory", help="session log backend: 'memory' (lost on exit)")
+    p.add_argument(
+        "--store",
+        default="memory",
+        help="session log: 'memory' (lost on exit) or 'sqlite:PATH' (durable, resumable "
+        "after a crash)",
+    )
+    p.add_argument(
+        "--durability",
+        default="fsync-per-batch",
+        choices=["fsync-per-batch", "os-buffered"],
+        help="sqlite: acknowledge an append after fsync of its batch, or once the OS has it "
+        "(survives a process crash, not a power loss)",
+    )
     p.add_argument(
         "--model", default="echo", choices=MODEL_NAMES, help="model adapter that answers sessions"
     )
@@ -82,6 +94,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         host=args.host,
         port=args.port,
         store=args.store,
+        durability=args.durability,
         model=args.model,
         max_sessions=args.max_sessions,
         idle_ttl_s=args.idle_ttl_s,
@@ -112,10 +125,11 @@ def serve(config: ServerConfig) -> None:
     import uvicorn
 
     from duplex_server.app import create_app
+    from duplex_server.sessions.sqlite_log import StoreError
 
     try:
         app = create_app(config)
-    except ValueError as exc:
+    except (ValueError, StoreError) as exc:
         sys.exit(f"duplex-server: {exc}")
     _tune_gc()
     uvicorn.run(

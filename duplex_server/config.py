@@ -18,6 +18,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     store: str = "memory"
+    durability: str = "fsync-per-batch"
     model: str = "echo"
     max_sessions: int = 1000
     idle_ttl_s: float = 300.0

@@ -23,11 +23,15 @@ from duplex_server.sessions.journal import Journal
 from duplex_server.sessions.log import DuplicateEvent, LogError, SessionLog, StaleFence
 from duplex_server.sessions.model_port import ModelChunk, ModelPort, ResponseRequest
 from duplex_server.sessions.records import (
+    AudioBody,
     CloseBody,
     CloseReason,
     ConfigBody,
+    ItemBody,
     LeaseAction,
     LeaseBody,
+    OutBody,
+    Record,
 )
 from duplex_server.sessions.responses import cancel_response, emit_chunk, finish_response
 from duplex_server.sessions.snapshot import session_object
@@ -111,8 +115,49 @@ class _End:
     reason: CloseReason
 
 
+@dataclass
+class _Suspend:
+    pass
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _journal_entries(records: list[Record]) -> list[tuple[int, bytes]]:
+    return [
+        (r.body.server_event_seq, r.body.payload)
+        for r in records
+        if isinstance(r.body, OutBody) and not r.body.trimmed
+    ]
+
+
+def _recent_turn_audio(
+    state: SessionState, records: list[Record], count: int
+) -> list[tuple[str, bytes]]:
+    """The pcm of the last ``count`` user items, read back from their records."""
+    found: list[tuple[str, bytes]] = []
+    for item in reversed(state.items):
+        if len(found) == count:
+            break
+        refs = [p.audio_ref for p in item.parts if p.audio_ref is not None]
+        if item.role != "user" or not refs:
+            continue
+        pcm = b"".join(_samples(records[first - 1 : last]) for first, last in refs)
+        if pcm:
+            found.append((item.id, pcm))
+    found.reverse()
+    return found
+
+
+def _samples(records: list[Record]) -> bytes:
+    chunks: list[bytes] = []
+    for record in records:
+        if isinstance(record.body, AudioBody):
+            chunks.append(record.body.pcm)
+        elif isinstance(record.body, ItemBody):
+            chunks.extend(record.body.audio)
+    return b"".join(chunks)
 
 
 class SessionActor:
@@ -143,6 +188,7 @@ class SessionActor:
         self.last_activity = time.monotonic()
         self.detached_at: float | None = None
         self.closed = asyncio.Event()
+        self._suspended = False
 
     def _initial(self) -> SessionState:
         return initial_state(self.session_id, self.model.name, self.model.turn_detection_types)
@@ -172,6 +218,38 @@ class SessionActor:
         attachment.start_sender(self.journal, 0)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
+    async def restore(self, records: list[Record], downtime_s: float, grace_s: float) -> bool:
+        """Rebuild a session a dead process owned; False if it expired meanwhile.
+
+        The state is the fold of its log; the lease is taken with a new fence
+        (so the old owner, were it alive, could not write); a response that
+        was in flight is closed as incomplete (``server_restart``), keeping in
+        history only what playback acks covered. The session then waits,
+        detached, for ``session.resume`` for what is left of its grace.
+        """
+        self.state = fold(records, self._initial())
+        self.fence = await self._log.acquire_lease(self.session_id, self.settings.owner)
+        self.journal.restore(_journal_entries(records), self.state.server_event_seq)
+        for item_id, pcm in _recent_turn_audio(self.state, records, RECENT_TURN_AUDIO):
+            self.remember_audio(item_id, pcm)
+        batch = self._batch()
+        if self.state.response is not None:
+            finish_response(batch, "incomplete", "server_restart")
+        self._lease_fact(batch, "takeover", self.state.lease.generation)
+        self._lease_fact(batch, "detach", self.state.lease.generation)
+        expired = downtime_s >= grace_s
+        if expired:
+            batch.emit(SessionExpired(reason="disconnect_grace_expired"))
+            batch.fact(CloseBody(reason="disconnect_grace_expired"), origin="manager")
+        if not await self._commit(batch):
+            raise LogError(f"could not record the recovery of {self.session_id}")
+        if expired:
+            self.closed.set()
+            return False
+        self.detached_at = time.monotonic() - downtime_s
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return True
+
     def post_client(self, event: ClientEvent, generation: int) -> bool:
         """Queue a client command; False when the mailbox is full (flood)."""
         if self._pending_client >= self.settings.mailbox_size:
@@ -199,11 +277,15 @@ class SessionActor:
     def end(self, reason: CloseReason) -> None:
         self._mailbox.put_nowait(_End(reason))
 
+    def suspend(self) -> None:
+        """Stop serving but keep the session resumable (durable store, restart)."""
+        self._mailbox.put_nowait(_Suspend())
+
     # --- the loop ----------------------------------------------------------
 
     async def _run(self) -> None:
         try:
-            while self.state.closed_reason is None:
+            while self.state.closed_reason is None and not self._suspended:
                 message = await self._mailbox.get()
                 await self._dispatch(message)
         finally:
@@ -229,6 +311,8 @@ class SessionActor:
             await self._on_detach(message)
         elif isinstance(message, _End):
             await self._on_end(message.reason)
+        elif isinstance(message, _Suspend):
+            await self._on_suspend()
 
     def _batch(self, event_id: str | None = None) -> Batch:
         return Batch(self.state, self.model.capabilities, _now_ms(), event_id)
@@ -506,6 +590,19 @@ class SessionActor:
             if aborted:
                 self._abort_stream(aborted)
             await self._finish_close()
+
+    async def _on_suspend(self) -> None:
+        """Hand the session over to the next process: detach, tell the client to resume."""
+        await self._shutdown_streams()
+        attachment = self.attachment
+        if attachment is not None:
+            self.attachment = None
+            await attachment.stop()
+            batch = self._batch()
+            self._lease_fact(batch, "detach", self.state.lease.generation)
+            await self._commit(batch)
+            await attachment.close(1012, "server restarting: resume the session")
+        self._suspended = True
 
     async def _finish_close(self) -> None:
         attachment = self.attachment

@@ -41,6 +41,12 @@ class Journal:
         self._wake()
         return evicted
 
+    def restore(self, entries: list[tuple[int, bytes]], last_seq: int) -> None:
+        """Refill the window from the log after a restart."""
+        self._entries = deque(entries[-self.max_events :])
+        self.last_seq = last_seq
+        self.dropped_upto = self._entries[0][0] - 1 if self._entries else last_seq
+
     def trim(self, upto: int) -> None:
         while self._entries and self._entries[0][0] <= upto:
             self._entries.popleft()

@@ -7,6 +7,7 @@ deduplicated within a window.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from duplex_server.sessions.records import Record
@@ -39,7 +40,22 @@ class SequenceConflict(LogError):
     appended, or the writer's view of the log is stale."""
 
 
+@dataclass
+class SessionRow:
+    """What a backend knows of a session without reading its records."""
+
+    session_id: str
+    fence: int
+    owner: str
+    last_seq: int
+    trimmed_upto: int
+    closed: bool
+    last_ts_ms: int
+
+
 class SessionLog(Protocol):
+    durable: bool  # outlives the process: sessions are suspended, not closed, on shutdown
+
     async def create(self, session_id: str) -> None: ...
 
     async def acquire_lease(self, session_id: str, owner: str) -> int:
@@ -57,4 +73,12 @@ class SessionLog(Protocol):
         """Drop payloads of outbound events up to the cursor; returns how many."""
         ...
 
+    async def compact_audio(self, session_id: str, upto_seq: int) -> int:
+        """Drop audio samples up to ``upto_seq``, keeping their metadata."""
+        ...
+
     async def delete(self, session_id: str) -> None: ...
+
+    async def sessions(self, *, open_only: bool = False) -> list[SessionRow]: ...
+
+    async def close(self) -> None: ...

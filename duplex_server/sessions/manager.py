@@ -91,6 +91,24 @@ class SessionManager:
         await actor.resume(attachment, request)
         return actor
 
+    async def recover(self, now_ms: int | None = None) -> int:
+        """Bring back every open session of the store; returns how many now wait
+        for their client (the others expired while the server was down)."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        waiting = 0
+        for row in await self.log.sessions(open_only=True):
+            records = await self.log.read(row.session_id)
+            actor = SessionActor(
+                row.session_id, self.log, self.model, self._actor_settings(), self._closed
+            )
+            downtime_s = max(0.0, (now_ms - row.last_ts_ms) / 1000.0)
+            self.actors[row.session_id] = actor
+            if await actor.restore(records, downtime_s, self.settings.disconnect_grace_s):
+                waiting += 1
+            else:
+                self._closed(row.session_id, "disconnect_grace_expired")
+        return waiting
+
     def _closed(self, session_id: str, reason: str) -> None:
         self.actors.pop(session_id, None)
         self._ended[session_id] = reason
@@ -127,7 +145,11 @@ class SessionManager:
                 await self._reaper
         actors = list(self.actors.values())
         for actor in actors:
-            actor.end("shutdown")
+            # A durable log outlives this process: the next one resumes them.
+            if self.log.durable:
+                actor.suspend()
+            else:
+                actor.end("shutdown")
         for actor in actors:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(actor.closed.wait(), timeout=3.0)

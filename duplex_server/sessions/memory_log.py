@@ -14,7 +14,7 @@ from duplex_server.sessions.log import (
     StaleFence,
     UnknownSession,
 )
-from duplex_server.sessions.records import OutBody, Record
+from duplex_server.sessions.records import AudioBody, ItemBody, OutBody, Record
 
 
 @dataclass
@@ -27,6 +27,8 @@ class _Stream:
 
 
 class MemoryLog:
+    durable = False
+
     def __init__(self, event_id_window: int = EVENT_ID_WINDOW) -> None:
         self._streams: dict[str, _Stream] = {}
         self._window = event_id_window
@@ -90,5 +92,31 @@ class MemoryLog:
         stream.trimmed_upto = upto_server_event_seq
         return trimmed
 
+    async def compact_audio(self, session_id: str, upto_seq: int) -> int:
+        stream = self._stream(session_id)
+        changed = 0
+        for index, record in enumerate(stream.records[:upto_seq]):
+            body = record.body
+            if isinstance(body, AudioBody) and body.pcm:
+                body = msgspec.structs.replace(body, pcm=b"")
+            elif isinstance(body, ItemBody) and any(body.audio):
+                body = msgspec.structs.replace(body, audio=[b"" for _ in body.audio])
+            else:
+                continue
+            stream.records[index] = msgspec.structs.replace(record, body=body)
+            changed += 1
+        return changed
+
     async def delete(self, session_id: str) -> None:
         self._streams.pop(session_id, None)
+
+    async def sessions(self, *, open_only: bool = False) -> list[str]:
+        """Memory does not outlive the process: nothing to recover at start."""
+        return [
+            sid
+            for sid, stream in self._streams.items()
+            if not open_only or not any(r.kind == "close" for r in stream.records[-3:])
+        ]
+
+    async def close(self) -> None:
+        self._streams.clear()

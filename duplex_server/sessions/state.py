@@ -277,7 +277,9 @@ def _finish_response(state: SessionState, body: DecisionBody) -> None:
                 part.audio_ms = response.playback.generated_ms
             else:
                 part.text = response.transcript
-        if state.config.playback_commit_policy == "commit_all_on_done":
+        # After a crash nobody knows what was played beyond the acks.
+        trust_generation = body.reason != "server_restart"
+        if state.config.playback_commit_policy == "commit_all_on_done" and trust_generation:
             item.history_ms = response.playback.generated_ms
         else:
             item.history_ms = response.playback.committed_ms

@@ -1,4 +1,4 @@
-"""The log interface's rules on the memory backend."""
+"""The log interface's rules, the same for every backend."""
 
 from __future__ import annotations
 
@@ -11,7 +11,15 @@ from duplex_server.sessions.log import (
     UnknownSession,
 )
 from duplex_server.sessions.memory_log import MemoryLog
-from duplex_server.sessions.records import OutBody, Record, SignalBody
+from duplex_server.sessions.records import AudioBody, OutBody, Record, SignalBody
+from duplex_server.sessions.sqlite_log import SqliteLog
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def log(request, tmp_path):
+    backend = MemoryLog() if request.param == "memory" else SqliteLog(tmp_path / "s.db")
+    yield backend
+    await backend.close()
 
 
 def signal(seq: int, event_id: str | None = None) -> Record:
@@ -30,21 +38,19 @@ def out(seq: int, server_event_seq: int) -> Record:
     return Record(epoch=0, ts_ms=1, origin="server", body=body, seq=seq)
 
 
-async def opened(log: MemoryLog) -> int:
+async def opened(log) -> int:
     await log.create("s")
     return await log.acquire_lease("s", "me")
 
 
-async def test_seqs_are_dense_and_read_after():
-    log = MemoryLog()
+async def test_seqs_are_dense_and_read_after(log):
     fence = await opened(log)
     assert await log.append("s", [signal(1), signal(2)], fence) == [1, 2]
     assert await log.append("s", [signal(3)], fence) == [3]
     assert [r.seq for r in await log.read("s", 1)] == [2, 3]
 
 
-async def test_batch_must_continue_the_log():
-    log = MemoryLog()
+async def test_batch_must_continue_the_log(log):
     fence = await opened(log)
     await log.append("s", [signal(1)], fence)
     for bad in ([signal(1)], [signal(3)], [signal(2), signal(4)]):
@@ -53,8 +59,7 @@ async def test_batch_must_continue_the_log():
     assert [r.seq for r in await log.read("s")] == [1]
 
 
-async def test_stale_fence_is_refused():
-    log = MemoryLog()
+async def test_stale_fence_is_refused(log):
     old = await opened(log)
     new = await log.acquire_lease("s", "b")
     assert new > old
@@ -64,20 +69,25 @@ async def test_stale_fence_is_refused():
     assert await log.append("s", [signal(1)], new) == [1]
 
 
-async def test_event_id_window():
-    log = MemoryLog(event_id_window=2)
+async def test_retried_event_id_is_refused(log):
     fence = await opened(log)
     await log.append("s", [signal(1, "e1")], fence)
     with pytest.raises(DuplicateEvent):
         await log.append("s", [signal(2), signal(3, "e1")], fence)
     assert len(await log.read("s")) == 1  # the refused batch left nothing behind
+    assert await log.append("s", [signal(2, "e2")], fence) == [2]
+
+
+async def test_memory_event_id_window_is_bounded():
+    log = MemoryLog(event_id_window=2)
+    fence = await opened(log)
+    await log.append("s", [signal(1, "e1")], fence)
     await log.append("s", [signal(2, "e2")], fence)
     await log.append("s", [signal(3, "e3")], fence)
     await log.append("s", [signal(4, "e1")], fence)  # e1 fell out of the window
 
 
-async def test_trim_drops_payloads_but_keeps_seqs():
-    log = MemoryLog()
+async def test_trim_drops_payloads_but_keeps_seqs(log):
     fence = await opened(log)
     await log.append("s", [out(1, 1), signal(2), out(3, 2), out(4, 3)], fence)
     assert await log.trim("s", 2) == 2
@@ -87,6 +97,26 @@ async def test_trim_drops_payloads_but_keeps_seqs():
     assert await log.trim("s", 2) == 0
 
 
-async def test_unknown_session():
+async def test_unknown_session(log):
     with pytest.raises(UnknownSession):
-        await MemoryLog().read("nope")
+        await log.read("nope")
+    with pytest.raises(UnknownSession):
+        await log.append("nope", [signal(1)], 1)
+
+
+async def test_compaction_keeps_metadata(log):
+    fence = await opened(log)
+    audio = AudioBody(
+        pcm=b"\x01\x00" * 100, sample_rate_hz=24000, source_format="pcm16", duration_ms=4.2
+    )
+    await log.append("s", [Record(epoch=0, ts_ms=1, origin="client", body=audio, seq=1)], fence)
+    assert await log.compact_audio("s", 1) == 1
+    (record,) = await log.read("s")
+    assert record.body.pcm == b"" and record.body.duration_ms == 4.2
+
+
+async def test_records_round_trip_exactly(log):
+    fence = await opened(log)
+    records = [signal(1, "x"), out(2, 1), signal(3)]
+    await log.append("s", records, fence)
+    assert await log.read("s") == records

@@ -1,0 +1,376 @@
+"""SQLite log backend: the embedded durable default.
+
+One writer thread owns the write connection and commits in groups: every
+operation queued while the previous transaction was committing goes into the
+next one, each under its own savepoint, so one refused append never spoils
+its neighbours and one fsync covers them all. The event loop never touches
+the disk; it awaits futures that the writer resolves after COMMIT returns.
+Reads run on a separate thread with their own connection (WAL lets readers
+proceed while the writer commits).
+
+Durability: ``fsync-per-batch`` (``synchronous=FULL``: an append is
+acknowledged only after its transaction is on disk) or ``os-buffered``
+(``synchronous=OFF``: acknowledged once handed to the OS, which survives a
+process crash but not a power loss).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from duplex_server.sessions.log import (
+    DuplicateEvent,
+    LogError,
+    SequenceConflict,
+    SessionRow,
+    StaleFence,
+    UnknownSession,
+)
+from duplex_server.sessions.records import AudioBody, ItemBody, OutBody, Record
+
+Durability = Literal["fsync-per-batch", "os-buffered"]
+SCHEMA_VERSION = "1"
+GROUP_MAX = 512  # operations per transaction
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    fence INTEGER NOT NULL DEFAULT 0,
+    owner TEXT NOT NULL DEFAULT '',
+    last_seq INTEGER NOT NULL DEFAULT 0,
+    trimmed_upto INTEGER NOT NULL DEFAULT 0,
+    closed INTEGER NOT NULL DEFAULT 0,
+    last_ts_ms INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS records (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    event_id TEXT,
+    server_event_seq INTEGER,
+    record BLOB NOT NULL,
+    payload BLOB,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS records_event_id
+    ON records (session_id, event_id) WHERE event_id IS NOT NULL;
+"""
+
+
+class StoreError(Exception):
+    """The database cannot be used at all (corrupt, not a database, unreadable)."""
+
+
+class StorageUnavailable(LogError):
+    """A write failed on the disk (full, read-only, I/O error); the caller retries later."""
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Record)
+
+
+def _encode(record: Record) -> tuple[bytes, bytes | None, int | None]:
+    """Record blob, out payload (kept apart so trimming is an UPDATE), out seq."""
+    body = record.body
+    if isinstance(body, OutBody):
+        stripped = msgspec.structs.replace(record, body=msgspec.structs.replace(body, payload=b""))
+        return _encoder.encode(stripped), body.payload, body.server_event_seq
+    return _encoder.encode(record), None, None
+
+
+def _decode(blob: bytes, payload: bytes | None) -> Record:
+    record = _decoder.decode(blob)
+    if isinstance(record.body, OutBody):
+        record.body = msgspec.structs.replace(
+            record.body, payload=payload or b"", trimmed=payload is None
+        )
+    return record
+
+
+def _connect(path: Path, durability: Durability) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'fsync-per-batch' else 'OFF'}")
+    return conn
+
+
+def check_database(path: Path) -> None:
+    """Refuse a corrupt or foreign file with its path and a plain reason."""
+    if not path.exists():
+        return
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            result = conn.execute("PRAGMA quick_check").fetchone()
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path}: not a usable session database ({exc})") from None
+    if result is None or result[0] != "ok":
+        raise StoreError(f"{path}: database is corrupt ({result[0] if result else 'no result'})")
+    if tables and "records" not in tables:
+        raise StoreError(f"{path}: this SQLite file is not a duplex-server session store")
+
+
+class _Op:
+    __slots__ = ("fn", "future", "loop")
+
+    def __init__(self, fn: Callable[[sqlite3.Connection], Any], loop, future) -> None:
+        self.fn = fn
+        self.loop = loop
+        self.future = future
+
+
+class SqliteLog:
+    durable = True
+
+    def __init__(self, path: str | Path, durability: Durability = "fsync-per-batch") -> None:
+        self.path = Path(path)
+        self.durability = durability
+        check_database(self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._write = _connect(self.path, durability)
+            self._write.executescript(_SCHEMA)
+            self._write.execute(
+                "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
+            )
+            self._read = _connect(self.path, durability)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"{self.path}: cannot open session database ({exc})") from None
+        self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write_loop, name="sqlite-writer", daemon=True)
+        self._writer.start()
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-reader")
+        self.batches = 0  # transactions committed (group commit effectiveness)
+
+    # --- writer thread -------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            group = [first]
+            while len(group) < GROUP_MAX:
+                try:
+                    op = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if op is None:
+                    self._queue.put(None)
+                    break
+                group.append(op)
+            self._commit_group(group)
+
+    def _commit_group(self, group: list[_Op]) -> None:
+        conn = self._write
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for op in group:
+                conn.execute("SAVEPOINT op")
+                try:
+                    outcomes.append((True, op.fn(conn)))
+                    conn.execute("RELEASE op")
+                except LogError as exc:
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    outcomes.append((False, exc))
+            conn.execute("COMMIT")
+            self.batches += 1
+        except (sqlite3.Error, OSError) as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            failure = StorageUnavailable(f"{self.path}: {exc}")
+            outcomes = [(False, failure)] * len(group)
+        for op, (ok, value) in zip(group, outcomes, strict=True):
+            op.loop.call_soon_threadsafe(_resolve, op.future, ok, value)
+
+    async def _submit(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.put(_Op(fn, loop, future))
+        return await future
+
+    async def _query(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reader, fn, self._read)
+
+    # --- the log interface -----------------------------------------------------
+
+    async def create(self, session_id: str) -> None:
+        await self._submit(
+            lambda c: c.execute(
+                "INSERT OR IGNORE INTO sessions (session_id) VALUES (?)", (session_id,)
+            )
+        )
+
+    async def acquire_lease(self, session_id: str, owner: str) -> int:
+        def take(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
+                "UPDATE sessions SET fence = fence + 1, owner = ? WHERE session_id = ? "
+                "RETURNING fence",
+                (owner, session_id),
+            ).fetchone()
+            if row is None:
+                raise UnknownSession(session_id)
+            return row[0]
+
+        return await self._submit(take)
+
+    async def append(self, session_id: str, records: list[Record], fence: int) -> list[int]:
+        rows = [(r.seq, r.kind, r.event_id, *_encode(r)) for r in records]
+        closes = any(r.kind == "close" for r in records)
+        last_ts = records[-1].ts_ms if records else 0
+        return await self._submit(
+            lambda c: self._append(c, session_id, rows, fence, closes, last_ts)
+        )
+
+    @staticmethod
+    def _append(conn, session_id, rows, fence, closes, last_ts) -> list[int]:
+        head = conn.execute(
+            "SELECT fence, last_seq FROM sessions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        if head is None:
+            raise UnknownSession(session_id)
+        current_fence, last_seq = head
+        if fence < current_fence:
+            raise StaleFence(f"fence {fence} < current {current_fence} for {session_id}")
+        seqs = [row[0] for row in rows]
+        if seqs != list(range(last_seq + 1, last_seq + 1 + len(rows))):
+            raise SequenceConflict(f"{session_id}: batch {seqs[:3]} does not follow {last_seq}")
+        for _seq, _kind, event_id, *_ in rows:
+            if (
+                event_id is not None
+                and conn.execute(
+                    "SELECT 1 FROM records WHERE session_id = ? AND event_id = ?",
+                    (session_id, event_id),
+                ).fetchone()
+            ):
+                raise DuplicateEvent(event_id)
+        conn.executemany(
+            "INSERT INTO records (session_id, seq, kind, event_id, record, payload, "
+            "server_event_seq) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(session_id, *row) for row in rows],
+        )
+        conn.execute(
+            "UPDATE sessions SET last_seq = ?, last_ts_ms = ?, closed = closed OR ? "
+            "WHERE session_id = ?",
+            (seqs[-1] if seqs else last_seq, last_ts, int(closes), session_id),
+        )
+        return seqs
+
+    async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
+        def fetch(conn: sqlite3.Connection) -> list[Record]:
+            rows = conn.execute(
+                "SELECT record, payload FROM records WHERE session_id = ? AND seq > ? ORDER BY seq",
+                (session_id, after_seq),
+            ).fetchall()
+            if (
+                not rows
+                and conn.execute(
+                    "SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)
+                ).fetchone()
+                is None
+            ):
+                raise UnknownSession(session_id)
+            return [_decode(blob, payload) for blob, payload in rows]
+
+        return await self._query(fetch)
+
+    async def trim(self, session_id: str, upto_server_event_seq: int) -> int:
+        def trim(conn: sqlite3.Connection) -> int:
+            cursor = conn.execute(
+                "UPDATE records SET payload = NULL WHERE session_id = ? AND kind = 'out' "
+                "AND server_event_seq <= ? AND payload IS NOT NULL",
+                (session_id, upto_server_event_seq),
+            )
+            conn.execute(
+                "UPDATE sessions SET trimmed_upto = max(trimmed_upto, ?) WHERE session_id = ?",
+                (upto_server_event_seq, session_id),
+            )
+            return cursor.rowcount
+
+        return await self._submit(trim)
+
+    async def compact_audio(self, session_id: str, upto_seq: int) -> int:
+        """Drop the samples of audio records (and created items) up to ``upto_seq``;
+        their metadata stays, and so does the folded state."""
+
+        def compact(conn: sqlite3.Connection) -> int:
+            rows = conn.execute(
+                "SELECT seq, record FROM records WHERE session_id = ? AND seq <= ? "
+                "AND kind IN ('audio', 'item')",
+                (session_id, upto_seq),
+            ).fetchall()
+            changed = 0
+            for seq, blob in rows:
+                record = _decoder.decode(blob)
+                body = record.body
+                if isinstance(body, AudioBody) and body.pcm:
+                    record.body = msgspec.structs.replace(body, pcm=b"")
+                elif isinstance(body, ItemBody) and any(body.audio):
+                    record.body = msgspec.structs.replace(body, audio=[b"" for _ in body.audio])
+                else:
+                    continue
+                conn.execute(
+                    "UPDATE records SET record = ? WHERE session_id = ? AND seq = ?",
+                    (_encoder.encode(record), session_id, seq),
+                )
+                changed += 1
+            return changed
+
+        return await self._submit(compact)
+
+    async def delete(self, session_id: str) -> None:
+        def delete(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM records WHERE session_id = ?", (session_id,))
+            conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+
+        await self._submit(delete)
+
+    async def sessions(self, *, open_only: bool = False) -> list[SessionRow]:
+        def fetch(conn: sqlite3.Connection) -> list[SessionRow]:
+            sql = (
+                "SELECT session_id, fence, owner, last_seq, trimmed_upto, closed, last_ts_ms "
+                "FROM sessions"
+            )
+            if open_only:
+                sql += " WHERE closed = 0"
+            return [
+                SessionRow(sid, fence, owner, last, trimmed, bool(closed), ts)
+                for sid, fence, owner, last, trimmed, closed, ts in conn.execute(
+                    sql + " ORDER BY rowid"
+                )
+            ]
+
+        return await self._query(fetch)
+
+    async def close(self) -> None:
+        self._queue.put(None)
+        await asyncio.get_running_loop().run_in_executor(None, self._writer.join)
+        self._reader.shutdown(wait=True)
+        self._write.close()
+        self._read.close()
+
+
+def _resolve(future: asyncio.Future, ok: bool, value: Any) -> None:
+    if future.done():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
