@@ -128,3 +128,27 @@ def test_cancel_advances_epoch_and_closes_response():
     assert script.state.last_response.status == "cancelled"
     assert script.state.last_response.reason == "client_cancelled"
     assert script.refold() == script.state
+
+
+def test_server_restart_keeps_only_acknowledged_audio():
+    """Even under commit_all_on_done, a crash-closed turn keeps only what acks covered."""
+    script = Script()
+    script.send(
+        ce.SessionUpdateEvent(
+            session=msgspec.convert(
+                {"playback_commit_policy": "commit_all_on_done"}, ce.SessionUpdate
+            )
+        )
+    )
+    script.send(ce.InputAudioAppend(audio=b64(tone_pcm16(300))))
+    script.send(ce.InputAudioCommit())
+    script.chunk("one")
+    script.chunk(" two")
+    script.send(ce.PlaybackAck(played_ms=120))
+    batch = script._batch()
+    finish_response(batch, "incomplete", "server_restart")
+    script._keep(batch)
+    item = script.state.items[-1]
+    assert item.history_ms == 120.0 and item.status == "incomplete"
+    assert script.state.last_response.reason == "server_restart"
+    assert script.refold() == script.state

@@ -1,0 +1,74 @@
+"""A real duplex-server in a subprocess, for tests that kill it with SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.conftest import free_port
+
+
+class ServerProcess:
+    def __init__(self, store: str, *extra: str, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.store = store
+        self.extra = extra
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/realtime?duplex=1"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> ServerProcess:
+        cmd = [
+            sys.executable,
+            "-m",
+            "duplex_server.cli",
+            "serve",
+            "--port",
+            str(self.port),
+            "--store",
+            self.store,
+            "--log-level",
+            "warning",
+            *self.extra,
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stderr.read().decode()}")
+            try:
+                with urllib.request.urlopen(self.http_url + "/health", timeout=1):
+                    return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill9()
