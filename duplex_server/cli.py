@@ -143,16 +143,48 @@ def serve(config: ServerConfig) -> None:
     )
 
 
+def _add_audit(sub: argparse._SubParsersAction) -> None:
+    inspect = sub.add_parser("inspect", help="list a store's sessions, or print one's log")
+    inspect.add_argument("path", help="SQLite session database (the PATH of --store sqlite:PATH)")
+    inspect.add_argument("session", nargs="?", help="session id: print its log")
+    replay = sub.add_parser("replay", help="refold a session's log and print the state")
+    replay.add_argument("path", help="SQLite session database")
+    replay.add_argument("session", help="session id")
+    replay.add_argument("--model", default="echo", choices=MODEL_NAMES)
+
+
+def _audit(args: argparse.Namespace) -> None:
+    from duplex_server import audit
+    from duplex_server.sessions.log import UnknownSession
+    from duplex_server.sessions.sqlite_log import SqliteReader, StoreError
+
+    try:
+        reader = SqliteReader(args.path)
+        if args.command == "replay":
+            print(audit.replay_state(reader, args.session, args.model))
+        elif args.session:
+            print("\n".join(audit.show_log(reader, args.session)))
+        else:
+            print("\n".join(audit.list_sessions(reader)))
+    except StoreError as exc:
+        sys.exit(f"duplex-server: {exc}")
+    except UnknownSession:
+        sys.exit(f"duplex-server: no session {args.session} in {args.path}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="duplex-server", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
+    _add_audit(sub)
     from duplex_server.bench.cli import add_bench
 
     add_bench(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         serve(_config(args))
+    elif args.command in ("inspect", "replay"):
+        _audit(args)
     else:
         args.run(args)
 

@@ -374,3 +374,37 @@ def _resolve(future: asyncio.Future, ok: bool, value: Any) -> None:
         future.set_result(value)
     else:
         future.set_exception(value)
+
+
+class SqliteReader:
+    """Synchronous, read-only access for the audit tools (inspect, replay)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise StoreError(f"{self.path}: no such session database")
+        check_database(self.path)
+        self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+
+    def sessions(self) -> list[SessionRow]:
+        rows = self._conn.execute(
+            "SELECT session_id, fence, owner, last_seq, trimmed_upto, closed, last_ts_ms "
+            "FROM sessions ORDER BY rowid"
+        )
+        return [SessionRow(sid, f, o, last, t, bool(c), ts) for sid, f, o, last, t, c, ts in rows]
+
+    def records(self, session_id: str) -> list[Record]:
+        rows = self._conn.execute(
+            "SELECT record, payload FROM records WHERE session_id = ? ORDER BY seq", (session_id,)
+        ).fetchall()
+        if (
+            not rows
+            and not self._conn.execute(
+                "SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)
+            ).fetchone()
+        ):
+            raise UnknownSession(session_id)
+        return [_decode(blob, payload) for blob, payload in rows]
+
+    def close(self) -> None:
+        self._conn.close()

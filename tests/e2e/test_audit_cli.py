@@ -1,0 +1,47 @@
+"""duplex-server inspect / replay on a store written by a real server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.e2e.serverproc import ServerProcess
+from tests.wsclient import WsClient, tone_pcm16
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "duplex_server.cli", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+async def test_inspect_and_replay(tmp_path):
+    db = tmp_path / "audit.db"
+    server = ServerProcess(f"sqlite:{db}").start()
+    try:
+        client = await WsClient.connect(server.ws_url)
+        session_id = (await client.expect("session.created"))["session"]["id"]
+        await client.append(tone_pcm16(200), event_id="mine-1")
+        await client.send({"type": "input_audio_buffer.commit"})
+        await client.recv_until("rate_limits.updated")
+        await client.send({"type": "playback.ack", "played_ms": 150})
+        await client.expect("playback.acknowledged")
+        await client.close()
+    finally:
+        server.stop()
+    listing = cli("inspect", str(db))
+    assert listing.returncode == 0 and session_id in listing.stdout
+    log = cli("inspect", str(db), session_id)
+    assert log.returncode == 0
+    assert "200.0 ms pcm16@24000 [mine-1]" in log.stdout
+    assert "decision speak" in log.stdout and "response.done" in log.stdout
+    assert "playback played=150" in log.stdout
+    replay = cli("replay", str(db), session_id)
+    state = json.loads(replay.stdout)
+    assert state["turn_id"] == 1 and state["session_id"] == session_id
+    assert state["last_response"]["playback"]["played_ms"] == 150.0
+    assert state["lease"]["attached"] is False  # suspended by the clean stop
+    missing = cli("inspect", str(db), "sess_missing")
+    assert missing.returncode != 0 and "no session sess_missing" in missing.stderr
+    absent = cli("replay", str(tmp_path / "absent.db"), "x")
+    assert absent.returncode != 0 and "no such session database" in absent.stderr
