@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
+STORE ?= sqlite:./data/sessions.db
 SERVE_ARGS ?=
 
 .PHONY: install serve test lint bench clean
@@ -20,7 +21,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 serve: $(STAMP)
-	$(BIN)/duplex-server serve --host $(HOST) --port $(PORT) --store memory --model echo $(SERVE_ARGS)
+	$(BIN)/duplex-server serve --host $(HOST) --port $(PORT) --store $(STORE) --model echo $(SERVE_ARGS)
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -118,5 +118,11 @@ class MemoryLog:
             if not open_only or not any(r.kind == "close" for r in stream.records[-3:])
         ]
 
+    async def read_open_sessions(self) -> dict[str, list[Record]]:
+        return {
+            row.session_id: list(self._streams[row.session_id].records)
+            for row in await self.sessions(open_only=True)
+        }
+
     async def close(self) -> None:
         self._streams.clear()

@@ -11,8 +11,12 @@ from tests.wsclient import WsClient, tone_pcm16
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "duplex_server.cli", *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "duplex_server.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 async def test_inspect_and_replay(tmp_path):
