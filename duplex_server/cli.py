@@ -72,6 +72,25 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="outbound events kept for replay per session",
     )
     p.add_argument(
+        "--journal-max-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        help="bytes of outbound events kept for replay per session",
+    )
+    p.add_argument(
+        "--retain-audio",
+        default="all",
+        choices=["all", "uncommitted"],
+        help="'uncommitted': compact a turn's input audio to metadata once the client "
+        "acknowledged its commit (session.event_ack)",
+    )
+    p.add_argument(
+        "--retention-s",
+        type=float,
+        default=7 * 24 * 3600.0,
+        help="delete closed sessions from the store this long after their last record",
+    )
+    p.add_argument(
         "--api-key",
         default=None,
         help="require this key (Bearer header or subprotocol); default: none",
@@ -102,6 +121,9 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         max_frame_bytes=args.max_frame_bytes,
         mailbox_size=args.mailbox_size,
         journal_max_events=args.journal_max_events,
+        journal_max_bytes=args.journal_max_bytes,
+        retain_audio=args.retain_audio,
+        retention_s=args.retention_s,
         api_key=args.api_key,
         replica_id=args.replica_id,
         log_level=args.log_level,

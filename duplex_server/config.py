@@ -27,6 +27,10 @@ class ServerConfig:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     mailbox_size: int = 256
     journal_max_events: int = 4096
+    journal_max_bytes: int = 64 * 1024 * 1024
+    retain_audio: str = "all"
+    retention_s: float = 7 * 24 * 3600.0
+    purge_interval_s: float = 60.0
     api_key: str | None = None
     replica_id: str = field(default_factory=default_replica_id)
     log_level: str = "info"

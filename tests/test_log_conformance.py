@@ -11,7 +11,7 @@ from duplex_server.sessions.log import (
     UnknownSession,
 )
 from duplex_server.sessions.memory_log import MemoryLog
-from duplex_server.sessions.records import AudioBody, OutBody, Record, SignalBody
+from duplex_server.sessions.records import AudioBody, CloseBody, OutBody, Record, SignalBody
 from duplex_server.sessions.sqlite_log import SqliteLog
 
 
@@ -120,3 +120,19 @@ async def test_records_round_trip_exactly(log):
     records = [signal(1, "x"), out(2, 1), signal(3)]
     await log.append("s", records, fence)
     assert await log.read("s") == records
+
+
+async def test_sessions_listing(log):
+    fence = await opened(log)
+    close = Record(
+        epoch=0, ts_ms=77, origin="manager", body=CloseBody(reason="client_close"), seq=2
+    )
+    await log.append("s", [signal(1), close], fence)
+    await log.create("t")
+    rows = {row.session_id: row for row in await log.sessions()}
+    assert rows["s"].closed and rows["s"].last_ts_ms == 77 and rows["s"].last_seq == 2
+    assert not rows["t"].closed
+    assert [row.session_id for row in await log.sessions(open_only=True)] == ["t"]
+    assert list(await log.read_open_sessions()) == ["t"]
+    await log.delete("s")
+    assert [row.session_id for row in await log.sessions()] == ["t"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +26,7 @@ from duplex_server.sessions.records import (
     AudioBody,
     CloseBody,
     CloseReason,
+    CommitBody,
     ConfigBody,
     ItemBody,
     LeaseAction,
@@ -67,6 +68,10 @@ class ActorSettings:
     owner: str
     mailbox_size: int = 256
     journal_max_events: int = 4096
+    journal_max_bytes: int = 64 * 1024 * 1024
+    # "all": keep input audio in the log; "uncommitted": once the client has
+    # acknowledged a turn's commit, its samples are compacted to metadata.
+    retain_audio: str = "all"
     # Called with (frame received -> records appended) in seconds, for metrics.
     observe_append: Callable[[float], None] = field(default=_ignore)
 
@@ -176,7 +181,9 @@ class SessionActor:
         self._on_closed = on_closed
         self.state: SessionState = self._initial()
         self.fence = 0
-        self.journal = Journal(settings.journal_max_events)
+        self.journal = Journal(settings.journal_max_events, max_bytes=settings.journal_max_bytes)
+        # (server_event_seq of input_audio_buffer.committed, record seq of its commit)
+        self._commits: deque[tuple[int, int]] = deque()
         self.attachment: Attachment | None = None
         self._mailbox: asyncio.Queue[object] = asyncio.Queue()
         self._pending_client = 0
@@ -215,7 +222,7 @@ class SessionActor:
             event_id=f"event_{self.session_id[-8:]}_c1",
         )
         await attachment.send_now(encode_server_event(created))
-        attachment.start_sender(self.journal, 0)
+        attachment.start_sender(self.journal, 0, self._overflow_notice)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def restore(self, records: list[Record], downtime_s: float, grace_s: float) -> bool:
@@ -332,6 +339,13 @@ class SessionActor:
             origin="manager",
         )
 
+    def _overflow_notice(self, oldest: int) -> bytes:
+        return encode_server_event(
+            SessionResyncRequired(
+                reason="journal_overflow", session=self._snapshot(), oldest_available_seq=oldest
+            )
+        )
+
     def _snapshot(self):
         return session_object(self.state, self.model.capabilities)
 
@@ -353,9 +367,14 @@ class SessionActor:
             log.error("session %s: append failed: %s", self.session_id, exc)
             await self._refold()
             await self._send_error_now(
-                ProtocolError("storage_unavailable", f"the session log is unavailable: {exc}")
+                ProtocolError(
+                    "storage_unavailable",
+                    f"the session log is unavailable: {exc}",
+                    event_id=batch.records[0].event_id,
+                )
             )
             return False
+        self._note_commits(batch)
         evicted = self.journal.add(batch.outbound)
         if evicted is not None:
             await self._log.trim(self.session_id, evicted)
@@ -405,6 +424,30 @@ class SessionActor:
         batch.emit(Error(error=error_body(err)))
         await self._commit(batch)
 
+    def _note_commits(self, batch: Batch) -> None:
+        if self.settings.retain_audio == "all":
+            return
+        commit_seq = None
+        for record in batch.records:
+            body = record.body
+            if isinstance(body, CommitBody) and body.is_speech:
+                commit_seq = record.seq
+            elif (
+                commit_seq is not None
+                and isinstance(body, OutBody)
+                and body.event_type == "input_audio_buffer.committed"
+            ):
+                self._commits.append((body.server_event_seq, commit_seq))
+                commit_seq = None
+
+    async def _compact_acknowledged(self, acked: int) -> None:
+        """Compact the samples of every turn whose commit the client acknowledged."""
+        upto = None
+        while self._commits and self._commits[0][0] <= acked:
+            upto = self._commits.popleft()[1]
+        if upto is not None:
+            await self._log.compact_audio(self.session_id, upto)
+
     def remember_audio(self, item_id: str, pcm: bytes) -> None:
         self.turn_audio[item_id] = pcm
         while len(self.turn_audio) > RECENT_TURN_AUDIO:
@@ -420,6 +463,7 @@ class SessionActor:
         if effects.trim_to is not None:
             self.journal.trim(effects.trim_to)
             await self._log.trim(self.session_id, effects.trim_to)
+            await self._compact_acknowledged(effects.trim_to)
         if effects.close:
             await self._finish_close()
 
@@ -546,7 +590,7 @@ class SessionActor:
                 )
             )
             cursor = self.journal.last_seq
-        attachment.start_sender(self.journal, cursor)
+        attachment.start_sender(self.journal, cursor, self._overflow_notice)
         message.done.set_result(None)
 
     async def _replace_attachment(self, new_generation: int) -> None:

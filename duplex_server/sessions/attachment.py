@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from duplex_server.sessions.journal import Journal, JournalGap
@@ -41,20 +42,29 @@ class Attachment:
             return False
         return True
 
-    def start_sender(self, journal: Journal, cursor: int) -> None:
+    def start_sender(
+        self, journal: Journal, cursor: int, on_overflow: Callable[[int], bytes]
+    ) -> None:
+        """Drain ``journal`` after ``cursor``; ``on_overflow(oldest)`` builds the
+        ``session.resync_required`` sent if this socket falls out of the window."""
         self.cursor = cursor
-        self._sender = asyncio.get_running_loop().create_task(self._drain(journal))
+        self._sender = asyncio.get_running_loop().create_task(self._drain(journal, on_overflow))
 
-    async def _drain(self, journal: Journal) -> None:
+    async def _drain(self, journal: Journal, on_overflow: Callable[[int], bytes]) -> None:
         while True:
             await journal.wait_beyond(self.cursor)
             try:
                 entries = journal.since(self.cursor)
             except JournalGap as gap:
-                # The window moved past this socket: it cannot be caught up.
+                # The window moved past this slow socket: it cannot be caught up
+                # event by event; it gets the current state and goes on from there.
                 log.warning("sender for generation %s fell behind: %s", self.generation, gap)
-                await self.transport.close(1011, "journal_overflow")
-                return
+                try:
+                    await self.transport.send(on_overflow(gap.oldest))
+                except TransportClosed:
+                    return
+                self.cursor = journal.last_seq
+                continue
             for seq, payload in entries:
                 try:
                     await self.transport.send(payload)

@@ -20,8 +20,10 @@ class JournalGap(Exception):
 
 
 class Journal:
-    def __init__(self, max_events: int, last_seq: int = 0) -> None:
+    def __init__(self, max_events: int, last_seq: int = 0, max_bytes: int = 1 << 62) -> None:
         self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._entries: deque[tuple[int, bytes]] = deque()
         self.last_seq = last_seq
         self.dropped_upto = last_seq  # every seq <= this is gone from the window
@@ -32,10 +34,14 @@ class Journal:
         if not entries:
             return None
         self._entries.extend(entries)
+        self.bytes += sum(len(payload) for _, payload in entries)
         self.last_seq = entries[-1][0]
         evicted = None
-        while len(self._entries) > self.max_events:
-            evicted = self._entries.popleft()[0]
+        while len(self._entries) > self.max_events or (
+            self.bytes > self.max_bytes and len(self._entries) > 1
+        ):
+            evicted, payload = self._entries.popleft()
+            self.bytes -= len(payload)
         if evicted is not None:
             self.dropped_upto = evicted
         self._wake()
@@ -49,7 +55,7 @@ class Journal:
 
     def trim(self, upto: int) -> None:
         while self._entries and self._entries[0][0] <= upto:
-            self._entries.popleft()
+            self.bytes -= len(self._entries.popleft()[1])
         self.dropped_upto = max(self.dropped_upto, min(upto, self.last_seq))
 
     def since(self, cursor: int) -> list[tuple[int, bytes]]:

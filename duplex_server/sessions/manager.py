@@ -31,6 +31,10 @@ class ManagerSettings:
     reap_interval_s: float = 1.0
     mailbox_size: int = 256
     journal_max_events: int = 4096
+    journal_max_bytes: int = 64 * 1024 * 1024
+    retain_audio: str = "all"
+    retention_s: float = 7 * 24 * 3600.0
+    purge_interval_s: float = 60.0
     observe_append: Callable[[float], None] | None = None
     on_open: Callable[[], None] | None = field(default=None)
 
@@ -47,7 +51,11 @@ class SessionManager:
     def _actor_settings(self) -> ActorSettings:
         s = self.settings
         settings = ActorSettings(
-            owner=s.owner, mailbox_size=s.mailbox_size, journal_max_events=s.journal_max_events
+            owner=s.owner,
+            mailbox_size=s.mailbox_size,
+            journal_max_events=s.journal_max_events,
+            journal_max_bytes=s.journal_max_bytes,
+            retain_audio=s.retain_audio,
         )
         if s.observe_append is not None:
             settings.observe_append = s.observe_append
@@ -135,9 +143,26 @@ class SessionManager:
         self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
 
     async def _reap_forever(self) -> None:
+        next_purge = 0.0
         while True:
             await asyncio.sleep(self.settings.reap_interval_s)
-            self.reap(time.monotonic())
+            now = time.monotonic()
+            self.reap(now)
+            if now >= next_purge:
+                next_purge = now + self.settings.purge_interval_s
+                await self.purge(int(time.time() * 1000))
+
+    async def purge(self, now_ms: int) -> list[str]:
+        """Delete closed sessions whose last record is older than the retention."""
+        horizon = now_ms - self.settings.retention_s * 1000
+        doomed = [
+            row.session_id
+            for row in await self.log.sessions()
+            if row.closed and row.last_ts_ms < horizon and row.session_id not in self.actors
+        ]
+        for session_id in doomed:
+            await self.log.delete(session_id)
+        return doomed
 
     def reap(self, now: float) -> None:
         for actor in list(self.actors.values()):

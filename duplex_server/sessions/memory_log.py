@@ -11,6 +11,7 @@ from duplex_server.sessions.log import (
     EVENT_ID_WINDOW,
     DuplicateEvent,
     SequenceConflict,
+    SessionRow,
     StaleFence,
     UnknownSession,
 )
@@ -110,13 +111,25 @@ class MemoryLog:
     async def delete(self, session_id: str) -> None:
         self._streams.pop(session_id, None)
 
-    async def sessions(self, *, open_only: bool = False) -> list[str]:
-        """Memory does not outlive the process: nothing to recover at start."""
-        return [
-            sid
-            for sid, stream in self._streams.items()
-            if not open_only or not any(r.kind == "close" for r in stream.records[-3:])
-        ]
+    async def sessions(self, *, open_only: bool = False) -> list[SessionRow]:
+        rows = []
+        for session_id, stream in self._streams.items():
+            closed = any(r.kind == "close" for r in stream.records)
+            if open_only and closed:
+                continue
+            last = stream.records[-1] if stream.records else None
+            rows.append(
+                SessionRow(
+                    session_id=session_id,
+                    fence=stream.fence,
+                    owner=stream.owner,
+                    last_seq=last.seq if last else 0,
+                    trimmed_upto=stream.trimmed_upto,
+                    closed=closed,
+                    last_ts_ms=last.ts_ms if last else 0,
+                )
+            )
+        return rows
 
     async def read_open_sessions(self) -> dict[str, list[Record]]:
         return {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -14,8 +15,11 @@ from tests.conftest import free_port
 
 
 class ServerProcess:
-    def __init__(self, store: str, *extra: str, port: int | None = None) -> None:
+    def __init__(
+        self, store: str, *extra: str, port: int | None = None, max_file_bytes: int | None = None
+    ) -> None:
         self.port = port or free_port()
+        self.max_file_bytes = max_file_bytes
         self.store = store
         self.extra = extra
         self.proc: subprocess.Popen | None = None
@@ -47,6 +51,7 @@ class ServerProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             cwd=Path(__file__).resolve().parents[2],
+            preexec_fn=self._limits if self.max_file_bytes else None,
         )
         deadline = time.monotonic() + timeout_s
         while True:
@@ -59,6 +64,12 @@ class ServerProcess:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+
+    def _limits(self) -> None:
+        """In the child: files stop growing at max_file_bytes, like a full disk
+        (EFBIG instead of SIGXFSZ)."""
+        resource.setrlimit(resource.RLIMIT_FSIZE, (self.max_file_bytes, self.max_file_bytes))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
     def kill9(self) -> None:
         assert self.proc is not None

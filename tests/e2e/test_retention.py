@@ -1,0 +1,84 @@
+"""Retention: audio compaction, bounded journals, deletion of closed sessions."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.wsclient import tone_pcm16
+
+
+@pytest.mark.server_config(retain_audio="uncommitted")
+async def test_acknowledged_turn_audio_is_compacted(server):
+    client, created = await server.open()
+    session_id = created["session"]["id"]
+    await client.append(tone_pcm16(200))
+    await client.send({"type": "input_audio_buffer.commit"})
+    turn = await client.recv_until("rate_limits.updated")
+    await client.append(tone_pcm16(100))  # not committed: must survive
+    committed = next(e for e in turn if e["type"] == "input_audio_buffer.committed")
+    await client.send(
+        {"type": "session.event_ack", "server_event_seq": committed["server_event_seq"]}
+    )
+    await client.send({"type": "session.heartbeat"})
+    await client.expect("session.heartbeat_ack")
+    records = await server.app.state.log.read(session_id)
+    audio = [r.body for r in records if r.kind == "audio"]
+    assert [len(a.pcm) for a in audio] == [0, len(tone_pcm16(100))]
+    assert audio[0].duration_ms == 200.0  # metadata stays
+    # The uncommitted audio still answers, and the refold at teardown must
+    # equal the live state although the first turn's samples are gone.
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("response.done")
+    assert events[-1]["response"]["metadata"]["playback"]["generated_ms"] == 100.0
+
+
+async def test_audio_is_kept_by_default(server):
+    client, created = await server.open()
+    await client.append(tone_pcm16(100))
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("rate_limits.updated")
+    await client.send(
+        {"type": "session.event_ack", "server_event_seq": events[-1]["server_event_seq"]}
+    )
+    await client.send({"type": "session.heartbeat"})
+    await client.expect("session.heartbeat_ack")
+    records = await server.app.state.log.read(created["session"]["id"])
+    assert all(r.body.pcm for r in records if r.kind == "audio")
+
+
+@pytest.mark.server_config(journal_max_events=3)
+async def test_overflowing_journal_asks_for_resync(server):
+    client, _ = await server.open()
+    await client.append(tone_pcm16(300))
+    await client.send({"type": "input_audio_buffer.commit"})
+    resync = await client.recv_until("session.resync_required")
+    notice = resync[-1]
+    assert notice["reason"] == "journal_overflow"
+    assert notice["session"]["turn_id"] == 1
+    # The session keeps serving after the notice.
+    await client.send({"type": "session.heartbeat"})
+    events = await client.recv_until("session.heartbeat_ack")
+    assert events[-1]["type"] == "session.heartbeat_ack"
+
+
+@pytest.mark.server_config(retention_s=0.2, purge_interval_s=0.05, reap_interval_s=0.05)
+async def test_closed_sessions_are_deleted_after_retention(server):
+    client, created = await server.open()
+    session_id = created["session"]["id"]
+    await client.send({"type": "session.close"})
+    await client.expect("session.closed")
+    kept, _ = await server.open()  # an open session is never purged
+    url = f"/v1/sessions/{session_id}/events"
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        assert (await http.get(url)).status_code == 200
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if (await http.get(url)).status_code == 404:
+                break
+        assert (await http.get(url)).status_code == 404
+    server.final_states.pop(session_id)  # nothing left to refold: that is the point
+    await kept.send({"type": "session.heartbeat"})
+    await kept.expect("session.heartbeat_ack")
