@@ -127,6 +127,45 @@ def check_database(path: Path) -> None:
         raise StoreError(f"{path}: this SQLite file is not a duplex-server session store")
 
 
+class _Heads:
+    """Each session's (fence, last_seq) as the writer knows it.
+
+    The writer thread is the database's only writer, so it can answer the
+    fence and sequence checks from memory; changes made inside a group become
+    visible to later operations of the same group at once and to everyone
+    once the group commits, and vanish if it does not.
+    """
+
+    def __init__(self) -> None:
+        self._committed: dict[str, tuple[int, int]] = {}
+        self._pending: dict[str, tuple[int, int] | None] = {}
+
+    def get(self, conn: sqlite3.Connection, session_id: str) -> tuple[int, int] | None:
+        if session_id in self._pending:
+            return self._pending[session_id]
+        head = self._committed.get(session_id)
+        if head is None:
+            row = conn.execute(
+                "SELECT fence, last_seq FROM sessions WHERE session_id = ?", (session_id,)
+            ).fetchone()
+            head = (row[0], row[1]) if row else None
+        return head
+
+    def set(self, session_id: str, head: tuple[int, int] | None) -> None:
+        self._pending[session_id] = head
+
+    def commit(self) -> None:
+        for session_id, head in self._pending.items():
+            if head is None:
+                self._committed.pop(session_id, None)
+            else:
+                self._committed[session_id] = head
+        self._pending.clear()
+
+    def rollback(self) -> None:
+        self._pending.clear()
+
+
 class _Op:
     __slots__ = ("fn", "future", "loop")
 
@@ -157,6 +196,7 @@ class SqliteLog:
         self._writer = threading.Thread(target=self._write_loop, name="sqlite-writer", daemon=True)
         self._writer.start()
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-reader")
+        self._heads = _Heads()
         self.batches = 0  # transactions committed (group commit effectiveness)
 
     # --- writer thread -------------------------------------------------------
@@ -179,22 +219,26 @@ class SqliteLog:
             self._commit_group(group)
 
     def _commit_group(self, group: list[_Op]) -> None:
+        """One transaction for the whole group.
+
+        Operations check everything they can refuse (fence, sequence, event
+        ids) before they write, so a refused operation leaves nothing behind
+        and needs no savepoint; a failure of SQLite itself fails the group.
+        """
         conn = self._write
         outcomes: list[tuple[bool, Any]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
             for op in group:
-                conn.execute("SAVEPOINT op")
                 try:
                     outcomes.append((True, op.fn(conn)))
-                    conn.execute("RELEASE op")
                 except LogError as exc:
-                    conn.execute("ROLLBACK TO op")
-                    conn.execute("RELEASE op")
                     outcomes.append((False, exc))
             conn.execute("COMMIT")
+            self._heads.commit()
             self.batches += 1
         except (sqlite3.Error, OSError) as exc:
+            self._heads.rollback()
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             failure = StorageUnavailable(f"{self.path}: {exc}")
@@ -223,14 +267,15 @@ class SqliteLog:
 
     async def acquire_lease(self, session_id: str, owner: str) -> int:
         def take(conn: sqlite3.Connection) -> int:
-            row = conn.execute(
-                "UPDATE sessions SET fence = fence + 1, owner = ? WHERE session_id = ? "
-                "RETURNING fence",
-                (owner, session_id),
-            ).fetchone()
-            if row is None:
+            head = self._heads.get(conn, session_id)
+            if head is None:
                 raise UnknownSession(session_id)
-            return row[0]
+            conn.execute(
+                "UPDATE sessions SET fence = ?, owner = ? WHERE session_id = ?",
+                (head[0] + 1, owner, session_id),
+            )
+            self._heads.set(session_id, (head[0] + 1, head[1]))
+            return head[0] + 1
 
         return await self._submit(take)
 
@@ -242,11 +287,8 @@ class SqliteLog:
             lambda c: self._append(c, session_id, rows, fence, closes, last_ts)
         )
 
-    @staticmethod
-    def _append(conn, session_id, rows, fence, closes, last_ts) -> list[int]:
-        head = conn.execute(
-            "SELECT fence, last_seq FROM sessions WHERE session_id = ?", (session_id,)
-        ).fetchone()
+    def _append(self, conn, session_id, rows, fence, closes, last_ts) -> list[int]:
+        head = self._heads.get(conn, session_id)
         if head is None:
             raise UnknownSession(session_id)
         current_fence, last_seq = head
@@ -274,6 +316,7 @@ class SqliteLog:
             "WHERE session_id = ?",
             (seqs[-1] if seqs else last_seq, last_ts, int(closes), session_id),
         )
+        self._heads.set(session_id, (current_fence, seqs[-1] if seqs else last_seq))
         return seqs
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
@@ -372,6 +415,7 @@ class SqliteLog:
         def delete(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM records WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+            self._heads.set(session_id, None)
 
         await self._submit(delete)
 
