@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.request
 
 from tests.e2e.serverproc import ServerProcess
@@ -57,5 +58,39 @@ async def test_failed_append_names_the_event(tmp_path):
                 break
         assert failed is not None
         assert failed["error"]["event_id"] in (f"a{index}", f"hb{index}")
+    finally:
+        server.stop()
+
+
+def _chattr(flag: str, *paths) -> None:
+    subprocess.run(["chattr", flag, *map(str, paths)], check=True)
+
+
+async def test_read_only_database_then_writable_again(tmp_path):
+    """An immutable file (chattr +i: refused even to root, unlike chmod) makes
+    appends fail clearly; once writable again the same session carries on."""
+    db = tmp_path / "ro.db"
+    server = ServerProcess(f"sqlite:{db}").start()
+    files = [db, db.with_name("ro.db-wal")]
+    try:
+        client = await WsClient.connect(server.ws_url)
+        await client.expect("session.created")
+        await client.send({"type": "session.heartbeat"})
+        await client.expect("session.heartbeat_ack")
+        _chattr("+i", *files)
+        try:
+            await client.append(tone_pcm16(100), event_id="ro-1")
+            error = await client.expect("error")
+            assert error["error"]["code"] == "storage_unavailable"
+            assert error["error"]["event_id"] == "ro-1"
+            assert "ro.db" in error["error"]["message"]
+        finally:
+            _chattr("-i", *files)
+        await client.append(tone_pcm16(100), event_id="ro-2")
+        await client.send({"type": "input_audio_buffer.commit"})
+        events = await client.recv_until("response.done")
+        committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+        assert committed["event"]["audio_ms"] == 100.0  # ro-1 left nothing behind
+        assert events[-1]["response"]["status"] == "completed"
     finally:
         server.stop()
