@@ -44,7 +44,7 @@ class WebSocketTransport:
             return
         try:
             await self.websocket.close(code, reason)
-        except (RuntimeError, OSError) as exc:
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
             raise TransportClosed() from exc
 
 

@@ -1,0 +1,203 @@
+"""DuplexClient against the real server (echo), and against a misbehaving peer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import websockets
+
+from clients.duplex import (
+    ConnectionResumed,
+    DuplexClient,
+    DuplexConnectionError,
+    DuplexProtocolError,
+    DuplexSessionClosedError,
+    EventCollector,
+    ReconnectPolicy,
+    presets,
+)
+from protocol import server_events as se
+from tests.conftest import free_port
+from tests.wsclient import tone_pcm16
+
+FAST = ReconnectPolicy(max_attempts=5, initial_backoff_s=0.02, max_backoff_s=0.1)
+
+
+def client_for(server, **kwargs) -> DuplexClient:
+    kwargs.setdefault("config", presets.echo())
+    return DuplexClient(f"ws://{server.base}/v1/duplex", timeout_s=5, **kwargs)
+
+
+async def test_full_turn(server):
+    async with client_for(server) as client:
+        assert client.session_id and client.resume_token
+        collector = EventCollector()
+        client._listeners.append(collector.add)
+        await client.stream_pcm(tone_pcm16(300), chunk_ms=100, realtime=False)
+        collector.mark_sent("commit")
+        committed = await client.commit()
+        assert committed.event.turn_id == 1
+        async for response in client.responses(timeout_s=5):
+            chunks = [chunk async for chunk in response.audio()]
+            await response.wait()
+            break
+        assert response.status == "completed" and response.decision == "speak"
+        assert b"".join(chunks) == tone_pcm16(300)
+        summary = collector.timing_summary()
+        assert summary["audio_deltas"] == 3 and summary["first_audio_ms"] is not None
+    assert client.closed_reason == "client_close"
+
+
+async def test_interruption(server):
+    async with client_for(server, config=presets.echo(chunk_delay_ms=40)) as client:
+        await client.append_audio(tone_pcm16(2000))
+        await client.commit()
+        response = None
+        async for response in client.responses(timeout_s=5):
+            async for _chunk in response.audio():
+                break
+            break
+        cleared = await client.barge_in()
+        assert isinstance(cleared, se.OutputAudioCleared) and cleared.epoch == 1
+        await response.wait()
+        assert (response.status, response.reason) == ("cancelled", "barge_in")
+
+
+async def test_resume_after_a_dropped_transport(server):
+    async with client_for(
+        server, config=presets.echo(chunk_delay_ms=20), reconnect=FAST, ack_every=1_000_000
+    ) as client:
+        await client.append_audio(tone_pcm16(1000))
+        await client.commit()
+        seen: list = []
+        resumed = 0
+        async for event in client.events(timeout_s=5):
+            seen.append(event)
+            if isinstance(event, se.OutputAudioDelta) and resumed == 0 and len(seen) < 40:
+                client._ws.transport.abort()  # the network drops under the client
+            if isinstance(event, ConnectionResumed):
+                resumed += 1
+            if isinstance(event, se.ResponseDone):
+                break
+        assert resumed == 1
+        seqs = [e.server_event_seq for e in seen if getattr(e, "server_event_seq", None)]
+        assert len(seqs) == len(set(seqs)) and seqs == sorted(seqs)
+        # Compare with the server's journal: every GA event, once, none missing.
+        actor = server.manager.actors[client.session_id]
+        beta = {cls.__struct_config__.tag for cls in se.BETA_TWIN.values()}
+        journal = [
+            seq
+            for seq, payload in actor.journal.since(0)
+            if json.loads(payload)["type"] not in beta and seq <= seqs[-1]
+        ]
+        assert seqs == journal
+
+
+@pytest.mark.server_config(idle_ttl_s=0.6, reap_interval_s=0.05)
+async def test_heartbeat_keeps_an_idle_session_alive(server):
+    async with client_for(server, heartbeat_interval_s=0.2) as kept:
+        idle = client_for(server, heartbeat_interval_s=None, reconnect=None)
+        async with idle:
+            expiry = asyncio.create_task(idle.wait_for("session.expired", timeout_s=3))
+            await asyncio.sleep(1.2)
+            expired = await expiry
+            assert expired.reason == "idle_ttl_expired"
+            await kept.append_audio(tone_pcm16(100))
+            assert (await kept.commit(create_response=False)).event.turn_id == 1
+        assert idle.closed_reason == "idle_ttl_expired"
+
+
+async def test_error_classes(server):
+    async with client_for(server) as client:
+        with pytest.raises(DuplexProtocolError) as err:
+            await client.cancel_response()
+        assert err.value.code == "response_not_found" and err.value.event_id
+        with pytest.raises(DuplexProtocolError) as err:
+            await client.commit()
+        assert err.value.code == "input_audio_buffer_empty"
+    with pytest.raises(DuplexConnectionError):
+        async with DuplexClient(f"ws://127.0.0.1:{free_port()}/v1/duplex", timeout_s=2):
+            pass
+    async with client_for(server, reconnect=None) as fragile:
+        fragile._ws.transport.abort()
+        with pytest.raises(DuplexSessionClosedError):
+            await fragile.wait_for("session.heartbeat_ack", timeout_s=5)
+
+
+# --- a peer that breaks the protocol -----------------------------------------
+
+CREATED = json.dumps(
+    {
+        "type": "session.created",
+        "server_event_seq": None,
+        "resume_token": "t",
+        "attachment_generation": 1,
+    }
+)
+
+
+async def misbehaving(script) -> int:
+    port = free_port()
+
+    async def handler(ws):
+        await ws.recv()  # session.update
+        await script(ws)
+        await asyncio.sleep(5)
+
+    server = await websockets.serve(handler, "127.0.0.1", port)
+    return port, server
+
+
+@pytest.mark.parametrize(
+    ("name", "frames", "code"),
+    [
+        ("malformed", ["{oops"], "invalid_json"),
+        (
+            "unknown type",
+            [json.dumps({"type": "response.teleport", "server_event_seq": 1})],
+            "invalid_event",
+        ),
+        (
+            "seq backwards",
+            [
+                json.dumps({"type": "session.heartbeat_ack", "server_event_seq": 5}),
+                json.dumps({"type": "session.heartbeat_ack", "server_event_seq": 3}),
+            ],
+            "invalid_event",
+        ),
+    ],
+)
+async def test_bad_peer_is_reported_never_hangs(name, frames, code):
+    async def script(ws):
+        await ws.send(CREATED)
+        for frame in frames:
+            await ws.send(frame)
+
+    port, server = await misbehaving(script)
+    try:
+        async with DuplexClient(
+            f"ws://127.0.0.1:{port}/", timeout_s=2, reconnect=None, heartbeat_interval_s=None
+        ) as client:
+            with pytest.raises(DuplexProtocolError) as err:
+                async for _ in client.events(timeout_s=2):
+                    pass
+            assert err.value.code == code
+    except DuplexProtocolError:
+        pass  # raised again by the close handshake: the same documented error
+    finally:
+        server.close()
+
+
+async def test_peer_closing_mid_handshake():
+    async def script(ws):
+        await ws.close()
+
+    port, server = await misbehaving(script)
+    try:
+        with pytest.raises(DuplexConnectionError, match="handshake"):
+            async with DuplexClient(f"ws://127.0.0.1:{port}/", timeout_s=2, reconnect=None):
+                pass
+    finally:
+        server.close()
