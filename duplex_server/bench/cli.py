@@ -26,6 +26,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ramp-s", type=float, default=5.0, help="spread session starts over this")
     p.set_defaults(run=_run_sessions)
     _add_recovery(kinds)
+    _add_client(kinds)
 
 
 def _add_recovery(kinds: argparse._SubParsersAction) -> None:
@@ -38,6 +39,23 @@ def _add_recovery(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--records", type=int, default=200, help="log records per session")
     p.add_argument("--path", default=None, help="where to build the store (default: a temp dir)")
     p.set_defaults(run=_run_recovery)
+
+
+def _add_client(kinds: argparse._SubParsersAction) -> None:
+    p = kinds.add_parser(
+        "client",
+        help="DuplexClient's cost per event against a raw socket",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--count", type=int, default=500, help="round trips per round and path")
+    p.add_argument("--rounds", type=int, default=4, help="alternating rounds")
+    p.set_defaults(run=_run_client)
+
+
+def _run_client(args: argparse.Namespace) -> None:
+    from duplex_server.bench.client_overhead import run
+
+    run(args)
 
 
 def _run_recovery(args: argparse.Namespace) -> None:
