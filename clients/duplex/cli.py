@@ -59,7 +59,7 @@ async def talk(args: argparse.Namespace) -> int:
         trace=trace,
         config=_config(rate, args.chunk_delay_ms),
     ) as client:
-        client._listeners.append(collector.add)
+        client.add_listener(collector.add)
         chunk_ms = 100
         step = rate * chunk_ms // 1000 * 2
         for sent, offset in enumerate(range(0, len(pcm), step), start=1):

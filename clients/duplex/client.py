@@ -168,6 +168,7 @@ class DuplexClient:
         self.session_id = created.session.id if created.session else None
         self.session = created.session
         self.resume_token = created.resume_token
+        self._deliver(created)
         self._reader = asyncio.create_task(self._read_forever())
         if self.heartbeat_interval_s:
             self._heartbeat = asyncio.create_task(self._beat())
@@ -307,6 +308,8 @@ class DuplexClient:
                 continue
             self._ws = ws
             self.resume_token = resumed.resume_token
+            self.session = resumed.session or self.session
+            self._deliver(resumed)
             self._deliver(
                 ConnectionResumed(
                     attachment_generation=resumed.attachment_generation,
@@ -460,6 +463,11 @@ class DuplexClient:
         return await self._call(event, "playback.acknowledged")
 
     # --- reading, for callers ------------------------------------------------
+
+    def add_listener(self, callback: Callable[[Any], None]) -> None:
+        """Call ``callback(event)`` for every event as it is read (e.g. an
+        ``EventCollector.add``); it runs on the reader task and must not block."""
+        self._listeners.append(callback)
 
     async def events(self, timeout_s: float | None = None) -> AsyncIterator[Any]:
         """Typed events (GA spellings, replays removed), ``ConnectionResumed`` included."""

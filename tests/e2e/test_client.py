@@ -33,8 +33,10 @@ def client_for(server, **kwargs) -> DuplexClient:
 async def test_full_turn(server):
     async with client_for(server) as client:
         assert client.session_id and client.resume_token
+        first = await anext(client.events(timeout_s=1))
+        assert isinstance(first, se.SessionCreated) and first.session.id == client.session_id
         collector = EventCollector()
-        client._listeners.append(collector.add)
+        client.add_listener(collector.add)
         await client.stream_pcm(tone_pcm16(300), chunk_ms=100, realtime=False)
         collector.mark_sent("commit")
         committed = await client.commit()
@@ -82,6 +84,8 @@ async def test_resume_after_a_dropped_transport(server):
             if isinstance(event, se.ResponseDone):
                 break
         assert resumed == 1
+        resumes = [e for e in seen if isinstance(e, se.SessionResumed)]
+        assert len(resumes) == 1 and resumes[0].attachment_generation == 2
         seqs = [e.server_event_seq for e in seen if getattr(e, "server_event_seq", None)]
         assert len(seqs) == len(set(seqs)) and seqs == sorted(seqs)
         # Compare with the server's journal: every GA event, once, none missing.

@@ -14,7 +14,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def client_example() -> str:
     text = README.read_text()
-    section = text[text.index("## Python client"):]
+    section = text[text.index("## Python client") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -25,8 +25,13 @@ def test_readme_client_example(tmp_path):
     try:
         script = tmp_path / "example.py"
         script.write_text(code.replace("127.0.0.1:8000", f"127.0.0.1:{server.port}"))
-        result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                                timeout=60, cwd=README.parent)
+        result = subprocess.run(
+            [sys.executable, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=README.parent,
+        )
     finally:
         server.stop()
     assert result.returncode == 0, result.stderr
