@@ -37,6 +37,17 @@ class StatusLine:
             self.stream.write("\n")
 
 
+def _client(args: argparse.Namespace, rate: int, **options) -> DuplexClient:
+    """A client for the CLI's options, with pcm16 both ways at the file's rate."""
+    return DuplexClient(
+        args.url,
+        model=args.model,
+        api_key=args.api_key,
+        config=_config(rate, args.chunk_delay_ms),
+        **options,
+    )
+
+
 def _config(rate: int, chunk_delay_ms: float) -> SessionUpdate:
     return SessionUpdate(
         input_audio_format="pcm16",
@@ -52,13 +63,7 @@ async def talk(args: argparse.Namespace) -> int:
     status = StatusLine()
     trace = DuplexTrace() if args.trace else None
     collector = EventCollector()
-    async with DuplexClient(
-        args.url,
-        model=args.model,
-        api_key=args.api_key,
-        trace=trace,
-        config=_config(rate, args.chunk_delay_ms),
-    ) as client:
+    async with _client(args, rate, trace=trace) as client:
         client.add_listener(collector.add)
         chunk_ms = 100
         step = rate * chunk_ms // 1000 * 2
@@ -99,13 +104,7 @@ async def resume_test(args: argparse.Namespace) -> int:
     """Drop the socket mid-answer on purpose and show the session resuming."""
     pcm, rate = read_pcm16_wav(args.wav)
     policy = ReconnectPolicy(initial_backoff_s=0.05)
-    async with DuplexClient(
-        args.url,
-        model=args.model,
-        api_key=args.api_key,
-        reconnect=policy,
-        config=_config(rate, args.chunk_delay_ms),
-    ) as client:
+    async with _client(args, rate, reconnect=policy) as client:
         await client.append_audio(pcm)
         await client.commit()
         seqs: list[int] = []

@@ -83,3 +83,14 @@ class ServerProcess:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill9()
+
+
+def run_cli(module: str, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    """Run ``python -m module args`` as a user would, capturing its output."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=Path(__file__).resolve().parents[2],
+    )

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
-from tests.e2e.serverproc import ServerProcess
+from tests.e2e.serverproc import ServerProcess, run_cli
 from tests.wsclient import WsClient, tone_pcm16
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "duplex_server.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_cli("duplex_server.cli", *args)
 
 
 async def test_inspect_and_replay(tmp_path):

@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import wave
 
 from clients.duplex.wav import write_pcm16_wav
 from tests.conftest import free_port
-from tests.e2e.serverproc import ServerProcess
+from tests.e2e.serverproc import ServerProcess, run_cli
 from tests.wsclient import tone_pcm16
 
 
 def client_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "clients.duplex.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_cli("clients.duplex.cli", *args)
 
 
 def test_talk_resume_test_and_trace(tmp_path):

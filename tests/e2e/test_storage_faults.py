@@ -12,25 +12,29 @@ from tests.wsclient import WsClient, tone_pcm16
 LIMIT = 2 * 1024 * 1024
 
 
+async def fill_until_error(client: WsClient) -> tuple[dict, int]:
+    """Append and heartbeat until the store refuses; the error and the last index."""
+    chunk = tone_pcm16(100)
+    for index in range(2 * LIMIT // len(chunk)):
+        await client.append(chunk, event_id=f"a{index}")
+        await client.send({"type": "session.heartbeat", "event_id": f"hb{index}"})
+        event = (await client.recv_until("session.heartbeat_ack", "error"))[-1]
+        if event["type"] == "error":
+            return event, index
+    raise AssertionError("the file size limit was never reached")
+
+
 async def test_disk_full_gives_storage_unavailable_and_server_keeps_running(tmp_path):
     server = ServerProcess(f"sqlite:{tmp_path / 'full.db'}", max_file_bytes=LIMIT).start()
     try:
         client = await WsClient.connect(server.ws_url)
         await client.expect("session.created")
-        chunk = tone_pcm16(100)
-        error = None
-        for index in range(2 * LIMIT // len(chunk)):
-            await client.append(chunk, event_id=f"a{index}")
-            if index % 20 == 19:
-                await client.send({"type": "session.heartbeat"})
-                events = await client.recv_until("session.heartbeat_ack", "error")
-                if events[-1]["type"] == "error":
-                    error = events[-1]
-                    break
-        assert error is not None, "the file size limit was never reached"
+        error, index = await fill_until_error(client)
         assert error["error"]["type"] == "server_error"
         assert error["error"]["code"] == "storage_unavailable"
         assert "disk" in error["error"]["message"] and "full.db" in error["error"]["message"]
+        # The failed append is named, so the client knows what to re-send.
+        assert error["error"]["event_id"] in (f"a{index}", f"hb{index}")
         # The process is alive and says so; the session socket is still open.
         with urllib.request.urlopen(server.http_url + "/health", timeout=5) as response:
             assert json.load(response)["status"] == "ok"
@@ -38,26 +42,6 @@ async def test_disk_full_gives_storage_unavailable_and_server_keeps_running(tmp_
         again = await client.recv_until("session.heartbeat_ack", "error")
         assert again[-1]["type"] in ("error", "session.heartbeat_ack")
         assert server.proc.poll() is None
-    finally:
-        server.stop()
-
-
-async def test_failed_append_names_the_event(tmp_path):
-    server = ServerProcess(f"sqlite:{tmp_path / 'full.db'}", max_file_bytes=LIMIT).start()
-    try:
-        client = await WsClient.connect(server.ws_url)
-        await client.expect("session.created")
-        chunk = tone_pcm16(100)
-        failed = None
-        for index in range(2 * LIMIT // len(chunk)):
-            await client.append(chunk, event_id=f"a{index}")
-            await client.send({"type": "session.heartbeat", "event_id": f"hb{index}"})
-            event = (await client.recv_until("session.heartbeat_ack", "error"))[-1]
-            if event["type"] == "error":
-                failed = event
-                break
-        assert failed is not None
-        assert failed["error"]["event_id"] in (f"a{index}", f"hb{index}")
     finally:
         server.stop()
 
