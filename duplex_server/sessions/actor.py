@@ -16,27 +16,28 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from duplex_server.sessions import mailbox as mb
 from duplex_server.sessions.attachment import Attachment
 from duplex_server.sessions.batch import Batch
 from duplex_server.sessions.commands import HANDLERS, Effects
 from duplex_server.sessions.journal import Journal
 from duplex_server.sessions.log import DuplicateEvent, LogError, SessionLog, StaleFence
-from duplex_server.sessions.model_port import ModelChunk, ModelPort, ResponseRequest
+from duplex_server.sessions.model_port import ModelPort, ResponseRequest
 from duplex_server.sessions.records import (
-    AudioBody,
     CloseBody,
     CloseReason,
     CommitBody,
     ConfigBody,
-    ItemBody,
     LeaseAction,
     LeaseBody,
     OutBody,
     Record,
 )
+from duplex_server.sessions.recovery import journal_entries, recent_turn_audio
 from duplex_server.sessions.responses import cancel_response, emit_chunk, finish_response
 from duplex_server.sessions.snapshot import session_object
 from duplex_server.sessions.state import Response, SessionState, fold, initial_state
+from duplex_server.sessions.streams import ResponseStreams
 from duplex_server.sessions.tokens import hash_token, new_resume_token, token_matches
 from protocol.client_events import ClientEvent, SessionResume
 from protocol.codec import encode_server_event
@@ -76,93 +77,8 @@ class ActorSettings:
     observe_append: Callable[[float], None] = field(default=_ignore)
 
 
-@dataclass
-class _Client:
-    event: ClientEvent
-    generation: int
-    received_at: float
-
-
-@dataclass
-class _Reject:
-    error: ProtocolError
-    generation: int
-
-
-@dataclass
-class _Chunk:
-    response_id: str
-    epoch: int
-    chunk: ModelChunk
-
-
-@dataclass
-class _StreamEnd:
-    response_id: str
-    epoch: int
-    error: str | None
-
-
-@dataclass
-class _Resume:
-    attachment: Attachment
-    request: SessionResume
-    done: asyncio.Future[None]
-
-
-@dataclass
-class _Detach:
-    generation: int
-
-
-@dataclass
-class _End:
-    reason: CloseReason
-
-
-@dataclass
-class _Suspend:
-    pass
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _journal_entries(records: list[Record]) -> list[tuple[int, bytes]]:
-    return [
-        (r.body.server_event_seq, r.body.payload)
-        for r in records
-        if isinstance(r.body, OutBody) and not r.body.trimmed
-    ]
-
-
-def _recent_turn_audio(
-    state: SessionState, records: list[Record], count: int
-) -> list[tuple[str, bytes]]:
-    """The pcm of the last ``count`` user items, read back from their records."""
-    found: list[tuple[str, bytes]] = []
-    for item in reversed(state.items):
-        if len(found) == count:
-            break
-        refs = [p.audio_ref for p in item.parts if p.audio_ref is not None]
-        if item.role != "user" or not refs:
-            continue
-        pcm = b"".join(_samples(records[first - 1 : last]) for first, last in refs)
-        if pcm:
-            found.append((item.id, pcm))
-    found.reverse()
-    return found
-
-
-def _samples(records: list[Record]) -> bytes:
-    chunks: list[bytes] = []
-    for record in records:
-        if isinstance(record.body, AudioBody):
-            chunks.append(record.body.pcm)
-        elif isinstance(record.body, ItemBody):
-            chunks.extend(record.body.audio)
-    return b"".join(chunks)
 
 
 class SessionActor:
@@ -187,7 +103,7 @@ class SessionActor:
         self.attachment: Attachment | None = None
         self._mailbox: asyncio.Queue[object] = asyncio.Queue()
         self._pending_client = 0
-        self._streams: dict[str, asyncio.Task[None]] = {}
+        self._streams = ResponseStreams(model, self._mailbox.put_nowait)
         # pcm16 of recent user items: the log holds all of it, this spares the
         # model a log read per response (and survives compaction of old turns).
         self.turn_audio: OrderedDict[str, bytes] = OrderedDict()
@@ -236,8 +152,8 @@ class SessionActor:
         """
         self.state = fold(records, self._initial())
         self.fence = await self._log.acquire_lease(self.session_id, self.settings.owner)
-        self.journal.restore(_journal_entries(records), self.state.server_event_seq)
-        for item_id, pcm in _recent_turn_audio(self.state, records, RECENT_TURN_AUDIO):
+        self.journal.restore(journal_entries(records), self.state.server_event_seq)
+        for item_id, pcm in recent_turn_audio(self.state, records, RECENT_TURN_AUDIO):
             self.remember_audio(item_id, pcm)
         batch = self._batch()
         if self.state.response is not None:
@@ -262,7 +178,7 @@ class SessionActor:
         if self._pending_client >= self.settings.mailbox_size:
             return False
         self._pending_client += 1
-        self._mailbox.put_nowait(_Client(event, generation, time.perf_counter()))
+        self._mailbox.put_nowait(mb.Client(event, generation, time.perf_counter()))
         return True
 
     def post_reject(self, error: ProtocolError, generation: int) -> bool:
@@ -270,23 +186,23 @@ class SessionActor:
         if self._pending_client >= self.settings.mailbox_size:
             return False
         self._pending_client += 1
-        self._mailbox.put_nowait(_Reject(error, generation))
+        self._mailbox.put_nowait(mb.Reject(error, generation))
         return True
 
     async def resume(self, attachment: Attachment, request: SessionResume) -> None:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._mailbox.put_nowait(_Resume(attachment, request, done))
+        self._mailbox.put_nowait(mb.Resume(attachment, request, done))
         await done
 
     def detach(self, generation: int) -> None:
-        self._mailbox.put_nowait(_Detach(generation))
+        self._mailbox.put_nowait(mb.Detach(generation))
 
     def end(self, reason: CloseReason) -> None:
-        self._mailbox.put_nowait(_End(reason))
+        self._mailbox.put_nowait(mb.End(reason))
 
     def suspend(self) -> None:
         """Stop serving but keep the session resumable (durable store, restart)."""
-        self._mailbox.put_nowait(_Suspend())
+        self._mailbox.put_nowait(mb.Suspend())
 
     # --- the loop ----------------------------------------------------------
 
@@ -296,29 +212,29 @@ class SessionActor:
                 message = await self._mailbox.get()
                 await self._dispatch(message)
         finally:
-            await self._shutdown_streams()
+            self._streams.abort_all()
             self.closed.set()
             self._on_closed(self.session_id, self.state.closed_reason or "shutdown")
 
     async def _dispatch(self, message: object) -> None:
-        if isinstance(message, _Client):
+        if isinstance(message, mb.Client):
             self._pending_client -= 1
             await self._on_client(message)
-        elif isinstance(message, _Reject):
+        elif isinstance(message, mb.Reject):
             self._pending_client -= 1
             if self.attachment is not None and message.generation == self.attachment.generation:
                 await self.reject(message.error)
-        elif isinstance(message, _Chunk):
+        elif isinstance(message, mb.Chunk):
             await self._on_chunk(message)
-        elif isinstance(message, _StreamEnd):
+        elif isinstance(message, mb.StreamEnd):
             await self._on_stream_end(message)
-        elif isinstance(message, _Resume):
+        elif isinstance(message, mb.Resume):
             await self._on_resume(message)
-        elif isinstance(message, _Detach):
+        elif isinstance(message, mb.Detach):
             await self._on_detach(message)
-        elif isinstance(message, _End):
+        elif isinstance(message, mb.End):
             await self._on_end(message.reason)
-        elif isinstance(message, _Suspend):
+        elif isinstance(message, mb.Suspend):
             await self._on_suspend()
 
     def _batch(self, event_id: str | None = None) -> Batch:
@@ -399,7 +315,7 @@ class SessionActor:
 
     # --- client commands ---------------------------------------------------
 
-    async def _on_client(self, message: _Client) -> None:
+    async def _on_client(self, message: mb.Client) -> None:
         if self.attachment is None or message.generation != self.attachment.generation:
             return  # a superseded socket's late frame
         event = message.event
@@ -457,7 +373,7 @@ class SessionActor:
         for item_id, pcm, _rate in effects.audio:
             self.remember_audio(item_id, pcm)
         for response_id in effects.abort:
-            self._abort_stream(response_id)
+            self._streams.abort(response_id)
         if effects.start is not None:
             self._start_stream(effects.start)
         if effects.trim_to is not None:
@@ -470,49 +386,31 @@ class SessionActor:
     # --- engine streams ----------------------------------------------------
 
     def _start_stream(self, response: Response) -> None:
-        request = ResponseRequest(
-            session_id=self.session_id,
-            response_id=response.id,
-            epoch=response.epoch,
-            modalities=list(response.modalities),
-            history=list(self.state.items),
-            config=self.state.config,
-            audio=dict(self.turn_audio),
+        self._streams.start(
+            ResponseRequest(
+                session_id=self.session_id,
+                response_id=response.id,
+                epoch=response.epoch,
+                modalities=list(response.modalities),
+                history=list(self.state.items),
+                config=self.state.config,
+                audio=dict(self.turn_audio),
+            )
         )
-        task = asyncio.get_running_loop().create_task(self._pump(request))
-        self._streams[response.id] = task
-
-    async def _pump(self, request: ResponseRequest) -> None:
-        error = None
-        try:
-            async for chunk in self.model.stream(request):
-                self._mailbox.put_nowait(_Chunk(request.response_id, request.epoch, chunk))
-        except asyncio.CancelledError:
-            raise
-        except (RuntimeError, ValueError, OSError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            log.exception("engine stream for %s failed", request.response_id)
-        self._mailbox.put_nowait(_StreamEnd(request.response_id, request.epoch, error))
-
-    def _abort_stream(self, response_id: str) -> None:
-        self.model.abort(response_id)
-        task = self._streams.pop(response_id, None)
-        if task is not None:
-            task.cancel()
 
     def _is_current(self, response_id: str, epoch: int) -> bool:
         active = self.state.response
         return active is not None and active.id == response_id and epoch == self.state.epoch
 
-    async def _on_chunk(self, message: _Chunk) -> None:
+    async def _on_chunk(self, message: mb.Chunk) -> None:
         if not self._is_current(message.response_id, message.epoch):
             return  # fenced off: stale output never reaches the log
         batch = self._batch()
         emit_chunk(batch, self.state.response, message.chunk)  # type: ignore[arg-type]
         await self._commit(batch)
 
-    async def _on_stream_end(self, message: _StreamEnd) -> None:
-        self._streams.pop(message.response_id, None)
+    async def _on_stream_end(self, message: mb.StreamEnd) -> None:
+        self._streams.forget(message.response_id)
         if not self._is_current(message.response_id, message.epoch):
             return
         batch = self._batch()
@@ -523,13 +421,9 @@ class SessionActor:
             finish_response(batch, "completed")
         await self._commit(batch)
 
-    async def _shutdown_streams(self) -> None:
-        for response_id in list(self._streams):
-            self._abort_stream(response_id)
-
     # --- attachments -------------------------------------------------------
 
-    async def _on_resume(self, message: _Resume) -> None:
+    async def _on_resume(self, message: mb.Resume) -> None:
         request = message.request
         state = self.state
         cursor = request.last_received_server_event_seq
@@ -604,7 +498,7 @@ class SessionActor:
         )
         await old.close(4000, "session.replaced")
 
-    async def _on_detach(self, message: _Detach) -> None:
+    async def _on_detach(self, message: mb.Detach) -> None:
         attachment = self.attachment
         if attachment is None or attachment.generation != message.generation:
             return
@@ -632,12 +526,12 @@ class SessionActor:
         batch.fact(CloseBody(reason=reason), origin="manager")
         if await self._commit(batch):
             if aborted:
-                self._abort_stream(aborted)
+                self._streams.abort(aborted)
             await self._finish_close()
 
     async def _on_suspend(self) -> None:
         """Hand the session over to the next process: detach, tell the client to resume."""
-        await self._shutdown_streams()
+        self._streams.abort_all()
         attachment = self.attachment
         if attachment is not None:
             self.attachment = None

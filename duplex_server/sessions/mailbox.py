@@ -1,0 +1,66 @@
+"""What a session actor's mailbox carries, one dataclass per kind of message.
+
+Everything that changes a session arrives as one of these, in order: the
+socket's commands (and its undecodable frames), engine output, attachment
+changes and lifecycle orders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from duplex_server.sessions.attachment import Attachment
+from duplex_server.sessions.model_port import ModelChunk
+from duplex_server.sessions.records import CloseReason
+from protocol.client_events import ClientEvent, SessionResume
+from protocol.errors import ProtocolError
+
+
+@dataclass
+class Client:
+    event: ClientEvent
+    generation: int
+    received_at: float
+
+
+@dataclass
+class Reject:
+    error: ProtocolError
+    generation: int
+
+
+@dataclass
+class Chunk:
+    response_id: str
+    epoch: int
+    chunk: ModelChunk
+
+
+@dataclass
+class StreamEnd:
+    response_id: str
+    epoch: int
+    error: str | None
+
+
+@dataclass
+class Resume:
+    attachment: Attachment
+    request: SessionResume
+    done: asyncio.Future[None]
+
+
+@dataclass
+class Detach:
+    generation: int
+
+
+@dataclass
+class End:
+    reason: CloseReason
+
+
+@dataclass
+class Suspend:
+    pass

@@ -1,0 +1,42 @@
+"""Pure helpers that turn a dead process's log back into a live actor's caches."""
+
+from __future__ import annotations
+
+from duplex_server.sessions.records import AudioBody, ItemBody, OutBody, Record
+from duplex_server.sessions.state import SessionState
+
+
+def journal_entries(records: list[Record]) -> list[tuple[int, bytes]]:
+    return [
+        (r.body.server_event_seq, r.body.payload)
+        for r in records
+        if isinstance(r.body, OutBody) and not r.body.trimmed
+    ]
+
+
+def recent_turn_audio(
+    state: SessionState, records: list[Record], count: int
+) -> list[tuple[str, bytes]]:
+    """The pcm of the last ``count`` user items, read back from their records."""
+    found: list[tuple[str, bytes]] = []
+    for item in reversed(state.items):
+        if len(found) == count:
+            break
+        refs = [p.audio_ref for p in item.parts if p.audio_ref is not None]
+        if item.role != "user" or not refs:
+            continue
+        pcm = b"".join(_samples(records[first - 1 : last]) for first, last in refs)
+        if pcm:
+            found.append((item.id, pcm))
+    found.reverse()
+    return found
+
+
+def _samples(records: list[Record]) -> bytes:
+    chunks: list[bytes] = []
+    for record in records:
+        if isinstance(record.body, AudioBody):
+            chunks.append(record.body.pcm)
+        elif isinstance(record.body, ItemBody):
+            chunks.extend(record.body.audio)
+    return b"".join(chunks)
