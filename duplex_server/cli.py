@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import sys
 
 from duplex_server.config import ServerConfig, default_replica_id
@@ -153,6 +154,9 @@ def serve(config: ServerConfig) -> None:
         app = create_app(config)
     except (ValueError, StoreError) as exc:
         sys.exit(f"duplex-server: {exc}")
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s"
+    )
     _tune_gc()
     uvicorn.run(
         app,
