@@ -136,3 +136,29 @@ async def test_sessions_listing(log):
     assert list(await log.read_open_sessions()) == ["t"]
     await log.delete("s")
     assert [row.session_id for row in await log.sessions()] == ["t"]
+
+
+async def test_spelling_twins_read_back_byte_exact(log):
+    """Events from the real emit path (GA + beta twins) read back exactly as sent."""
+    from duplex_server.models import build_model
+    from duplex_server.sessions.batch import Batch
+    from duplex_server.sessions.items import Item
+    from duplex_server.sessions.model_port import ModelChunk
+    from duplex_server.sessions.responses import emit_chunk, start_response
+    from duplex_server.sessions.state import initial_state
+
+    model = build_model("echo")
+    fence = await opened(log)
+    state = initial_state("s", "echo")  # the log session the events belong to
+    batch = Batch(state, model.capabilities, 1)
+    state.items.append(Item(id="u1", role="user"))
+    response = start_response(batch)
+    emit_chunk(batch, response, ModelChunk(audio=b"\x01\x02" * 2400, text='héllo "x"\n'))
+    await log.append("s", batch.records, fence)
+    sent = [r.body.payload for r in batch.records if isinstance(r.body, OutBody)]
+    for after in (0, 7, 8):
+        back = [r.body.payload for r in await log.read("s", after) if isinstance(r.body, OutBody)]
+        assert back == sent[len(sent) - len(back) :] and back
+    await log.trim("s", 3)
+    trimmed = [r.body for r in await log.read("s") if isinstance(r.body, OutBody)]
+    assert [b.trimmed for b in trimmed[:3]] == [True] * 3 and not trimmed[3].trimmed

@@ -8,7 +8,7 @@ the log; if the log refuses it, the actor refolds its state from the log.
 
 from __future__ import annotations
 
-from duplex_server.sessions.records import AnyBody, Origin, OutBody, Record
+from duplex_server.sessions.records import AnyBody, Origin, OutBody, Record, server_event_id
 from duplex_server.sessions.state import SessionState, apply
 from protocol.codec import encode_server_event
 from protocol.server_events import Capabilities, ServerEvent
@@ -57,7 +57,7 @@ class Batch:
     ) -> None:
         seq = self.state.server_event_seq + 1
         event.server_event_seq = seq
-        event.event_id = f"event_{self.state.session_id[-8:]}_{seq}"
+        event.event_id = server_event_id(self.state.session_id, seq)
         payload = encode_server_event(event)
         self.fact(
             OutBody(

@@ -197,6 +197,11 @@ class Record(msgspec.Struct, gc=False):
         return self.body.__struct_config__.tag  # type: ignore[return-value]
 
 
+def server_event_id(session_id: str, server_event_seq: int) -> str:
+    """The ``event_id`` of an outbound event: derived, so stores need not keep it."""
+    return f"event_{session_id[-8:]}_{server_event_seq}"
+
+
 class RecordLine(msgspec.Struct):
     """The JSON-lines shape of a record (``GET /v1/sessions/{id}/events``)."""
 

@@ -36,7 +36,8 @@ from duplex_server.sessions.log import (
     StaleFence,
     UnknownSession,
 )
-from duplex_server.sessions.records import AudioBody, ItemBody, OutBody, Record
+from duplex_server.sessions.records import AudioBody, ItemBody, OutBody, Record, server_event_id
+from protocol.server_events import BETA_TWIN
 
 Durability = Literal["fsync-per-batch", "os-buffered"]
 SCHEMA_VERSION = "1"
@@ -62,6 +63,7 @@ CREATE TABLE IF NOT EXISTS records (
     server_event_seq INTEGER,
     record BLOB NOT NULL,
     payload BLOB,
+    twin INTEGER NOT NULL DEFAULT 0,
     UNIQUE (session_id, seq)
 );
 CREATE INDEX IF NOT EXISTS records_event_id
@@ -83,22 +85,90 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)
 
 
-def _encode(record: Record) -> tuple[bytes, bytes | None, int | None]:
-    """Record blob, out payload (kept apart so trimming is an UPDATE), out seq."""
-    body = record.body
-    if isinstance(body, OutBody):
+# beta tag -> GA tag: a beta event right after its GA twin is stored as a reference.
+_GA_OF = {beta.__struct_config__.tag: ga.__struct_config__.tag for ga, beta in BETA_TWIN.items()}
+
+
+def _encode_rows(records: list[Record]) -> list[tuple]:
+    """(seq, kind, event_id, record blob, payload, server_event_seq, twin) per record.
+
+    Out payloads live in their own column, so trimming is an UPDATE. A beta
+    event that directly follows its GA twin (same content, other spelling)
+    is stored without payload and rebuilt on read: audio deltas are sent in
+    both spellings, and this halves what they cost the disk.
+    """
+    rows = []
+    previous: OutBody | None = None
+    for record in records:
+        body = record.body
+        if not isinstance(body, OutBody):
+            rows.append(
+                (record.seq, record.kind, record.event_id, _encoder.encode(record), None, None, 0)
+            )
+            previous = None
+            continue
+        twin = previous is not None and _GA_OF.get(body.event_type) == previous.event_type
         stripped = msgspec.structs.replace(record, body=msgspec.structs.replace(body, payload=b""))
-        return _encoder.encode(stripped), body.payload, body.server_event_seq
-    return _encoder.encode(record), None, None
-
-
-def _decode(blob: bytes, payload: bytes | None) -> Record:
-    record = _decoder.decode(blob)
-    if isinstance(record.body, OutBody):
-        record.body = msgspec.structs.replace(
-            record.body, payload=payload or b"", trimmed=payload is None
+        rows.append(
+            (
+                record.seq,
+                record.kind,
+                record.event_id,
+                _encoder.encode(stripped),
+                None if twin else body.payload,
+                body.server_event_seq,
+                int(twin),
+            )
         )
-    return record
+        previous = body
+    return rows
+
+
+def _twin_payload(ga_payload: bytes, body: OutBody, session_id: str) -> bytes:
+    event = msgspec.json.decode(ga_payload)
+    event["type"] = body.event_type
+    event["event_id"] = server_event_id(session_id, body.server_event_seq)
+    event["server_event_seq"] = body.server_event_seq
+    return msgspec.json.encode(event)
+
+
+def _decode_rows(session_id: str, rows) -> list[Record]:
+    """Records from (record blob, payload, twin) rows in seq order."""
+    out: list[Record] = []
+    previous_payload: bytes | None = None
+    for blob, payload, twin in rows:
+        record = _decoder.decode(blob)
+        body = record.body
+        if isinstance(body, OutBody):
+            if twin:
+                payload = (
+                    _twin_payload(previous_payload, body, session_id)
+                    if previous_payload is not None
+                    else None
+                )
+            record.body = msgspec.structs.replace(
+                body, payload=payload or b"", trimmed=payload is None
+            )
+            previous_payload = payload
+        out.append(record)
+    return out
+
+
+def _select_records(conn: sqlite3.Connection, session_id: str, after_seq: int = 0) -> list[Record]:
+    # One row more than asked: a twin at the start needs the GA event before it.
+    rows = conn.execute(
+        "SELECT seq, record, payload, twin FROM records WHERE session_id = ? AND seq >= ? "
+        "ORDER BY seq",
+        (session_id, max(after_seq, 1)),
+    ).fetchall()
+    if (
+        not rows
+        and conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+        is None
+    ):
+        raise UnknownSession(session_id)
+    records = _decode_rows(session_id, [row[1:] for row in rows])
+    return [r for r in records if r.seq > after_seq]
 
 
 def _connect(path: Path, durability: Durability) -> sqlite3.Connection:
@@ -186,6 +256,11 @@ class SqliteLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._write = _connect(self.path, durability)
             self._write.executescript(_SCHEMA)
+            columns = {row[1] for row in self._write.execute("PRAGMA table_info(records)")}
+            if "twin" not in columns:  # a store created before twins were folded
+                self._write.execute(
+                    "ALTER TABLE records ADD COLUMN twin INTEGER NOT NULL DEFAULT 0"
+                )
             self._write.execute(
                 "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
             )
@@ -280,7 +355,7 @@ class SqliteLog:
         return await self._submit(take)
 
     async def append(self, session_id: str, records: list[Record], fence: int) -> list[int]:
-        rows = [(r.seq, r.kind, r.event_id, *_encode(r)) for r in records]
+        rows = _encode_rows(records)
         closes = any(r.kind == "close" for r in records)
         last_ts = records[-1].ts_ms if records else 0
         return await self._submit(
@@ -308,7 +383,7 @@ class SqliteLog:
                 raise DuplicateEvent(event_id)
         conn.executemany(
             "INSERT INTO records (session_id, seq, kind, event_id, record, payload, "
-            "server_event_seq) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "server_event_seq, twin) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [(session_id, *row) for row in rows],
         )
         conn.execute(
@@ -320,22 +395,7 @@ class SqliteLog:
         return seqs
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
-        def fetch(conn: sqlite3.Connection) -> list[Record]:
-            rows = conn.execute(
-                "SELECT record, payload FROM records WHERE session_id = ? AND seq > ? ORDER BY seq",
-                (session_id, after_seq),
-            ).fetchall()
-            if (
-                not rows
-                and conn.execute(
-                    "SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)
-                ).fetchone()
-                is None
-            ):
-                raise UnknownSession(session_id)
-            return [_decode(blob, payload) for blob, payload in rows]
-
-        return await self._query(fetch)
+        return await self._query(lambda conn: _select_records(conn, session_id, after_seq))
 
     async def read_open_sessions(self) -> dict[str, list[Record]]:
         """Every open session's records in one pass (what recovery needs)."""
@@ -349,16 +409,7 @@ class SqliteLog:
                     "SELECT session_id FROM sessions WHERE closed = 0 ORDER BY rowid"
                 )
             ]
-            return {
-                sid: [
-                    _decode(blob, payload)
-                    for blob, payload in conn.execute(
-                        "SELECT record, payload FROM records WHERE session_id = ? ORDER BY seq",
-                        (sid,),
-                    )
-                ]
-                for sid in open_ids
-            }
+            return {sid: _select_records(conn, sid) for sid in open_ids}
 
         return await self._query(fetch)
 
@@ -471,17 +522,7 @@ class SqliteReader:
         return [SessionRow(sid, f, o, last, t, bool(c), ts) for sid, f, o, last, t, c, ts in rows]
 
     def records(self, session_id: str) -> list[Record]:
-        rows = self._conn.execute(
-            "SELECT record, payload FROM records WHERE session_id = ? ORDER BY seq", (session_id,)
-        ).fetchall()
-        if (
-            not rows
-            and not self._conn.execute(
-                "SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)
-            ).fetchone()
-        ):
-            raise UnknownSession(session_id)
-        return [_decode(blob, payload) for blob, payload in rows]
+        return _select_records(self._conn, session_id)
 
     def close(self) -> None:
         self._conn.close()
