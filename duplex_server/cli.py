@@ -75,7 +75,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--journal-max-bytes",
         type=int,
-        default=64 * 1024 * 1024,
+        default=8 * 1024 * 1024,
         help="bytes of outbound events kept for replay per session",
     )
     p.add_argument(

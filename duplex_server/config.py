@@ -27,7 +27,7 @@ class ServerConfig:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     mailbox_size: int = 256
     journal_max_events: int = 4096
-    journal_max_bytes: int = 64 * 1024 * 1024
+    journal_max_bytes: int = 8 * 1024 * 1024
     retain_audio: str = "all"
     retention_s: float = 7 * 24 * 3600.0
     purge_interval_s: float = 60.0

@@ -69,7 +69,7 @@ class ActorSettings:
     owner: str
     mailbox_size: int = 256
     journal_max_events: int = 4096
-    journal_max_bytes: int = 64 * 1024 * 1024
+    journal_max_bytes: int = 8 * 1024 * 1024
     # "all": keep input audio in the log; "uncommitted": once the client has
     # acknowledged a turn's commit, its samples are compacted to metadata.
     retain_audio: str = "all"

@@ -31,7 +31,7 @@ class ManagerSettings:
     reap_interval_s: float = 1.0
     mailbox_size: int = 256
     journal_max_events: int = 4096
-    journal_max_bytes: int = 64 * 1024 * 1024
+    journal_max_bytes: int = 8 * 1024 * 1024
     retain_audio: str = "all"
     retention_s: float = 7 * 24 * 3600.0
     purge_interval_s: float = 60.0
