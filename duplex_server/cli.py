@@ -9,6 +9,7 @@ import sys
 
 from duplex_server.config import ServerConfig, default_replica_id
 from duplex_server.models import MODEL_NAMES
+from duplex_server.sessions.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 
 
@@ -69,13 +70,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--journal-max-events",
         type=int,
-        default=4096,
+        default=DEFAULT_MAX_EVENTS,
         help="outbound events kept for replay per session",
     )
     p.add_argument(
         "--journal-max-bytes",
         type=int,
-        default=8 * 1024 * 1024,
+        default=DEFAULT_MAX_BYTES,
         help="bytes of outbound events kept for replay per session",
     )
     p.add_argument(

@@ -6,6 +6,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from duplex_server.sessions.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 
 
@@ -26,8 +27,8 @@ class ServerConfig:
     reap_interval_s: float = 1.0
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     mailbox_size: int = 256
-    journal_max_events: int = 4096
-    journal_max_bytes: int = 8 * 1024 * 1024
+    journal_max_events: int = DEFAULT_MAX_EVENTS
+    journal_max_bytes: int = DEFAULT_MAX_BYTES
     retain_audio: str = "all"
     retention_s: float = 7 * 24 * 3600.0
     purge_interval_s: float = 60.0

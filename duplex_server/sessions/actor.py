@@ -20,7 +20,7 @@ from duplex_server.sessions import mailbox as mb
 from duplex_server.sessions.attachment import Attachment
 from duplex_server.sessions.batch import Batch
 from duplex_server.sessions.commands import HANDLERS, Effects
-from duplex_server.sessions.journal import Journal
+from duplex_server.sessions.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
 from duplex_server.sessions.log import DuplicateEvent, LogError, SessionLog, StaleFence
 from duplex_server.sessions.model_port import ModelPort, ResponseRequest
 from duplex_server.sessions.records import (
@@ -68,8 +68,8 @@ def _ignore(seconds: float) -> None:
 class ActorSettings:
     owner: str
     mailbox_size: int = 256
-    journal_max_events: int = 4096
-    journal_max_bytes: int = 8 * 1024 * 1024
+    journal_max_events: int = DEFAULT_MAX_EVENTS
+    journal_max_bytes: int = DEFAULT_MAX_BYTES
     # "all": keep input audio in the log; "uncommitted": once the client has
     # acknowledged a turn's commit, its samples are compacted to metadata.
     retain_audio: str = "all"

@@ -11,6 +11,11 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+DEFAULT_MAX_EVENTS = 4096
+# About a minute of 24 kHz answer audio in both spellings: more than the
+# disconnect grace, and what a session holds when its client never acks.
+DEFAULT_MAX_BYTES = 8 * 1024 * 1024
+
 
 class JournalGap(Exception):
     def __init__(self, cursor: int, oldest: int) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from duplex_server.sessions.actor import ActorSettings, SessionActor
 from duplex_server.sessions.attachment import Attachment
+from duplex_server.sessions.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
 from duplex_server.sessions.log import SessionLog
 from duplex_server.sessions.model_port import ModelPort
 from duplex_server.sessions.records import Record
@@ -30,8 +31,8 @@ class ManagerSettings:
     disconnect_grace_s: float = 30.0
     reap_interval_s: float = 1.0
     mailbox_size: int = 256
-    journal_max_events: int = 4096
-    journal_max_bytes: int = 8 * 1024 * 1024
+    journal_max_events: int = DEFAULT_MAX_EVENTS
+    journal_max_bytes: int = DEFAULT_MAX_BYTES
     retain_audio: str = "all"
     retention_s: float = 7 * 24 * 3600.0
     purge_interval_s: float = 60.0
