@@ -99,13 +99,13 @@ async def test_resume_after_a_dropped_transport(server):
         assert seqs == journal
 
 
-@pytest.mark.server_config(idle_ttl_s=0.6, reap_interval_s=0.05)
+@pytest.mark.server_config(idle_ttl_s=1.5, reap_interval_s=0.05)
 async def test_heartbeat_keeps_an_idle_session_alive(server):
     async with client_for(server, heartbeat_interval_s=0.2) as kept:
         idle = client_for(server, heartbeat_interval_s=None, reconnect=None)
         async with idle:
-            expiry = asyncio.create_task(idle.wait_for("session.expired", timeout_s=3))
-            await asyncio.sleep(1.2)
+            expiry = asyncio.create_task(idle.wait_for("session.expired", timeout_s=6))
+            await asyncio.sleep(2.4)  # past the TTL; the kept client beat 12 times
             expired = await expiry
             assert expired.reason == "idle_ttl_expired"
             await kept.append_audio(tone_pcm16(100))
