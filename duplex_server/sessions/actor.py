@@ -211,6 +211,13 @@ class SessionActor:
             while self.state.closed_reason is None and not self._suspended:
                 message = await self._mailbox.get()
                 await self._dispatch(message)
+        except Exception:
+            # A bug in the actor ends this session loudly: logged with its
+            # traceback, and the socket closed with 1011 so the client is not
+            # left talking to nobody. The log keeps everything appended so far.
+            log.exception("session %s: actor failed", self.session_id)
+            if self.attachment is not None:
+                await self.attachment.close(1011, "internal error")
         finally:
             self._streams.abort_all()
             self.closed.set()

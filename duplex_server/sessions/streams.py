@@ -34,8 +34,10 @@ class ResponseStreams:
                 self._post(mb.Chunk(request.response_id, request.epoch, chunk))
         except asyncio.CancelledError:
             raise
-        except (RuntimeError, ValueError, OSError) as exc:
-            # A model failure ends this response as failed, never the session.
+        except Exception as exc:  # noqa: BLE001 - surfaced below, never swallowed
+            # Whatever a model adapter raises ends this response as failed (the
+            # client gets engine_error with the reason, the log has the traceback);
+            # it must not leave the response in progress forever or end the session.
             error = f"{type(exc).__name__}: {exc}"
             log.exception("engine stream for %s failed", request.response_id)
         self._post(mb.StreamEnd(request.response_id, request.epoch, error))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import base64
 
+import pytest
+
 from tests.e2e.sequences import (
     AUDIO_CHUNK,
     COMMIT_FANOUT,
@@ -232,3 +234,44 @@ async def test_commit_while_speaking_starts_a_new_response(server):
     assert done["id"] == first["id"] and done["status_details"]["reason"] == "new_response"
     events = await client.recv_until("response.done")
     assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_a_failing_model_fails_the_response_not_the_session(server, monkeypatch):
+    class Broken(KeyError):
+        pass
+
+    async def broken_stream(request):
+        raise Broken("adapter bug")
+        yield  # pragma: no cover - makes this an async generator
+
+    monkeypatch.setattr(server.app.state.model, "stream", broken_stream)
+    client, _ = await server.open()
+    await client.append(tone_pcm16(100))
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("rate_limits.updated")
+    error = next(e for e in events if e["type"] == "error")
+    assert error["error"]["code"] == "engine_error" and "adapter bug" in error["error"]["message"]
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    assert (done["status"], done["status_details"]["reason"]) == ("failed", "engine_error")
+    monkeypatch.undo()
+    await client.append(tone_pcm16(100))
+    await client.send({"type": "input_audio_buffer.commit"})
+    assert (await client.recv_until("response.done"))[-1]["response"]["status"] == "completed"
+
+
+async def test_an_actor_bug_closes_the_socket_loudly(server, monkeypatch, caplog):
+    import websockets
+
+    from duplex_server.sessions import commands
+    from protocol import client_events as ce
+
+    def buggy(batch, event, model):
+        raise KeyError("handler bug")
+
+    monkeypatch.setitem(commands.HANDLERS, ce.SessionHeartbeat, buggy)
+    client, _ = await server.open()
+    await client.send({"type": "session.heartbeat"})
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await client.recv(timeout=5)
+    assert closed.value.rcvd.code == 1011
+    assert "actor failed" in caplog.text and "handler bug" in caplog.text
