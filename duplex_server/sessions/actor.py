@@ -128,7 +128,8 @@ class SessionActor:
         batch.fact(ConfigBody(patch=patch))
         if handshake:
             batch.emit(SessionUpdated(session=self._snapshot()))
-        await self._commit(batch)
+        if not await self._commit(batch):
+            raise LogError(f"could not record the opening of {self.session_id}")
         attachment.generation = 1
         self.attachment = attachment
         created = SessionCreated(

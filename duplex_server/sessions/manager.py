@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from duplex_server.sessions.actor import ActorSettings, SessionActor
 from duplex_server.sessions.attachment import Attachment
 from duplex_server.sessions.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
-from duplex_server.sessions.log import SessionLog
+from duplex_server.sessions.log import LogError, SessionLog
 from duplex_server.sessions.model_port import ModelPort
 from duplex_server.sessions.records import Record
 from duplex_server.sessions.tokens import new_session_id
@@ -75,6 +75,11 @@ class SessionManager:
         self.actors[session_id] = actor
         try:
             await actor.open(attachment, patch, handshake)
+        except LogError as exc:
+            self.actors.pop(session_id, None)
+            raise ProtocolError(
+                "storage_unavailable", f"cannot open a session: the session log failed ({exc})"
+            ) from exc
         except BaseException:
             self.actors.pop(session_id, None)
             raise

@@ -6,6 +6,9 @@ import json
 import subprocess
 import urllib.request
 
+import pytest
+import websockets
+
 from tests.e2e.serverproc import ServerProcess
 from tests.wsclient import WsClient, tone_pcm16
 
@@ -41,6 +44,13 @@ async def test_disk_full_gives_storage_unavailable_and_server_keeps_running(tmp_
         await client.send({"type": "session.heartbeat"})
         again = await client.recv_until("session.heartbeat_ack", "error")
         assert again[-1]["type"] in ("error", "session.heartbeat_ack")
+        # A new session cannot be recorded either: told so, and asked to come back.
+        newcomer = await WsClient.connect(server.ws_url)
+        refused = await newcomer.expect("error")
+        assert refused["error"]["code"] == "storage_unavailable"
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await newcomer.recv(timeout=5)
+        assert closed.value.rcvd.code == 1013
         assert server.proc.poll() is None
     finally:
         server.stop()
