@@ -38,7 +38,6 @@ _ALIASES = {
 DEFAULT_RATE = {PCM16: 24_000, PCM_F32LE: 24_000, G711_ULAW: 8_000, G711_ALAW: 8_000, OPUS: 48_000}
 # Rates a codec is defined at; None = any rate the client declares.
 FIXED_RATE = {G711_ULAW: 8_000, G711_ALAW: 8_000, OPUS: 48_000}
-BYTES_PER_SAMPLE = {PCM16: 2, PCM_F32LE: 4, G711_ULAW: 1, G711_ALAW: 1}
 
 # Formats the server can decode/encode today (Opus arrives with the codec issue).
 SUPPORTED_INPUT = (PCM16, PCM_F32LE, G711_ULAW, G711_ALAW)

@@ -10,7 +10,6 @@ from duplex_server.audio import (
     decode_to_pcm16,
     encode_from_pcm16,
     pcm16_duration_ms,
-    pcm16_slice_ms,
     resample_pcm16,
 )
 from duplex_server.audio.g711 import ALAW_TO_PCM16, ULAW_TO_PCM16, alaw_encode, ulaw_encode
@@ -81,4 +80,3 @@ def test_encode_to_each_output_format():
 def test_duration_and_slice():
     pcm = tone_pcm16(200, rate=16000)
     assert pcm16_duration_ms(len(pcm), 16000) == 200.0
-    assert len(pcm16_slice_ms(pcm, 16000, 50)) == 1600

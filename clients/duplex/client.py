@@ -98,6 +98,15 @@ class ResponseHandle:
         return self._view.played_ms
 
     @property
+    def audio_format(self) -> str:
+        """Wire format of ``audio_bytes`` (as the deltas declared it)."""
+        return self._view.audio_format
+
+    @property
+    def sample_rate_hz(self) -> int:
+        return self._view.sample_rate_hz
+
+    @property
     def audio_bytes(self) -> bytes:
         return b"".join(self._view.audio)
 

@@ -9,7 +9,6 @@ from duplex_server.audio.convert import (
     decode_to_pcm16,
     encode_from_pcm16,
     pcm16_duration_ms,
-    pcm16_slice_ms,
     resample_pcm16,
 )
 
@@ -18,6 +17,5 @@ __all__ = [
     "decode_to_pcm16",
     "encode_from_pcm16",
     "pcm16_duration_ms",
-    "pcm16_slice_ms",
     "resample_pcm16",
 ]

@@ -76,9 +76,3 @@ def resample_pcm16(pcm: bytes, src_hz: int, dst_hz: int) -> bytes:
 
 def pcm16_duration_ms(nbytes: int, rate_hz: int) -> float:
     return nbytes / 2 / rate_hz * 1000.0
-
-
-def pcm16_slice_ms(pcm: bytes, rate_hz: int, end_ms: float) -> bytes:
-    """The first ``end_ms`` of ``pcm`` (used to truncate to what was played)."""
-    samples = int(round(end_ms * rate_hz / 1000.0))
-    return pcm[: max(0, samples) * 2]

@@ -10,7 +10,6 @@ import sys
 
 import uvicorn
 
-HEARTBEAT = b'"session.heartbeat"'
 ACK = '{"type":"session.heartbeat_ack"}'
 
 

@@ -107,7 +107,7 @@ class SessionActor:
         # pcm16 of recent user items: the log holds all of it, this spares the
         # model a log read per response (and survives compaction of old turns).
         self.turn_audio: OrderedDict[str, bytes] = OrderedDict()
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None  # held: the loop keeps only weak refs
         self.last_activity = time.monotonic()
         self.detached_at: float | None = None
         self.closed = asyncio.Event()

@@ -272,7 +272,6 @@ class SqliteLog:
         self._writer.start()
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-reader")
         self._heads = _Heads()
-        self.batches = 0  # transactions committed (group commit effectiveness)
 
     # --- writer thread -------------------------------------------------------
 
@@ -311,7 +310,6 @@ class SqliteLog:
                     outcomes.append((False, exc))
             conn.execute("COMMIT")
             self._heads.commit()
-            self.batches += 1
         except (sqlite3.Error, OSError) as exc:
             self._heads.rollback()
             with contextlib.suppress(sqlite3.Error):

@@ -78,7 +78,6 @@ class SessionState(msgspec.Struct):
     last_response: Response | None = None
     response_count: int = 0
     item_count: int = 0
-    pending_input: bool = False
     listen_count: int = 0
     lease: Lease = msgspec.field(default_factory=Lease)
     recent_event_ids: list[str] = msgspec.field(default_factory=list)
@@ -164,7 +163,6 @@ def _commit(state: SessionState, body: CommitBody, seq: int) -> None:
         state.items.append(Item(id=body.item_id, role="user", parts=parts))
         state.item_count += 1
         state.turn_id += 1
-        state.pending_input = True
     state.input = InputBuffer(end_ms=buf.end_ms)
 
 
@@ -183,8 +181,6 @@ def _item(state: SessionState, body: ItemBody, seq: int) -> None:
             )
         state.items.insert(index, item)
         state.item_count += 1
-        if item.role == "user" or item.type == "function_call_output":
-            state.pending_input = True
     elif body.op == "delete":
         state.items = [it for it in state.items if it.id != body.item_id]
     elif body.op == "truncate":
@@ -236,7 +232,6 @@ def _fence(state: SessionState, body: FenceBody, seq: int) -> None:
 def _decision(state: SessionState, body: DecisionBody, seq: int) -> None:
     if body.action == "listen":
         state.listen_count += 1
-        state.pending_input = False
     elif body.action == "speak":
         _start_response(state, body)
     elif body.action == "response_done":
@@ -259,7 +254,6 @@ def _start_response(state: SessionState, body: DecisionBody) -> None:
     state.response = Response(
         id=body.response_id, item_id=body.item_id, epoch=state.epoch, modalities=body.modalities
     )
-    state.pending_input = False
 
 
 def _finish_response(state: SessionState, body: DecisionBody) -> None:
