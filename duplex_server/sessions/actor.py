@@ -232,8 +232,8 @@ class SessionActor:
             self._pending_client -= 1
             if self.attachment is not None and message.generation == self.attachment.generation:
                 await self.reject(message.error)
-        elif isinstance(message, mb.Chunk):
-            await self._on_chunk(message)
+        elif isinstance(message, mb.Chunks):
+            await self._on_chunks(message)
         elif isinstance(message, mb.StreamEnd):
             await self._on_stream_end(message)
         elif isinstance(message, mb.Resume):
@@ -410,11 +410,13 @@ class SessionActor:
         active = self.state.response
         return active is not None and active.id == response_id and epoch == self.state.epoch
 
-    async def _on_chunk(self, message: mb.Chunk) -> None:
-        if not self._is_current(message.response_id, message.epoch):
+    async def _on_chunks(self, message: mb.Chunks) -> None:
+        chunks = self._streams.take(message.response_id)
+        if not chunks or not self._is_current(message.response_id, message.epoch):
             return  # fenced off: stale output never reaches the log
         batch = self._batch()
-        emit_chunk(batch, self.state.response, message.chunk)  # type: ignore[arg-type]
+        for chunk in chunks:
+            emit_chunk(batch, self.state.response, chunk)  # type: ignore[arg-type]
         await self._commit(batch)
 
     async def _on_stream_end(self, message: mb.StreamEnd) -> None:

@@ -11,7 +11,6 @@ import asyncio
 from dataclasses import dataclass
 
 from duplex_server.sessions.attachment import Attachment
-from duplex_server.sessions.model_port import ModelChunk
 from duplex_server.sessions.records import CloseReason
 from protocol.client_events import ClientEvent, SessionResume
 from protocol.errors import ProtocolError
@@ -31,10 +30,12 @@ class Reject:
 
 
 @dataclass
-class Chunk:
+class Chunks:
+    """Engine output is waiting: the actor takes every chunk pending for the
+    response at once (chunks produced while it was busy share one batch)."""
+
     response_id: str
     epoch: int
-    chunk: ModelChunk
 
 
 @dataclass

@@ -1,8 +1,12 @@
 """The engine streams of one session: started, pumped into the mailbox, aborted.
 
-A pump never touches session state: it posts each chunk (tagged with the
-response and epoch it was started for) to the actor's mailbox, where the
-epoch fence decides whether it may still reach the log.
+A pump never touches session state. It queues each chunk for its response and
+posts one ``Chunks`` notice (tagged with the response and epoch it was started
+for) when the queue goes from empty to non-empty; the actor then takes all
+pending chunks in one batch, where the epoch fence decides whether they may
+still reach the log. An engine faster than real time thus costs one batch per
+burst instead of one per chunk, and the order of everything is unchanged: the
+end-of-stream notice is posted after the last chunk's.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import logging
 from collections.abc import Callable
 
 from duplex_server.sessions import mailbox as mb
-from duplex_server.sessions.model_port import ModelPort, ResponseRequest
+from duplex_server.sessions.model_port import ModelChunk, ModelPort, ResponseRequest
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +26,7 @@ class ResponseStreams:
         self.model = model
         self._post = post
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._pending: dict[str, list[ModelChunk]] = {}
 
     def start(self, request: ResponseRequest) -> None:
         task = asyncio.get_running_loop().create_task(self._pump(request))
@@ -31,7 +36,10 @@ class ResponseStreams:
         error = None
         try:
             async for chunk in self.model.stream(request):
-                self._post(mb.Chunk(request.response_id, request.epoch, chunk))
+                pending = self._pending.setdefault(request.response_id, [])
+                pending.append(chunk)
+                if len(pending) == 1:
+                    self._post(mb.Chunks(request.response_id, request.epoch))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - surfaced below, never swallowed
@@ -42,11 +50,17 @@ class ResponseStreams:
             log.exception("engine stream for %s failed", request.response_id)
         self._post(mb.StreamEnd(request.response_id, request.epoch, error))
 
+    def take(self, response_id: str) -> list[ModelChunk]:
+        """Every chunk produced for the response since the last take."""
+        return self._pending.pop(response_id, [])
+
     def forget(self, response_id: str) -> None:
         self._tasks.pop(response_id, None)
+        self._pending.pop(response_id, None)
 
     def abort(self, response_id: str) -> None:
         self.model.abort(response_id)
+        self._pending.pop(response_id, None)
         task = self._tasks.pop(response_id, None)
         if task is not None:
             task.cancel()
