@@ -162,3 +162,27 @@ async def test_spelling_twins_read_back_byte_exact(log):
     await log.trim("s", 3)
     trimmed = [r.body for r in await log.read("s") if isinstance(r.body, OutBody)]
     assert [b.trimmed for b in trimmed[:3]] == [True] * 3 and not trimmed[3].trimmed
+
+
+async def test_trim_and_compaction_only_move_forward(log):
+    fence = await opened(log)
+    audio = AudioBody(
+        pcm=b"\x01\x00" * 10, sample_rate_hz=24000, source_format="pcm16", duration_ms=0.4
+    )
+    records = [
+        out(1, 1),
+        Record(epoch=0, ts_ms=1, origin="client", body=audio, seq=2),
+        out(3, 2),
+        Record(epoch=0, ts_ms=1, origin="client", body=audio, seq=4),
+        out(5, 3),
+    ]
+    await log.append("s", records, fence)
+    assert await log.trim("s", 1) == 1
+    assert await log.trim("s", 3) == 2  # resumes after the first trim
+    assert await log.trim("s", 2) == 0  # never backwards
+    assert await log.compact_audio("s", 2) == 1
+    assert await log.compact_audio("s", 5) == 1  # only the new range
+    assert await log.compact_audio("s", 5) == 0
+    bodies = [r.body for r in await log.read("s")]
+    assert all(b.trimmed for b in bodies if isinstance(b, OutBody))
+    assert all(not b.pcm for b in bodies if isinstance(b, AudioBody))

@@ -25,6 +25,10 @@ class _Stream:
     owner: str = ""
     event_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)
     trimmed_upto: int = 0
+    # Where the next trim / compaction resumes: both walk forward only, so an
+    # ack costs what it trims, not the length of the session.
+    trim_index: int = 0
+    compacted_upto: int = 0
 
 
 class MemoryLog:
@@ -80,23 +84,29 @@ class MemoryLog:
         if upto_server_event_seq <= stream.trimmed_upto:
             return 0
         trimmed = 0
-        for index, record in enumerate(stream.records):
+        index = stream.trim_index
+        records = stream.records
+        while index < len(records):
+            record = records[index]
             body = record.body
-            if not isinstance(body, OutBody) or body.trimmed:
-                continue
-            if body.server_event_seq > upto_server_event_seq:
-                break
-            stream.records[index] = msgspec.structs.replace(
-                record, body=msgspec.structs.replace(body, payload=b"", trimmed=True)
-            )
-            trimmed += 1
+            if isinstance(body, OutBody) and not body.trimmed:
+                if body.server_event_seq > upto_server_event_seq:
+                    break
+                records[index] = msgspec.structs.replace(
+                    record, body=msgspec.structs.replace(body, payload=b"", trimmed=True)
+                )
+                trimmed += 1
+            index += 1
+        stream.trim_index = index
         stream.trimmed_upto = upto_server_event_seq
         return trimmed
 
     async def compact_audio(self, session_id: str, upto_seq: int) -> int:
         stream = self._stream(session_id)
         changed = 0
-        for index, record in enumerate(stream.records[:upto_seq]):
+        start = stream.compacted_upto
+        stream.compacted_upto = max(start, upto_seq)
+        for index, record in enumerate(stream.records[start:upto_seq], start=start):
             body = record.body
             if isinstance(body, AudioBody) and body.pcm:
                 body = msgspec.structs.replace(body, pcm=b"")

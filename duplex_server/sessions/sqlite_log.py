@@ -272,6 +272,7 @@ class SqliteLog:
         self._writer.start()
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-reader")
         self._heads = _Heads()
+        self._compacted: dict[str, int] = {}  # writer thread only
 
     # --- writer thread -------------------------------------------------------
 
@@ -436,10 +437,14 @@ class SqliteLog:
         their metadata stays, and so does the folded state."""
 
         def compact(conn: sqlite3.Connection) -> int:
+            # Forward only: what an earlier compaction covered is not read again
+            # (the mark lives in the writer thread; after a restart it starts at 0).
+            start = self._compacted.get(session_id, 0)
+            self._compacted[session_id] = max(start, upto_seq)
             rows = conn.execute(
-                "SELECT seq, record FROM records WHERE session_id = ? AND seq <= ? "
+                "SELECT seq, record FROM records WHERE session_id = ? AND seq > ? AND seq <= ? "
                 "AND kind IN ('audio', 'item')",
-                (session_id, upto_seq),
+                (session_id, start, upto_seq),
             ).fetchall()
             changed = 0
             for seq, blob in rows:
