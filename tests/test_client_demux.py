@@ -124,3 +124,17 @@ def test_a_stream_journaled_by_the_server():
     # A resume from the middle replays the tail: nothing is processed twice.
     demux.expect_replay(demux.last_seq)
     assert feed_all(demux, frames[len(frames) // 2 :]) == []
+
+
+def test_listen_decision_is_tracked_as_a_completed_view():
+    from clients.duplex.demux import listen_key
+
+    demux = Demux()
+    event = demux.feed(
+        json.dumps(
+            {"type": "response.listen", "server_event_seq": 4, "reason": "client_declared_silence"}
+        )
+    )
+    assert isinstance(event, se.ResponseListen)
+    view = demux.responses[listen_key(event)]
+    assert (view.response_id, view.decision, view.done) == ("listen_4", "listen", True)

@@ -24,7 +24,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import msgspec
 import websockets
 
-from clients.duplex.demux import ConnectionResumed, Demux, ResponseView
+from clients.duplex.demux import ConnectionResumed, Demux, ResponseView, listen_key
 from clients.duplex.errors import (
     DuplexConnectionError,
     DuplexProtocolError,
@@ -270,13 +270,6 @@ class DuplexClient:
             self.closed_reason = event.reason
         elif isinstance(event, se.SessionReplaced):
             self.closed_reason = "replaced"
-        elif isinstance(event, se.ResponseListen):
-            view = ResponseView(
-                response_id=event.response_id or f"listen_{event.server_event_seq}",
-                decision="listen",
-                status="completed",
-            )
-            self._demux.responses[view.response_id] = view
         self._events.put_nowait(event)
         for listener in list(self._listeners):
             listener(event)
@@ -498,7 +491,7 @@ class DuplexClient:
             if isinstance(event, se.ResponseCreated) and event.response is not None:
                 yield ResponseHandle(self, self._demux.responses[event.response.id])
             elif isinstance(event, se.ResponseListen):
-                key = event.response_id or f"listen_{event.server_event_seq}"
+                key = listen_key(event)
                 yield ResponseHandle(self, self._demux.responses[key])
 
     async def wait_for(self, *types: str, timeout_s: float | None = None) -> Any:

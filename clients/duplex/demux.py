@@ -52,6 +52,11 @@ class ResponseView:
 _BETA = tuple(beta for beta in se.BETA_TWIN.values())
 
 
+def listen_key(event: se.ResponseListen) -> str:
+    """A listen decision's entry in ``Demux.responses`` (it may have no response id)."""
+    return event.response_id or f"listen_{event.server_event_seq}"
+
+
 class Demux:
     def __init__(self) -> None:
         self.last_seq = 0
@@ -96,6 +101,9 @@ class Demux:
     def _track(self, event: se.ServerEvent) -> None:
         if isinstance(event, se.ResponseCreated) and event.response is not None:
             self._view(event.response.id)
+        elif isinstance(event, se.ResponseListen):
+            key = listen_key(event)
+            self.responses[key] = ResponseView(key, decision="listen", status="completed")
         elif isinstance(event, se.OutputAudioDelta):
             view = self._view(event.response_id)
             view.audio.append(base64.b64decode(event.delta))

@@ -378,7 +378,7 @@ class SessionActor:
             self.turn_audio.popitem(last=False)
 
     async def _apply_effects(self, effects: Effects) -> None:
-        for item_id, pcm, _rate in effects.audio:
+        for item_id, pcm in effects.audio:
             self.remember_audio(item_id, pcm)
         for response_id in effects.abort:
             self._streams.abort(response_id)

@@ -64,8 +64,9 @@ from protocol.server_events import (
 
 @dataclass
 class Effects:
-    # (item_id, pcm16, rate) of newly committed user audio, for the model's cache
-    audio: list[tuple[str, bytes, int]] = field(default_factory=list)
+    # (item_id, pcm16) of newly committed user audio, for the model's cache; the
+    # rate is the item's own (part.audio_rate)
+    audio: list[tuple[str, bytes]] = field(default_factory=list)
     start: Response | None = None
     abort: list[str] = field(default_factory=list)
     trim_to: int | None = None
@@ -207,7 +208,7 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, model: ModelPort) -> 
     )
     previous = state.items[-1].id if state.items else None
     item_id = _new_item_id(state)
-    audio = (item_id, b"".join(state.input.chunks), state.input.sample_rate_hz)
+    audio = (item_id, b"".join(state.input.chunks))
     batch.fact(CommitBody(item_id=item_id, response_create=respond, final=bool(event.final)))
     item = state.find_item(item_id)
     assert item is not None
@@ -237,16 +238,21 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, model: ModelPort) -> 
     return effects
 
 
-def _maybe_respond(batch: Batch, model: ModelPort, overrides=None) -> Effects:
+def _maybe_respond(batch: Batch, model: ModelPort) -> Effects:
     """The model's turn decision after new input: speak (superseding) or listen."""
     state = batch.state
-    effects = Effects()
     if state.listen_count < state.config.force_listen_count or not model.wants_to_speak(
         state.items, state.config
     ):
         listen(batch, "model_listening")
-        return effects
-    if state.response is not None:
+        return Effects()
+    return _supersede_and_start(batch, None)
+
+
+def _supersede_and_start(batch: Batch, overrides: ce.ResponseOverrides | None) -> Effects:
+    """Start a response, cancelling the active one (``new_response``) first."""
+    effects = Effects()
+    if batch.state.response is not None:
         aborted = cancel_response(batch, "new_response")
         if aborted:
             effects.abort.append(aborted)
@@ -370,8 +376,7 @@ def item_create(batch: Batch, event: ce.ItemCreate, model: ModelPort) -> Effects
         batch.emit(cls(item=to_wire(item), previous_item_id=previous))
     batch.emit(ItemDone(item=to_wire(item), previous_item_id=previous))
     pcm = b"".join(audio)
-    rate = next((p.audio_rate for p in item.parts if p.audio_rate), 0)
-    return Effects(audio=[(item.id, pcm, rate)] if pcm else [])
+    return Effects(audio=[(item.id, pcm)] if pcm else [])
 
 
 def _existing_item(state: SessionState, event: ce.ClientEvent, item_id: str) -> Item:
@@ -449,10 +454,8 @@ def item_truncate(batch: Batch, event: ce.ItemTruncate, model: ModelPort) -> Eff
 
 
 def _has_overrides(overrides: ce.ResponseOverrides | None) -> bool:
-    return (
-        overrides is not None
-        and bool(msgspec.structs.asdict(overrides))
-        and any(value is not UNSET for value in msgspec.structs.astuple(overrides))
+    return overrides is not None and any(
+        value is not UNSET for value in msgspec.structs.astuple(overrides)
     )
 
 
@@ -474,13 +477,7 @@ def response_create(batch: Batch, event: ce.ResponseCreate, model: ModelPort) ->
         # Already answering the latest input (auto_response): coalesce, so a
         # stock client's commit + response.create yields one response.
         return Effects()
-    effects = Effects()
-    if active is not None:
-        aborted = cancel_response(batch, "new_response")
-        if aborted:
-            effects.abort.append(aborted)
-    effects.start = start_response(batch, event.response)
-    return effects
+    return _supersede_and_start(batch, event.response)
 
 
 def response_cancel(batch: Batch, event: ce.ResponseCancel, model: ModelPort) -> Effects:
