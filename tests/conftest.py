@@ -14,6 +14,7 @@ from duplex_server.app import create_app
 from duplex_server.config import ServerConfig
 from duplex_server.sessions.manager import SessionManager
 from duplex_server.sessions.state import SessionState, fold, initial_state
+from tests.redisproc import RedisServer
 from tests.wsclient import WsClient
 
 
@@ -106,6 +107,16 @@ async def server(request, tmp_path) -> AsyncIterator[RunningServer]:
     finally:
         uv.should_exit = True
         await task
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """One real redis-server for the whole run; tests keep apart by key prefix."""
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def pytest_configure(config) -> None:

@@ -2,22 +2,40 @@
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+
 import pytest
 
 from duplex_server.sessions.log import (
     DuplicateEvent,
+    LeaseHeld,
     SequenceConflict,
     StaleFence,
     UnknownSession,
 )
 from duplex_server.sessions.memory_log import MemoryLog
-from duplex_server.sessions.records import AudioBody, CloseBody, OutBody, Record, SignalBody
+from duplex_server.sessions.records import (
+    AudioBody,
+    CloseBody,
+    ItemBody,
+    OutBody,
+    Record,
+    SignalBody,
+)
+from duplex_server.sessions.redis_log import RedisLog
 from duplex_server.sessions.sqlite_log import SqliteLog
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "redis"])
 async def log(request, tmp_path):
-    backend = MemoryLog() if request.param == "memory" else SqliteLog(tmp_path / "s.db")
+    if request.param == "memory":
+        backend = MemoryLog()
+    elif request.param == "sqlite":
+        backend = SqliteLog(tmp_path / "s.db")
+    else:
+        redis = request.getfixturevalue("redis_server")
+        backend = RedisLog(redis.url, prefix=f"t{uuid.uuid4().hex[:12]}")
     yield backend
     await backend.close()
 
@@ -61,6 +79,7 @@ async def test_batch_must_continue_the_log(log):
 
 async def test_stale_fence_is_refused(log):
     old = await opened(log)
+    await log.release_lease("s", "me", old)  # a shared store's lease is taken once let go
     new = await log.acquire_lease("s", "b")
     assert new > old
     with pytest.raises(StaleFence):
@@ -186,3 +205,95 @@ async def test_trim_and_compaction_only_move_forward(log):
     bodies = [r.body for r in await log.read("s")]
     assert all(b.trimmed for b in bodies if isinstance(b, OutBody))
     assert all(not b.pcm for b in bodies if isinstance(b, AudioBody))
+
+
+async def test_item_audio_round_trips_and_compacts(log):
+    fence = await opened(log)
+    body = ItemBody(op="create", item_id="i1", audio=[b"\x01\x02" * 8, b"\x03\x04" * 4])
+    record = Record(epoch=0, ts_ms=1, origin="client", body=body, seq=1)
+    await log.append("s", [record], fence)
+    assert await log.read("s") == [record]
+    assert await log.compact_audio("s", 1) == 1
+    (back,) = await log.read("s")
+    assert back.body.audio == [b"", b""] and back.body.item_id == "i1"
+
+
+async def test_expected_fence_refuses_a_session_taken_since(log):
+    fence = await opened(log)
+    await log.release_lease("s", "me", fence)
+    taken = await log.acquire_lease("s", "b")
+    with pytest.raises(StaleFence):
+        await log.acquire_lease("s", "me", expect_fence=fence)
+    await log.release_lease("s", "b", taken)
+    assert await log.acquire_lease("s", "b", expect_fence=taken) == taken + 1
+
+
+async def test_renewal_keeps_a_held_lease(log):
+    fence = await opened(log)
+    assert await log.renew_leases("me", {"s": fence}) == {"s": "held"}
+    assert await log.ping()
+
+
+# --- shared-store leases (Redis): TTLs, handoff, fencing across replicas ---
+
+
+@pytest.fixture
+async def shared(redis_server):
+    backend = RedisLog(redis_server.url, prefix=f"t{uuid.uuid4().hex[:12]}", lease_ttl_ms=300)
+    yield backend
+    await backend.close()
+
+
+async def test_a_live_lease_is_not_taken(shared):
+    await opened(shared)
+    with pytest.raises(LeaseHeld) as held:
+        await shared.acquire_lease("s", "b")
+    assert held.value.holder == "me" and 0 < held.value.ttl_ms <= 300
+
+
+async def test_a_lapsed_lease_is_taken_and_the_old_owner_learns_it(shared):
+    old = await opened(shared)
+    await asyncio.sleep(0.4)  # the owner stopped renewing (it died)
+    new = await shared.acquire_lease("s", "b")
+    assert new == old + 1
+    assert await shared.renew_leases("me", {"s": old}) == {"s": "lost"}
+    with pytest.raises(StaleFence):
+        await shared.append("s", [signal(1)], old)
+    assert await shared.append("s", [signal(1)], new) == [1]
+
+
+async def test_handoff_request_reaches_the_owner(shared):
+    fence = await opened(shared)
+    with pytest.raises(LeaseHeld):
+        await shared.acquire_lease("s", "b", handoff=True)
+    assert await shared.renew_leases("me", {"s": fence}) == {"s": "handoff"}
+    await shared.release_lease("s", "me", fence)
+    assert await shared.acquire_lease("s", "b") == fence + 1
+    assert await shared.renew_leases("b", {"s": fence + 1}) == {"s": "held"}
+
+
+async def test_stream_entries_carry_the_fence_that_wrote_them(shared, redis_server):
+    import redis.asyncio as aioredis
+
+    fence = await opened(shared)
+    await shared.append("s", [signal(1), signal(2)], fence)
+    client = aioredis.from_url(redis_server.url)
+    entries = await client.xrange(f"{shared.prefix}:{{s}}:log")
+    await client.aclose()
+    assert [(e[0], e[1][b"f"]) for e in entries] == [
+        (b"1-0", str(fence).encode()),
+        (b"2-0", str(fence).encode()),
+    ]
+
+
+async def test_unreachable_redis_is_storage_unavailable():
+    from duplex_server.sessions.log import StorageUnavailable
+    from tests.conftest import free_port
+
+    log = RedisLog(f"redis://127.0.0.1:{free_port()}/0", retry_window_ms=200)
+    assert not await log.ping()
+    with pytest.raises(StorageUnavailable):
+        await log.create("s")
+    with pytest.raises(StorageUnavailable):
+        await log.append("s", [signal(1)], 1)
+    await log.close()

@@ -8,7 +8,7 @@ deduplicated within a window.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from duplex_server.sessions.records import Record
 
@@ -35,6 +35,25 @@ class UnknownSession(LogError):
     pass
 
 
+class StorageUnavailable(LogError):
+    """The store cannot take the write now (disk full, read-only, Redis
+    unreachable); nothing was recorded and the caller may retry later."""
+
+
+class LeaseHeld(LogError):
+    """Another live replica holds the session's lease (shared stores only)."""
+
+    def __init__(self, session_id: str, holder: str, ttl_ms: int) -> None:
+        super().__init__(f"{session_id} is held by {holder} for {ttl_ms} ms more")
+        self.holder = holder
+        self.ttl_ms = ttl_ms
+
+
+# What a renewal finds: still ours, taken by a newer fence, or another
+# replica asked for it (a client resumed there).
+LeaseStatus = Literal["held", "lost", "handoff"]
+
+
 class SequenceConflict(LogError):
     """The batch does not start right after the log's last seq: another writer
     appended, or the writer's view of the log is stale."""
@@ -55,11 +74,38 @@ class SessionRow:
 
 class SessionLog(Protocol):
     durable: bool  # outlives the process: sessions are suspended, not closed, on shutdown
+    # Several processes serve this store: a lease expires unless renewed, a
+    # detached session's lease is released, and any replica may take over.
+    shared: bool
 
     async def create(self, session_id: str) -> None: ...
 
-    async def acquire_lease(self, session_id: str, owner: str) -> int:
-        """Take the session's lease; returns the new (strictly larger) fencing token."""
+    async def acquire_lease(
+        self,
+        session_id: str,
+        owner: str,
+        *,
+        expect_fence: int | None = None,
+        handoff: bool = False,
+    ) -> int:
+        """Take the session's lease; returns the new (strictly larger) fencing token.
+
+        ``expect_fence``: only if nobody took the session since that fence
+        (``StaleFence`` otherwise). On a shared store a live lease of another
+        owner raises ``LeaseHeld``; ``handoff`` asks that owner to let go.
+        """
+        ...
+
+    async def renew_leases(self, owner: str, leases: dict[str, int]) -> dict[str, LeaseStatus]:
+        """Extend the leases ``owner`` holds (session -> fence), all at once."""
+        ...
+
+    async def release_lease(self, session_id: str, owner: str, fence: int) -> None:
+        """Let another replica take the session at once (detach, handoff)."""
+        ...
+
+    async def ping(self) -> bool:
+        """Whether the store answers now (``/health``)."""
         ...
 
     async def append(self, session_id: str, records: list[Record], fence: int) -> list[int]:
@@ -86,3 +132,19 @@ class SessionLog(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class LocalLeases:
+    """Lease behaviour of a store only one process serves: a lease never
+    lapses, there is nobody to hand a session to."""
+
+    shared = False
+
+    async def renew_leases(self, owner: str, leases: dict[str, int]) -> dict[str, LeaseStatus]:
+        return dict.fromkeys(leases, "held")
+
+    async def release_lease(self, session_id: str, owner: str, fence: int) -> None:
+        return None
+
+    async def ping(self) -> bool:
+        return True

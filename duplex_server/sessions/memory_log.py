@@ -10,6 +10,7 @@ import msgspec
 from duplex_server.sessions.log import (
     EVENT_ID_WINDOW,
     DuplicateEvent,
+    LocalLeases,
     SequenceConflict,
     SessionRow,
     StaleFence,
@@ -31,7 +32,7 @@ class _Stream:
     compacted_upto: int = 0
 
 
-class MemoryLog:
+class MemoryLog(LocalLeases):
     durable = False
 
     def __init__(self, event_id_window: int = EVENT_ID_WINDOW) -> None:
@@ -47,8 +48,17 @@ class MemoryLog:
     async def create(self, session_id: str) -> None:
         self._streams.setdefault(session_id, _Stream())
 
-    async def acquire_lease(self, session_id: str, owner: str) -> int:
+    async def acquire_lease(
+        self,
+        session_id: str,
+        owner: str,
+        *,
+        expect_fence: int | None = None,
+        handoff: bool = False,
+    ) -> int:
         stream = self._stream(session_id)
+        if expect_fence is not None and expect_fence != stream.fence:
+            raise StaleFence(f"fence moved from {expect_fence} to {stream.fence}")
         stream.fence += 1
         stream.owner = owner
         return stream.fence

@@ -30,14 +30,21 @@ import msgspec
 
 from duplex_server.sessions.log import (
     DuplicateEvent,
+    LocalLeases,
     LogError,
     SequenceConflict,
     SessionRow,
     StaleFence,
+    StorageUnavailable,
     UnknownSession,
 )
-from duplex_server.sessions.records import AudioBody, ItemBody, OutBody, Record, server_event_id
-from protocol.server_events import BETA_TWIN
+from duplex_server.sessions.record_codec import (
+    decode_records,
+    encode_records,
+    record_decoder,
+    record_encoder,
+)
+from duplex_server.sessions.records import AudioBody, ItemBody, Record
 
 Durability = Literal["fsync-per-batch", "os-buffered"]
 SCHEMA_VERSION = "1"
@@ -77,83 +84,6 @@ class StoreError(Exception):
     """The database cannot be used at all (corrupt, not a database, unreadable)."""
 
 
-class StorageUnavailable(LogError):
-    """A write failed on the disk (full, read-only, I/O error); the caller retries later."""
-
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Record)
-
-
-# beta tag -> GA tag: a beta event right after its GA twin is stored as a reference.
-_GA_OF = {beta.__struct_config__.tag: ga.__struct_config__.tag for ga, beta in BETA_TWIN.items()}
-
-
-def _encode_rows(records: list[Record]) -> list[tuple]:
-    """(seq, kind, event_id, record blob, payload, server_event_seq, twin) per record.
-
-    Out payloads live in their own column, so trimming is an UPDATE. A beta
-    event that directly follows its GA twin (same content, other spelling)
-    is stored without payload and rebuilt on read: audio deltas are sent in
-    both spellings, and this halves what they cost the disk.
-    """
-    rows = []
-    previous: OutBody | None = None
-    for record in records:
-        body = record.body
-        if not isinstance(body, OutBody):
-            rows.append(
-                (record.seq, record.kind, record.event_id, _encoder.encode(record), None, None, 0)
-            )
-            previous = None
-            continue
-        twin = previous is not None and _GA_OF.get(body.event_type) == previous.event_type
-        stripped = msgspec.structs.replace(record, body=msgspec.structs.replace(body, payload=b""))
-        rows.append(
-            (
-                record.seq,
-                record.kind,
-                record.event_id,
-                _encoder.encode(stripped),
-                None if twin else body.payload,
-                body.server_event_seq,
-                int(twin),
-            )
-        )
-        previous = body
-    return rows
-
-
-def _twin_payload(ga_payload: bytes, body: OutBody, session_id: str) -> bytes:
-    event = msgspec.json.decode(ga_payload)
-    event["type"] = body.event_type
-    event["event_id"] = server_event_id(session_id, body.server_event_seq)
-    event["server_event_seq"] = body.server_event_seq
-    return msgspec.json.encode(event)
-
-
-def _decode_rows(session_id: str, rows) -> list[Record]:
-    """Records from (record blob, payload, twin) rows in seq order."""
-    out: list[Record] = []
-    previous_payload: bytes | None = None
-    for blob, payload, twin in rows:
-        record = _decoder.decode(blob)
-        body = record.body
-        if isinstance(body, OutBody):
-            if twin:
-                payload = (
-                    _twin_payload(previous_payload, body, session_id)
-                    if previous_payload is not None
-                    else None
-                )
-            record.body = msgspec.structs.replace(
-                body, payload=payload or b"", trimmed=payload is None
-            )
-            previous_payload = payload
-        out.append(record)
-    return out
-
-
 def _select_records(conn: sqlite3.Connection, session_id: str, after_seq: int = 0) -> list[Record]:
     # One row more than asked: a twin at the start needs the GA event before it.
     rows = conn.execute(
@@ -167,7 +97,10 @@ def _select_records(conn: sqlite3.Connection, session_id: str, after_seq: int = 
         is None
     ):
         raise UnknownSession(session_id)
-    records = _decode_rows(session_id, [row[1:] for row in rows])
+    records = decode_records(
+        session_id,
+        [(record_decoder.decode(row[1]), row[2], bool(row[3]), None) for row in rows],
+    )
     return [r for r in records if r.seq > after_seq]
 
 
@@ -245,7 +178,7 @@ class _Op:
         self.future = future
 
 
-class SqliteLog:
+class SqliteLog(LocalLeases):
     durable = True
 
     def __init__(self, path: str | Path, durability: Durability = "fsync-per-batch") -> None:
@@ -339,11 +272,20 @@ class SqliteLog:
             )
         )
 
-    async def acquire_lease(self, session_id: str, owner: str) -> int:
+    async def acquire_lease(
+        self,
+        session_id: str,
+        owner: str,
+        *,
+        expect_fence: int | None = None,
+        handoff: bool = False,
+    ) -> int:
         def take(conn: sqlite3.Connection) -> int:
             head = self._heads.get(conn, session_id)
             if head is None:
                 raise UnknownSession(session_id)
+            if expect_fence is not None and expect_fence != head[0]:
+                raise StaleFence(f"fence moved from {expect_fence} to {head[0]}")
             conn.execute(
                 "UPDATE sessions SET fence = ?, owner = ? WHERE session_id = ?",
                 (head[0] + 1, owner, session_id),
@@ -354,7 +296,7 @@ class SqliteLog:
         return await self._submit(take)
 
     async def append(self, session_id: str, records: list[Record], fence: int) -> list[int]:
-        rows = _encode_rows(records)
+        rows = [row[:7] for row in encode_records(records)]
         closes = any(r.kind == "close" for r in records)
         last_ts = records[-1].ts_ms if records else 0
         return await self._submit(
@@ -448,7 +390,7 @@ class SqliteLog:
             ).fetchall()
             changed = 0
             for seq, blob in rows:
-                record = _decoder.decode(blob)
+                record = record_decoder.decode(blob)
                 body = record.body
                 if isinstance(body, AudioBody) and body.pcm:
                     record.body = msgspec.structs.replace(body, pcm=b"")
@@ -458,7 +400,7 @@ class SqliteLog:
                     continue
                 conn.execute(
                     "UPDATE records SET record = ? WHERE session_id = ? AND seq = ?",
-                    (_encoder.encode(record), session_id, seq),
+                    (record_encoder.encode(record), session_id, seq),
                 )
                 changed += 1
             return changed

@@ -1,0 +1,384 @@
+"""Redis log backend: the multi-replica store.
+
+Layout, per session, every key tagged ``{session_id}`` (one Cluster slot):
+
+- ``<p>:{sid}:log``   stream; entry ``<seq>-0`` holds the record (``r``,
+  msgpack without bulk bytes) and the fence that wrote it (``f``);
+- ``<p>:{sid}:bulk``  hash of the bytes retention may drop: ``o<n>`` the
+  payload of server event n, ``a<seq>`` the samples of an audio record;
+- ``<p>:{sid}:meta``  hash: fence, owner, last_seq, last_ts_ms, closed,
+  trimmed_upto, compacted_upto;
+- ``<p>:{sid}:eids``  sorted set of recent client event ids (idempotency);
+- ``<p>:{sid}:lease`` the owner's replica id, with the lease TTL;
+- ``<p>:{sid}:want``  a replica that asked the owner to hand the session over.
+
+Plus ``<p>:sessions``, a sorted set of every session id (by creation time).
+
+Appends from all sessions are sent together: whatever was queued while the
+previous pipeline was in flight goes out as the next one (one round trip for
+many sessions, as the SQLite writer shares one fsync). A call that cannot
+reach Redis is retried for ``retry_window_ms`` and then fails with
+``StorageUnavailable``; nothing is buffered beyond that window. Retrying an
+append is safe: the script recognises a batch that already landed.
+
+Durability is Redis's own: with ``appendfsync everysec`` an acknowledged
+append can be lost if the Redis host crashes within that second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from duplex_server.sessions import redis_scripts
+from duplex_server.sessions.log import (
+    EVENT_ID_WINDOW,
+    DuplicateEvent,
+    LeaseHeld,
+    LeaseStatus,
+    SequenceConflict,
+    SessionRow,
+    StaleFence,
+    StorageUnavailable,
+    UnknownSession,
+)
+from duplex_server.sessions.record_codec import decode_records, encode_records, record_decoder
+from duplex_server.sessions.records import OutBody, Record
+
+T = TypeVar("T")
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+_RENEWAL = {1: "held", 0: "lost", 2: "handoff"}
+_RETRY_ARG = 6  # index of the retry flag in the append script's ARGV
+
+
+class _Keys:
+    __slots__ = ("meta", "log", "bulk", "eids", "lease", "want")
+
+    def __init__(self, prefix: str, session_id: str) -> None:
+        base = f"{prefix}:{{{session_id}}}"
+        self.meta = f"{base}:meta"
+        self.log = f"{base}:log"
+        self.bulk = f"{base}:bulk"
+        self.eids = f"{base}:eids"
+        self.lease = f"{base}:lease"
+        self.want = f"{base}:want"
+
+
+def _refusal(session_id: str, exc: ResponseError) -> Exception:
+    """Map a script's error reply to the log interface's exception."""
+    word, _, rest = str(exc).partition(" ")
+    if word == "UNKNOWN":
+        return UnknownSession(session_id)
+    if word == "STALE":
+        return StaleFence(f"{session_id}: the lease moved on to fence {rest}")
+    if word == "SEQ":
+        return SequenceConflict(f"{session_id}: batch does not follow seq {rest}")
+    if word == "DUP":
+        return DuplicateEvent(rest)
+    return StorageUnavailable(f"redis refused the write: {exc}")
+
+
+def _append_args(records: list[Record], fence: int, window: int) -> list[Any]:
+    args: list[Any] = [
+        fence,
+        records[0].seq,
+        len(records),
+        records[-1].ts_ms,
+        int(any(r.kind == "close" for r in records)),
+        window,
+        0,  # retry flag, set when the batch is sent again
+    ]
+    for row in encode_records(records, split_audio=True):
+        args += [
+            row.event_id or "",
+            row.blob,
+            f"o{row.server_event_seq}" if row.payload is not None else "",
+            row.payload or b"",
+            f"a{row.seq}" if row.audio is not None else "",
+            row.audio or b"",
+        ]
+    return args
+
+
+class _Append:
+    __slots__ = ("session_id", "keys", "args", "future")
+
+    def __init__(self, session_id: str, keys: _Keys, args: list[Any], future) -> None:
+        self.session_id = session_id
+        self.keys = keys
+        self.args = args
+        self.future = future
+
+
+class RedisLog:
+    durable = True
+    shared = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        lease_ttl_ms: int = 5000,
+        retry_window_ms: int = 1000,
+        prefix: str = "dx",
+        event_id_window: int = EVENT_ID_WINDOW,
+    ) -> None:
+        self.url = url
+        self.lease_ttl_ms = lease_ttl_ms
+        self.retry_window_s = retry_window_ms / 1000
+        self.prefix = prefix
+        self._window = event_id_window
+        self._redis = aioredis.from_url(
+            url,
+            socket_timeout=max(0.5, self.retry_window_s),
+            socket_connect_timeout=0.5,
+            retry=Retry(NoBackoff(), 0),  # retries are ours: bounded by the window
+            health_check_interval=0,
+        )
+        self._append_script = self._redis.register_script(redis_scripts.APPEND)
+        self._acquire_script = self._redis.register_script(redis_scripts.ACQUIRE)
+        self._renew_script = self._redis.register_script(redis_scripts.RENEW)
+        self._release_script = self._redis.register_script(redis_scripts.RELEASE)
+        self._drop_script = self._redis.register_script(redis_scripts.DROP_BULK)
+        self._pending: list[_Append] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    def _keys(self, session_id: str) -> _Keys:
+        return _Keys(self.prefix, session_id)
+
+    async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run ``operation``, retrying while Redis is unreachable, up to the window."""
+        deadline = time.monotonic() + self.retry_window_s
+        delay = 0.02
+        while True:
+            try:
+                return await operation()
+            except _UNREACHABLE as exc:
+                if time.monotonic() + delay > deadline:
+                    raise StorageUnavailable(f"redis at {self.url} is unreachable: {exc}") from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+    # --- sessions ----------------------------------------------------------
+
+    async def create(self, session_id: str) -> None:
+        keys = self._keys(session_id)
+
+        async def create() -> None:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.hsetnx(keys.meta, "fence", 0)
+                pipe.hsetnx(keys.meta, "last_seq", 0)
+                pipe.zadd(f"{self.prefix}:sessions", {session_id: time.time() * 1000}, nx=True)
+                await pipe.execute()
+
+        await self._call(create)
+
+    async def delete(self, session_id: str) -> None:
+        keys = self._keys(session_id)
+
+        async def delete() -> None:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.delete(keys.meta, keys.log, keys.bulk, keys.eids, keys.lease, keys.want)
+                pipe.zrem(f"{self.prefix}:sessions", session_id)
+                await pipe.execute()
+
+        await self._call(delete)
+
+    async def sessions(self, *, open_only: bool = False) -> list[SessionRow]:
+        async def fetch() -> list[SessionRow]:
+            ids = [
+                sid.decode() for sid in await self._redis.zrange(f"{self.prefix}:sessions", 0, -1)
+            ]
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for session_id in ids:
+                    pipe.hgetall(self._keys(session_id).meta)
+                metas = await pipe.execute()
+            return [
+                _row(session_id, meta)
+                for session_id, meta in zip(ids, metas, strict=True)
+                if meta and not (open_only and meta.get(b"closed") == b"1")
+            ]
+
+        return await self._call(fetch)
+
+    # --- leases ------------------------------------------------------------
+
+    async def acquire_lease(
+        self,
+        session_id: str,
+        owner: str,
+        *,
+        expect_fence: int | None = None,
+        handoff: bool = False,
+    ) -> int:
+        keys = self._keys(session_id)
+        args = [owner, self.lease_ttl_ms, "" if expect_fence is None else expect_fence]
+        args.append(int(handoff))
+        try:
+            reply = await self._call(
+                lambda: self._acquire_script(keys=[keys.meta, keys.lease, keys.want], args=args)
+            )
+        except ResponseError as exc:
+            raise _refusal(session_id, exc) from None
+        if reply[0] == 0:
+            raise LeaseHeld(session_id, reply[1].decode(), int(reply[2]))
+        return int(reply[1])
+
+    async def renew_leases(self, owner: str, leases: dict[str, int]) -> dict[str, LeaseStatus]:
+        if not leases:
+            return {}
+
+        async def renew() -> list[int]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for session_id, fence in leases.items():
+                    keys = self._keys(session_id)
+                    await self._renew_script(
+                        keys=[keys.meta, keys.lease, keys.want],
+                        args=[owner, fence, self.lease_ttl_ms],
+                        client=pipe,
+                    )
+                return await pipe.execute()
+
+        replies = await self._call(renew)
+        return {sid: _RENEWAL[int(r)] for sid, r in zip(leases, replies, strict=True)}  # type: ignore[misc]
+
+    async def release_lease(self, session_id: str, owner: str, fence: int) -> None:
+        keys = self._keys(session_id)
+        await self._call(
+            lambda: self._release_script(keys=[keys.meta, keys.lease], args=[owner, fence])
+        )
+
+    async def lease_holder(self, session_id: str) -> str | None:
+        """The replica holding the session's lease now, if any."""
+        holder = await self._call(lambda: self._redis.get(self._keys(session_id).lease))
+        return holder.decode() if holder is not None else None
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await asyncio.wait_for(self._redis.ping(), timeout=0.5))
+        except (TimeoutError, *_UNREACHABLE):
+            return False
+
+    # --- appends -----------------------------------------------------------
+
+    async def append(self, session_id: str, records: list[Record], fence: int) -> list[int]:
+        if not records:
+            return []
+        seqs = [record.seq for record in records]
+        if seqs != list(range(seqs[0], seqs[0] + len(seqs))):
+            raise SequenceConflict(f"{session_id}: batch seqs {seqs[:3]}... are not consecutive")
+        future = asyncio.get_running_loop().create_future()
+        args = _append_args(records, fence, self._window)
+        self._pending.append(_Append(session_id, self._keys(session_id), args, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+        await future
+        return seqs
+
+    async def _flush(self) -> None:
+        while self._pending:
+            group, self._pending = self._pending, []
+            try:
+                replies = await self._call(lambda group=group: self._send(group))
+            except StorageUnavailable as exc:
+                replies = [exc] * len(group)
+            for op, reply in zip(group, replies, strict=True):
+                if op.future.done():
+                    continue
+                if isinstance(reply, ResponseError):
+                    op.future.set_exception(_refusal(op.session_id, reply))
+                elif isinstance(reply, Exception):
+                    op.future.set_exception(reply)
+                else:
+                    op.future.set_result(None)
+
+    async def _send(self, group: list[_Append]) -> list[Any]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for op in group:
+                keys = op.keys
+                await self._append_script(
+                    keys=[keys.meta, keys.log, keys.bulk, keys.eids], args=op.args, client=pipe
+                )
+                # If this send fails midway, a batch may land without its
+                # reply: the next send asks the script to recognise it.
+                op.args[_RETRY_ARG] = 1
+            return await pipe.execute(raise_on_error=False)
+
+    # --- reads -------------------------------------------------------------
+
+    async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
+        keys = self._keys(session_id)
+
+        async def fetch() -> list[Record]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                # One entry more than asked: a twin at the start needs its GA event.
+                pipe.xrange(keys.log, f"{max(after_seq, 1)}-0", "+")
+                pipe.hgetall(keys.bulk)
+                pipe.exists(keys.meta)
+                entries, bulk, exists = await pipe.execute()
+            if not exists:
+                raise UnknownSession(session_id)
+            return [r for r in _decode(session_id, entries, bulk) if r.seq > after_seq]
+
+        return await self._call(fetch)
+
+    async def read_open_sessions(self) -> dict[str, list[Record]]:
+        rows = await self.sessions(open_only=True)
+        return {row.session_id: await self.read(row.session_id) for row in rows}
+
+    # --- retention ---------------------------------------------------------
+
+    async def _drop(self, session_id: str, mark: str, prefix: str, upto: int) -> int:
+        keys = self._keys(session_id)
+        return int(
+            await self._call(
+                lambda: self._drop_script(keys=[keys.meta, keys.bulk], args=[mark, prefix, upto])
+            )
+        )
+
+    async def trim(self, session_id: str, upto_server_event_seq: int) -> int:
+        return await self._drop(session_id, "trimmed_upto", "o", upto_server_event_seq)
+
+    async def compact_audio(self, session_id: str, upto_seq: int) -> int:
+        return await self._drop(session_id, "compacted_upto", "a", upto_seq)
+
+    async def close(self) -> None:
+        if self._flusher is not None:
+            with contextlib.suppress(StorageUnavailable):
+                await self._flusher
+        await self._redis.aclose()
+
+
+def _row(session_id: str, meta: dict[bytes, bytes]) -> SessionRow:
+    def number(field: bytes) -> int:
+        return int(meta.get(field, b"0"))
+
+    return SessionRow(
+        session_id=session_id,
+        fence=number(b"fence"),
+        owner=meta.get(b"owner", b"").decode(),
+        last_seq=number(b"last_seq"),
+        trimmed_upto=number(b"trimmed_upto"),
+        closed=meta.get(b"closed") == b"1",
+        last_ts_ms=number(b"last_ts_ms"),
+    )
+
+
+def _decode(session_id: str, entries: list, bulk: dict[bytes, bytes]) -> list[Record]:
+    rows = []
+    for _entry_id, fields in entries:
+        record = record_decoder.decode(fields[b"r"])
+        body = record.body
+        payload = bulk.get(b"o%d" % body.server_event_seq) if isinstance(body, OutBody) else None
+        rows.append((record, payload, None, bulk.get(b"a%d" % record.seq)))
+    return decode_records(session_id, rows)
