@@ -17,28 +17,38 @@ from duplex_server.realtime import realtime_endpoint
 from duplex_server.sessions.log import SessionLog
 from duplex_server.sessions.manager import ManagerSettings, SessionManager
 from duplex_server.sessions.memory_log import MemoryLog
-from duplex_server.sessions.sqlite_log import Durability, SqliteLog
+from duplex_server.sessions.redis_log import REDIS_SCHEMES, RedisLog
+from duplex_server.sessions.sqlite_log import SqliteLog
 from protocol.codec import FrameDecoder
 
 logger = logging.getLogger("duplex_server")
 
-STORES = ("memory", "sqlite:PATH")
+STORES = ("memory", "sqlite:PATH", "redis://HOST:PORT/DB")
 
 
-def open_store(spec: str, durability: Durability = "fsync-per-batch") -> SessionLog:
-    """``memory`` or ``sqlite:PATH``; raises ValueError or StoreError with the reason."""
+def open_store(config: ServerConfig) -> SessionLog:
+    """``memory``, ``sqlite:PATH`` or a Redis URL; raises ValueError or
+    StoreError with the reason."""
+    spec = config.store
     if spec == "memory":
         return MemoryLog()
+    if spec.startswith(REDIS_SCHEMES):
+        return RedisLog(
+            spec,
+            lease_ttl_ms=config.lease_ttl_ms,
+            retry_window_ms=config.store_retry_ms,
+            prefix=config.redis_prefix,
+        )
     if spec.startswith("sqlite:"):
         path = spec.removeprefix("sqlite:")
         if not path:
             raise ValueError("sqlite store needs a path: --store sqlite:./data/sessions.db")
-        return SqliteLog(path, durability)
+        return SqliteLog(path, config.durability)  # type: ignore[arg-type]
     raise ValueError(f"unknown store {spec!r}; available: {', '.join(STORES)}")
 
 
 def create_app(config: ServerConfig) -> Starlette:
-    log = open_store(config.store, config.durability)
+    log = open_store(config)
     model = build_model(config.model)
     metrics = Metrics()
     manager = SessionManager(
@@ -56,6 +66,7 @@ def create_app(config: ServerConfig) -> Starlette:
             retain_audio=config.retain_audio,
             retention_s=config.retention_s,
             purge_interval_s=config.purge_interval_s,
+            lease_ttl_s=config.lease_ttl_ms / 1000,
             observe_append=metrics.observe_append,
             on_open=metrics.sessions_opened.inc,
         ),

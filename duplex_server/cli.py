@@ -24,8 +24,29 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--store",
         default="memory",
-        help="session log: 'memory' (lost on exit) or 'sqlite:PATH' (durable, resumable "
-        "after a crash)",
+        help="session log: 'memory' (lost on exit), 'sqlite:PATH' (durable, resumable "
+        "after a crash) or 'redis://HOST:PORT/DB' (also rediss://, "
+        "redis+sentinel://HOST:PORT/SERVICE/DB: several replicas share it and take over "
+        "each other's sessions)",
+    )
+    p.add_argument(
+        "--lease-ttl-ms",
+        type=int,
+        default=5000,
+        help="redis: a session's lease lapses this long after its owner stopped renewing "
+        "it (a dead replica's sessions move after this)",
+    )
+    p.add_argument(
+        "--store-retry-ms",
+        type=int,
+        default=1000,
+        help="redis: how long a write is retried while Redis is unreachable before the "
+        "client gets storage_unavailable (nothing is buffered beyond this)",
+    )
+    p.add_argument(
+        "--redis-prefix",
+        default="dx",
+        help="redis: prefix of every key, so that deployments can share one Redis",
     )
     p.add_argument(
         "--durability",
@@ -130,6 +151,9 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         replica_id=args.replica_id,
         log_level=args.log_level,
         ws_per_message_deflate=args.ws_per_message_deflate,
+        lease_ttl_ms=args.lease_ttl_ms,
+        store_retry_ms=args.store_retry_ms,
+        redis_prefix=args.redis_prefix,
     )
 
 

@@ -36,3 +36,6 @@ class ServerConfig:
     replica_id: str = field(default_factory=default_replica_id)
     log_level: str = "info"
     ws_per_message_deflate: bool = False
+    lease_ttl_ms: int = 5000
+    store_retry_ms: int = 1000
+    redis_prefix: str = "dx"

@@ -30,10 +30,13 @@ def _unauthorized(request: Request) -> Response | None:
 
 
 async def health(request: Request) -> Response:
+    """``degraded`` (still HTTP 200: the process serves) while the store does not answer."""
     state = request.app.state
+    store_ok = await state.log.ping()
     return _json(
         {
-            "status": "ok",
+            "status": "ok" if store_ok else "degraded",
+            "store_reachable": store_ok,
             "sessions": len(state.manager.actors),
             "model": state.model.name,
             "store": state.config.store,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -72,14 +73,20 @@ class RunningServer:
             assert rebuilt == state, f"refold of {session_id} differs from the live state"
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "redis"])
 async def server(request, tmp_path) -> AsyncIterator[RunningServer]:
-    """The real server, once per log backend: every scenario runs on both."""
+    """The real server, once per log backend: every scenario runs on all three."""
     overrides = {}
     marker = request.node.get_closest_marker("server_config")
     if marker is not None:
         overrides = dict(marker.kwargs)
-    store = "memory" if request.param == "memory" else f"sqlite:{tmp_path / 'sessions.db'}"
+    if request.param == "memory":
+        store = "memory"
+    elif request.param == "sqlite":
+        store = f"sqlite:{tmp_path / 'sessions.db'}"
+    else:
+        store = request.getfixturevalue("redis_server").url
+        overrides.setdefault("redis_prefix", f"t{uuid.uuid4().hex[:12]}")
     config = ServerConfig(port=free_port(), store=store, **overrides)
     app = create_app(config)
     running = RunningServer(config, app)

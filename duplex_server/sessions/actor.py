@@ -21,7 +21,14 @@ from duplex_server.sessions.attachment import Attachment
 from duplex_server.sessions.batch import Batch
 from duplex_server.sessions.commands import HANDLERS, Effects
 from duplex_server.sessions.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
-from duplex_server.sessions.log import DuplicateEvent, LogError, SessionLog, StaleFence
+from duplex_server.sessions.log import (
+    DuplicateEvent,
+    LeaseHeld,
+    LeaseStatus,
+    LogError,
+    SessionLog,
+    StaleFence,
+)
 from duplex_server.sessions.model_port import ModelPort, ResponseRequest
 from duplex_server.sessions.records import (
     CloseBody,
@@ -62,6 +69,11 @@ RECENT_TURN_AUDIO = 8  # user turns whose pcm the actor keeps for the model
 
 def _ignore(seconds: float) -> None:
     pass
+
+
+class SessionMoved(Exception):
+    """Another replica took the session over while this one held it detached;
+    the caller resumes it there (the lease is the truth, not this actor)."""
 
 
 @dataclass
@@ -112,6 +124,13 @@ class SessionActor:
         self.detached_at: float | None = None
         self.closed = asyncio.Event()
         self._suspended = False
+        # Whether this process holds the session's lease now. On a shared store
+        # it is let go on detach, so another replica may take the session at once.
+        self.holds_lease = False
+        self._moved = False  # the lease moved to another replica: stop, write nothing
+        # The store refused an append: the state may not match the log, and
+        # nothing is served until a refold from the log succeeds.
+        self._dirty = False
 
     def _initial(self) -> SessionState:
         return initial_state(self.session_id, self.model.name, self.model.turn_detection_types)
@@ -122,6 +141,7 @@ class SessionActor:
         """Create the log, take the lease, announce ``session.created`` to the socket."""
         await self._log.create(self.session_id)
         self.fence = await self._log.acquire_lease(self.session_id, self.settings.owner)
+        self.holds_lease = True
         token = new_resume_token()
         batch = self._batch()
         self._lease_fact(batch, "attach", 1, token)
@@ -142,17 +162,28 @@ class SessionActor:
         attachment.start_sender(self.journal, 0, self._overflow_notice)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def restore(self, records: list[Record], downtime_s: float, grace_s: float) -> bool:
+    async def restore(
+        self,
+        records: list[Record],
+        fence: int,
+        downtime_s: float,
+        grace_s: float,
+        *,
+        keep_lease: bool = False,
+    ) -> bool:
         """Rebuild a session a dead process owned; False if it expired meanwhile.
 
-        The state is the fold of its log; the lease is taken with a new fence
-        (so the old owner, were it alive, could not write); a response that
-        was in flight is closed as incomplete (``server_restart``), keeping in
-        history only what playback acks covered. The session then waits,
-        detached, for ``session.resume`` for what is left of its grace.
+        The state is the fold of its log, read after the caller took the lease
+        with ``fence`` (so the old owner, were it alive, could not write); a
+        response that was in flight is closed as incomplete
+        (``server_restart``), keeping in history only what playback acks
+        covered. The session then waits, detached, for ``session.resume`` for
+        what is left of its grace; ``keep_lease`` when that resume is already
+        here (a takeover), else the lease is let go as on any detach.
         """
         self.state = fold(records, self._initial())
-        self.fence = await self._log.acquire_lease(self.session_id, self.settings.owner)
+        self.fence = fence
+        self.holds_lease = True
         self.journal.restore(journal_entries(records), self.state.server_event_seq)
         for item_id, pcm in recent_turn_audio(self.state, records, RECENT_TURN_AUDIO):
             self.remember_audio(item_id, pcm)
@@ -168,8 +199,11 @@ class SessionActor:
         if not await self._commit(batch):
             raise LogError(f"could not record the recovery of {self.session_id}")
         if expired:
+            await self._release_lease()
             self.closed.set()
             return False
+        if not keep_lease:
+            await self._release_lease()
         self.detached_at = time.monotonic() - downtime_s
         self._task = asyncio.get_running_loop().create_task(self._run())
         return True
@@ -205,11 +239,15 @@ class SessionActor:
         """Stop serving but keep the session resumable (durable store, restart)."""
         self._mailbox.put_nowait(mb.Suspend())
 
+    def lease_lost(self, status: LeaseStatus) -> None:
+        """The lease renewal found the session taken, or asked for by another replica."""
+        self._mailbox.put_nowait(mb.LeaseLost(status))
+
     # --- the loop ----------------------------------------------------------
 
     async def _run(self) -> None:
         try:
-            while self.state.closed_reason is None and not self._suspended:
+            while self.state.closed_reason is None and not (self._suspended or self._moved):
                 message = await self._mailbox.get()
                 await self._dispatch(message)
         except Exception:
@@ -222,9 +260,13 @@ class SessionActor:
         finally:
             self._streams.abort_all()
             self.closed.set()
-            self._on_closed(self.session_id, self.state.closed_reason or "shutdown")
+            reason = "moved" if self._moved else (self.state.closed_reason or "shutdown")
+            self._on_closed(self.session_id, reason)
 
     async def _dispatch(self, message: object) -> None:
+        if self._dirty and isinstance(message, mb.NEEDS_LOG) and not await self._heal():
+            await self._refuse_unrecorded(message)
+            return
         if isinstance(message, mb.Client):
             self._pending_client -= 1
             await self._on_client(message)
@@ -244,6 +286,8 @@ class SessionActor:
             await self._on_end(message.reason)
         elif isinstance(message, mb.Suspend):
             await self._on_suspend()
+        elif isinstance(message, mb.LeaseLost):
+            await self._leave(message.status)
 
     def _batch(self, event_id: str | None = None) -> Batch:
         return Batch(self.state, self.model.capabilities, _now_ms(), event_id)
@@ -284,12 +328,11 @@ class SessionActor:
             return False
         except StaleFence:
             log.warning("session %s: deposed (stale fence %s)", self.session_id, self.fence)
-            await self._refold()
-            await self._deposed()
+            await self._leave("lost")
             return False
         except (LogError, OSError) as exc:
             log.error("session %s: append failed: %s", self.session_id, exc)
-            await self._refold()
+            self._storage_failed()
             await self._send_error_now(
                 ProtocolError(
                     "storage_unavailable",
@@ -307,15 +350,101 @@ class SessionActor:
     async def _refold(self) -> None:
         self.state = fold(await self._log.read(self.session_id), self._initial())
 
-    async def _deposed(self) -> None:
-        if self.attachment is not None:
-            await self.attachment.send_now(
-                encode_server_event(
-                    SessionReplaced(attachment_generation=self.attachment.generation)
+    def _storage_failed(self) -> None:
+        """The batch did not land (or its landing is unknown): the state built
+        with it is wrong, and a response whose output cannot be recorded must
+        not carry on with a hole in it, so its stream stops here."""
+        self._dirty = True
+        self._streams.abort_all()
+
+    async def _heal(self) -> bool:
+        """Refold from the log once the store answers again; ends as failed
+        the response whose stream a storage failure stopped."""
+        try:
+            records = await self._log.read(self.session_id)
+        except (LogError, OSError) as exc:
+            log.warning("session %s: log still unavailable: %s", self.session_id, exc)
+            return False
+        self.state = fold(records, self._initial())
+        # A batch whose reply was lost may have landed: its events go out now.
+        self.journal.restore(journal_entries(records), self.state.server_event_seq)
+        self._dirty = False
+        if self.state.response is not None:
+            batch = self._batch()
+            batch.emit(
+                Error(
+                    error=error_body(
+                        ProtocolError(
+                            "storage_unavailable",
+                            "the response was stopped: its output could not be recorded",
+                        )
+                    )
                 )
             )
-            await self.attachment.close(4001, "session.replaced")
-        self.state.closed_reason = "shutdown"
+            finish_response(batch, "failed", "storage_unavailable")
+            await self._commit(batch)
+        return not self._dirty
+
+    async def _refuse_unrecorded(self, message: object) -> None:
+        """Answer what cannot be recorded while the store is down; nothing is applied."""
+        reason = "the session log is unavailable; retry"
+        if isinstance(message, mb.Client | mb.Reject):
+            self._pending_client -= 1
+        if isinstance(message, mb.Client):
+            event_id = message.event.event_id
+            await self._send_error_now(
+                ProtocolError("storage_unavailable", reason, event_id=event_id)
+            )
+        elif isinstance(message, mb.Resume):
+            message.done.set_exception(ProtocolError("storage_unavailable", reason))
+
+    async def _leave(self, status: LeaseStatus) -> None:
+        """The lease is another replica's now (``lost``) or is asked for
+        (``handoff``): stop writing, tell the socket, let the lease go."""
+        self._streams.abort_all()
+        attachment = self.attachment
+        self.attachment = None
+        if attachment is not None:
+            await attachment.stop()
+            await attachment.send_now(
+                encode_server_event(SessionReplaced(attachment_generation=attachment.generation))
+            )
+            await attachment.close(4001, "session.replaced")
+        if status == "handoff":
+            await self._release_lease()
+        self.holds_lease = False
+        self._moved = True
+
+    async def _release_lease(self) -> None:
+        if not (self._log.shared and self.holds_lease):
+            return
+        self.holds_lease = False
+        try:
+            await self._log.release_lease(self.session_id, self.settings.owner, self.fence)
+        except (LogError, OSError) as exc:
+            # The lease then lapses by its TTL instead: slower, equally safe.
+            log.warning("session %s: could not release the lease: %s", self.session_id, exc)
+
+    async def _reacquire_lease(self, message: mb.Resume) -> bool:
+        """A detached session's lease was let go; take it back unless another
+        replica took the session meanwhile (then it is served there)."""
+        if self.holds_lease:
+            return True
+        try:
+            self.fence = await self._log.acquire_lease(
+                self.session_id, self.settings.owner, expect_fence=self.fence
+            )
+        except (StaleFence, LeaseHeld):
+            self._moved = True
+            message.done.set_exception(SessionMoved(self.session_id))
+            return False
+        except (LogError, OSError) as exc:
+            message.done.set_exception(
+                ProtocolError("storage_unavailable", f"could not take the session's lease: {exc}")
+            )
+            return False
+        self.holds_lease = True
+        return True
 
     async def _send_error_now(self, err: ProtocolError) -> None:
         if self.attachment is not None:
@@ -458,6 +587,8 @@ class SessionActor:
                 )
             )
             return
+        if not await self._reacquire_lease(message):
+            return
         token = new_resume_token()
         generation = state.lease.generation + 1
         batch = self._batch()
@@ -517,7 +648,8 @@ class SessionActor:
         self.detached_at = time.monotonic()
         batch = self._batch()
         self._lease_fact(batch, "detach", self.state.lease.generation)
-        await self._commit(batch)
+        if await self._commit(batch):
+            await self._release_lease()
 
     async def _on_end(self, reason: CloseReason) -> None:
         """Expiry or server shutdown: tell the client why, then close."""
@@ -550,6 +682,7 @@ class SessionActor:
             self._lease_fact(batch, "detach", self.state.lease.generation)
             await self._commit(batch)
             await attachment.close(1012, "server restarting: resume the session")
+        await self._release_lease()
         self._suspended = True
 
     async def _finish_close(self) -> None:

@@ -53,10 +53,12 @@ class Journal:
         return evicted
 
     def restore(self, entries: list[tuple[int, bytes]], last_seq: int) -> None:
-        """Refill the window from the log after a restart."""
+        """Refill the window from the log (after a restart, or a refold)."""
         self._entries = deque(entries[-self.max_events :])
+        self.bytes = sum(len(payload) for _, payload in self._entries)
         self.last_seq = last_seq
         self.dropped_upto = self._entries[0][0] - 1 if self._entries else last_seq
+        self._wake()
 
     def trim(self, upto: int) -> None:
         while self._entries and self._entries[0][0] <= upto:

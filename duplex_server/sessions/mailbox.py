@@ -11,6 +11,7 @@ import asyncio
 from dataclasses import dataclass
 
 from duplex_server.sessions.attachment import Attachment
+from duplex_server.sessions.log import LeaseStatus
 from duplex_server.sessions.records import CloseReason
 from protocol.client_events import ClientEvent, SessionResume
 from protocol.errors import ProtocolError
@@ -65,3 +66,12 @@ class End:
 @dataclass
 class Suspend:
     pass
+
+
+@dataclass
+class LeaseLost:
+    status: LeaseStatus
+
+
+# What cannot be handled without recording it: held back while the log is down.
+NEEDS_LOG = (Client, Reject, Chunks, StreamEnd, Resume)

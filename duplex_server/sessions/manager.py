@@ -1,26 +1,34 @@
-"""Admission, the registry of live actors, resume routing and the reaper."""
+"""Admission, the registry of live actors, resume routing and the reaper.
+
+On a shared store (Redis) the manager also keeps this replica's leases
+alive, takes over sessions whose client resumes here while another replica
+owns them (or owned them and died), and expires sessions nobody serves.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from duplex_server.sessions.actor import ActorSettings, SessionActor
+from duplex_server.sessions.actor import ActorSettings, SessionActor, SessionMoved
 from duplex_server.sessions.attachment import Attachment
 from duplex_server.sessions.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
-from duplex_server.sessions.log import LogError, SessionLog
+from duplex_server.sessions.log import LeaseHeld, LogError, SessionLog, UnknownSession
 from duplex_server.sessions.model_port import ModelPort
 from duplex_server.sessions.records import Record
-from duplex_server.sessions.tokens import new_session_id
+from duplex_server.sessions.state import fold, initial_state
+from duplex_server.sessions.tokens import new_session_id, token_matches
 from protocol.client_events import SessionResume
 from protocol.errors import ProtocolError
 from protocol.session_config import SessionUpdate
 
 TOMBSTONES = 10_000
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -36,6 +44,8 @@ class ManagerSettings:
     retain_audio: str = "all"
     retention_s: float = 7 * 24 * 3600.0
     purge_interval_s: float = 60.0
+    # Shared stores: how long a lease lives unrenewed (renewed every third of it).
+    lease_ttl_s: float = 5.0
     observe_append: Callable[[float], None] | None = None
     on_open: Callable[[], None] | None = field(default=None)
 
@@ -48,6 +58,8 @@ class SessionManager:
         self.actors: dict[str, SessionActor] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()
         self._reaper: asyncio.Task[None] | None = None
+        self._keeper: asyncio.Task[None] | None = None
+        self._takeovers: dict[str, asyncio.Lock] = {}
 
     def _actor_settings(self) -> ActorSettings:
         s = self.settings
@@ -89,22 +101,29 @@ class SessionManager:
 
     async def resume(self, attachment: Attachment, request: SessionResume) -> SessionActor:
         actor = self.actors.get(request.session_id)
-        if actor is None:
-            if request.session_id in self._ended:
-                raise ProtocolError(
-                    "session_resume_expired",
-                    f"session {request.session_id} ended ({self._ended[request.session_id]})",
-                    param="session_id",
-                    event_id=request.event_id,
-                )
+        if actor is not None:
+            try:
+                await actor.resume(attachment, request)
+                return actor
+            except SessionMoved:
+                await actor.closed.wait()  # it stopped without writing; take it back below
+        if self.log.shared and request.session_id not in self._ended:
+            actor = await self._take_over(request)
+            await actor.resume(attachment, request)
+            return actor
+        if request.session_id in self._ended:
             raise ProtocolError(
-                "session_resume_invalid",
-                "no such session",
+                "session_resume_expired",
+                f"session {request.session_id} ended ({self._ended[request.session_id]})",
                 param="session_id",
                 event_id=request.event_id,
             )
-        await actor.resume(attachment, request)
-        return actor
+        raise ProtocolError(
+            "session_resume_invalid",
+            "no such session",
+            param="session_id",
+            event_id=request.event_id,
+        )
 
     async def recover(self, now_ms: int | None = None, concurrency: int = 64) -> int:
         """Bring back every open session of the store; returns how many now wait
@@ -114,28 +133,183 @@ class SessionManager:
         share group commits instead of paying one fsync each.
         """
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        logs = await self.log.read_open_sessions()
         gate = asyncio.Semaphore(concurrency)
+        if self.log.shared:
+            mine = [
+                row.session_id
+                for row in await self.log.sessions(open_only=True)
+                if row.owner == self.settings.owner
+            ]
+
+            async def shared(session_id: str) -> bool:
+                async with gate:
+                    return await self._recover_shared(session_id, now_ms)
+
+            return sum(await asyncio.gather(*(shared(sid) for sid in mine)))
+        logs = await self.log.read_open_sessions()
 
         async def one(session_id: str, records: list[Record]) -> bool:
             async with gate:
-                return await self._recover_one(session_id, records, now_ms)
+                fence = await self.log.acquire_lease(session_id, self.settings.owner)
+                return await self._restore(session_id, fence, records, now_ms)
 
-        results = await asyncio.gather(*(one(sid, recs) for sid, recs in logs.items()))
-        return sum(results)
+        return sum(await asyncio.gather(*(one(sid, recs) for sid, recs in logs.items())))
 
-    async def _recover_one(self, session_id: str, records: list[Record], now_ms: int) -> bool:
+    async def _recover_shared(self, session_id: str, now_ms: int) -> bool:
+        """This replica's own sessions from before its restart (same replica
+        id); the others wait for a resume or for orphan expiry."""
+        try:
+            fence = await self.log.acquire_lease(session_id, self.settings.owner)
+        except LeaseHeld:
+            return False  # another replica took it meanwhile
+        records = await self.log.read(session_id)
+        return await self._restore(session_id, fence, records, now_ms)
+
+    async def _restore(
+        self,
+        session_id: str,
+        fence: int,
+        records: list[Record],
+        now_ms: int,
+        *,
+        keep_lease: bool = False,
+    ) -> bool:
+        """A live actor for a session whose lease this replica just took."""
         last_ts_ms = records[-1].ts_ms if records else now_ms
         actor = SessionActor(session_id, self.log, self.model, self._actor_settings(), self._closed)
         downtime_s = max(0.0, (now_ms - last_ts_ms) / 1000.0)
         self.actors[session_id] = actor
-        if await actor.restore(records, downtime_s, self.settings.disconnect_grace_s):
+        grace_s = self.settings.disconnect_grace_s
+        if await actor.restore(records, fence, downtime_s, grace_s, keep_lease=keep_lease):
             return True
         self._closed(session_id, "disconnect_grace_expired")
         return False
 
+    # --- shared stores: takeover, lease keeping, orphans --------------------
+
+    async def _take_over(self, request: SessionResume) -> SessionActor:
+        """Serve here a session another replica owns or owned: check the token
+        against the log, ask the owner to let go (or wait out a dead owner's
+        lease), then rebuild the session from its stream."""
+        session_id = request.session_id
+        lock = self._takeovers.setdefault(session_id, asyncio.Lock())
+        async with lock:
+            actor = self.actors.get(session_id)
+            if actor is not None:
+                return actor  # a concurrent resume took it over already
+            self._check_resumable(request, await self._read_for_resume(request))
+            fence = await self._acquire_waiting(request)
+            records = await self.log.read(session_id)
+            now_ms = int(time.time() * 1000)
+            if not await self._restore(session_id, fence, records, now_ms, keep_lease=True):
+                raise ProtocolError(
+                    "session_resume_expired",
+                    f"session {session_id} ended (disconnect_grace_expired)",
+                    param="session_id",
+                    event_id=request.event_id,
+                )
+            return self.actors[session_id]
+
+    async def _read_for_resume(self, request: SessionResume) -> list[Record]:
+        try:
+            return await self.log.read(request.session_id)
+        except UnknownSession:
+            raise ProtocolError(
+                "session_resume_invalid",
+                "no such session",
+                param="session_id",
+                event_id=request.event_id,
+            ) from None
+        except LogError as exc:
+            raise ProtocolError(
+                "storage_unavailable", f"cannot read the session: {exc}", event_id=request.event_id
+            ) from exc
+
+    def _check_resumable(self, request: SessionResume, records: list[Record]) -> None:
+        state = fold(
+            records,
+            initial_state(request.session_id, self.model.name, self.model.turn_detection_types),
+        )
+        if state.closed_reason is not None:
+            raise ProtocolError(
+                "session_resume_expired",
+                f"session {request.session_id} ended ({state.closed_reason})",
+                param="session_id",
+                event_id=request.event_id,
+            )
+        if not token_matches(request.resume_token, state.lease.token_hash):
+            # Checked before disturbing the owner: a wrong token moves nothing.
+            raise ProtocolError(
+                "session_resume_invalid",
+                "resume_token does not match this session",
+                param="resume_token",
+                event_id=request.event_id,
+            )
+
+    async def _acquire_waiting(self, request: SessionResume) -> int:
+        """The lease, once its owner handed it over or its TTL ran out."""
+        patience = self.settings.lease_ttl_s + 1.0
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                return await self.log.acquire_lease(
+                    request.session_id, self.settings.owner, handoff=True
+                )
+            except LeaseHeld as held:
+                if time.monotonic() >= deadline:
+                    raise ProtocolError(
+                        "resource_exhausted",
+                        f"session is still served by replica {held.holder}, which did not "
+                        f"hand it over within {patience:.1f} s; retry the resume",
+                        event_id=request.event_id,
+                    ) from None
+                await asyncio.sleep(min(held.ttl_ms / 1000, 0.05) + 0.001)
+            except LogError as exc:
+                raise ProtocolError(
+                    "storage_unavailable",
+                    f"cannot take the session's lease: {exc}",
+                    event_id=request.event_id,
+                ) from exc
+
+    async def _keep_leases_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.lease_ttl_s / 3)
+            await self.renew_leases()
+
+    async def renew_leases(self) -> None:
+        """Extend every lease this replica holds; stop serving any it lost."""
+        held = {sid: a.fence for sid, a in self.actors.items() if a.holds_lease}
+        try:
+            statuses = await self.log.renew_leases(self.settings.owner, held)
+        except LogError as exc:
+            log.warning("lease renewal failed: %s", exc)
+            return
+        for session_id, status in statuses.items():
+            actor = self.actors.get(session_id)
+            if status != "held" and actor is not None:
+                actor.lease_lost(status)
+
+    async def expire_orphans(self, now_ms: int) -> list[str]:
+        """Close sessions whose owner died and whose client never came back:
+        no lease, not served here, silent for longer than the grace."""
+        horizon = now_ms - self.settings.disconnect_grace_s * 1000
+        expired = []
+        for row in await self.log.sessions(open_only=True):
+            if row.session_id in self.actors or row.last_ts_ms >= horizon:
+                continue
+            try:
+                fence = await self.log.acquire_lease(row.session_id, self.settings.owner)
+            except LeaseHeld:
+                continue  # a live replica serves it
+            records = await self.log.read(row.session_id)
+            if not await self._restore(row.session_id, fence, records, now_ms):
+                expired.append(row.session_id)
+        return expired
+
     def _closed(self, session_id: str, reason: str) -> None:
         self.actors.pop(session_id, None)
+        if reason == "moved":
+            return  # served by another replica now: not ended
         self._ended[session_id] = reason
         while len(self._ended) > TOMBSTONES:
             self._ended.popitem(last=False)
@@ -146,7 +320,10 @@ class SessionManager:
     # --- reaper ------------------------------------------------------------
 
     def start(self) -> None:
-        self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
+        loop = asyncio.get_running_loop()
+        self._reaper = loop.create_task(self._reap_forever())
+        if self.log.shared:
+            self._keeper = loop.create_task(self._keep_leases_forever())
 
     async def _reap_forever(self) -> None:
         next_purge = 0.0
@@ -156,7 +333,15 @@ class SessionManager:
             self.reap(now)
             if now >= next_purge:
                 next_purge = now + self.settings.purge_interval_s
-                await self.purge(int(time.time() * 1000))
+                await self._housekeeping(int(time.time() * 1000))
+
+    async def _housekeeping(self, now_ms: int) -> None:
+        try:
+            await self.purge(now_ms)
+            if self.log.shared:
+                await self.expire_orphans(now_ms)
+        except LogError as exc:
+            log.warning("housekeeping skipped: %s", exc)
 
     async def purge(self, now_ms: int) -> list[str]:
         """Delete closed sessions whose last record is older than the retention."""
@@ -181,10 +366,11 @@ class SessionManager:
                 actor.end("idle_ttl_expired")
 
     async def shutdown(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+        for task in (self._reaper, self._keeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         actors = list(self.actors.values())
         for actor in actors:
             # A durable log outlives this process: the next one resumes them.

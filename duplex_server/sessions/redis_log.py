@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -56,9 +57,28 @@ from duplex_server.sessions.record_codec import decode_records, encode_records, 
 from duplex_server.sessions.records import OutBody, Record
 
 T = TypeVar("T")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 _RENEWAL = {1: "held", 0: "lost", 2: "handoff"}
 _RETRY_ARG = 6  # index of the retry flag in the append script's ARGV
+
+
+def connect(url: str, **options: Any) -> aioredis.Redis:
+    """A client for ``redis://``, ``rediss://``, ``unix://`` or
+    ``redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]`` (the master
+    that the sentinels name, followed across failovers)."""
+    if not url.startswith("redis+sentinel://"):
+        return aioredis.from_url(url, **options)
+    hosts, _, path = url.removeprefix("redis+sentinel://").partition("/")
+    service, _, db = path.partition("/")
+    if not hosts or not service:
+        raise ValueError(f"{url!r}: expected redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE[/DB]")
+    nodes = []
+    for host in hosts.split(","):
+        name, _, port = host.rpartition(":") if ":" in host else (host, "", "26379")
+        nodes.append((name, int(port)))
+    sentinel = Sentinel(nodes, socket_timeout=options.get("socket_timeout"))
+    return sentinel.master_for(service, db=int(db or 0), **options)
 
 
 class _Keys:
@@ -138,12 +158,11 @@ class RedisLog:
         self.retry_window_s = retry_window_ms / 1000
         self.prefix = prefix
         self._window = event_id_window
-        self._redis = aioredis.from_url(
+        self._redis = connect(
             url,
             socket_timeout=max(0.5, self.retry_window_s),
             socket_connect_timeout=0.5,
             retry=Retry(NoBackoff(), 0),  # retries are ours: bounded by the window
-            health_check_interval=0,
         )
         self._append_script = self._redis.register_script(redis_scripts.APPEND)
         self._acquire_script = self._redis.register_script(redis_scripts.ACQUIRE)
