@@ -74,9 +74,7 @@ def create_app(config: ServerConfig) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        recovered = await manager.recover()
-        if recovered:
-            logger.info("recovered %d session(s) awaiting resume", recovered)
+        await manager.recover_or_defer()
         manager.start()
         yield
         await manager.shutdown()

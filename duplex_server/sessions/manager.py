@@ -60,6 +60,7 @@ class SessionManager:
         self._reaper: asyncio.Task[None] | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._takeovers: dict[str, asyncio.Lock] = {}
+        self._recovery_pending = False
 
     def _actor_settings(self) -> ActorSettings:
         s = self.settings
@@ -154,6 +155,19 @@ class SessionManager:
                 return await self._restore(session_id, fence, records, now_ms)
 
         return sum(await asyncio.gather(*(one(sid, recs) for sid, recs in logs.items())))
+
+    async def recover_or_defer(self) -> None:
+        """Recover at startup; if the store does not answer, serve degraded and
+        let housekeeping retry (a Redis outage must not keep a replica down)."""
+        try:
+            recovered = await self.recover()
+        except LogError as exc:
+            log.error("recovery deferred, the store is unavailable: %s", exc)
+            self._recovery_pending = True
+            return
+        self._recovery_pending = False
+        if recovered:
+            log.info("recovered %d session(s) awaiting resume", recovered)
 
     async def _recover_shared(self, session_id: str, now_ms: int) -> bool:
         """This replica's own sessions from before its restart (same replica
@@ -336,6 +350,8 @@ class SessionManager:
                 await self._housekeeping(int(time.time() * 1000))
 
     async def _housekeeping(self, now_ms: int) -> None:
+        if self._recovery_pending:
+            await self.recover_or_defer()
         try:
             await self.purge(now_ms)
             if self.log.shared:

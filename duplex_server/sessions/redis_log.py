@@ -38,7 +38,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from duplex_server.sessions import redis_scripts
@@ -55,6 +55,7 @@ from duplex_server.sessions.log import (
 )
 from duplex_server.sessions.record_codec import decode_records, encode_records, record_decoder
 from duplex_server.sessions.records import OutBody, Record
+from duplex_server.sessions.redis_scripts import ACQUIRE, APPEND, DROP_BULK, RELEASE, RENEW
 
 T = TypeVar("T")
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
@@ -164,11 +165,9 @@ class RedisLog:
             socket_connect_timeout=0.5,
             retry=Retry(NoBackoff(), 0),  # retries are ours: bounded by the window
         )
-        self._append_script = self._redis.register_script(redis_scripts.APPEND)
-        self._acquire_script = self._redis.register_script(redis_scripts.ACQUIRE)
-        self._renew_script = self._redis.register_script(redis_scripts.RENEW)
-        self._release_script = self._redis.register_script(redis_scripts.RELEASE)
-        self._drop_script = self._redis.register_script(redis_scripts.DROP_BULK)
+        # Loaded once, then called by hash inside pipelines: no SCRIPT EXISTS
+        # round trip per call. A restarted Redis forgets them (NOSCRIPT): reloaded.
+        self._scripts_loaded = False
         self._pending: list[_Append] = []
         self._flusher: asyncio.Task[None] | None = None
 
@@ -181,7 +180,16 @@ class RedisLog:
         delay = 0.02
         while True:
             try:
+                if not self._scripts_loaded:
+                    for script in redis_scripts.ALL:
+                        await self._redis.script_load(script.text)
+                    self._scripts_loaded = True
                 return await operation()
+            except NoScriptError:
+                self._scripts_loaded = False  # Redis restarted: reload, then retry at once
+                if time.monotonic() > deadline:
+                    raise StorageUnavailable(f"redis at {self.url} lost its scripts") from None
+                continue
             except _UNREACHABLE as exc:
                 if time.monotonic() + delay > deadline:
                     raise StorageUnavailable(f"redis at {self.url} is unreachable: {exc}") from exc
@@ -245,7 +253,7 @@ class RedisLog:
         args.append(int(handoff))
         try:
             reply = await self._call(
-                lambda: self._acquire_script(keys=[keys.meta, keys.lease, keys.want], args=args)
+                lambda: _eval(self._redis, ACQUIRE, [keys.meta, keys.lease, keys.want], args)
             )
         except ResponseError as exc:
             raise _refusal(session_id, exc) from None
@@ -261,10 +269,11 @@ class RedisLog:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for session_id, fence in leases.items():
                     keys = self._keys(session_id)
-                    await self._renew_script(
-                        keys=[keys.meta, keys.lease, keys.want],
-                        args=[owner, fence, self.lease_ttl_ms],
-                        client=pipe,
+                    _eval(
+                        pipe,
+                        RENEW,
+                        [keys.meta, keys.lease, keys.want],
+                        [owner, fence, self.lease_ttl_ms],
                     )
                 return await pipe.execute()
 
@@ -274,7 +283,7 @@ class RedisLog:
     async def release_lease(self, session_id: str, owner: str, fence: int) -> None:
         keys = self._keys(session_id)
         await self._call(
-            lambda: self._release_script(keys=[keys.meta, keys.lease], args=[owner, fence])
+            lambda: _eval(self._redis, RELEASE, [keys.meta, keys.lease], [owner, fence])
         )
 
     async def lease_holder(self, session_id: str) -> str | None:
@@ -325,13 +334,14 @@ class RedisLog:
         async with self._redis.pipeline(transaction=False) as pipe:
             for op in group:
                 keys = op.keys
-                await self._append_script(
-                    keys=[keys.meta, keys.log, keys.bulk, keys.eids], args=op.args, client=pipe
-                )
+                _eval(pipe, APPEND, [keys.meta, keys.log, keys.bulk, keys.eids], op.args)
                 # If this send fails midway, a batch may land without its
                 # reply: the next send asks the script to recognise it.
                 op.args[_RETRY_ARG] = 1
-            return await pipe.execute(raise_on_error=False)
+            replies = await pipe.execute(raise_on_error=False)
+        if any(isinstance(reply, NoScriptError) for reply in replies):
+            raise NoScriptError("NOSCRIPT")  # resent whole: landed batches are recognised
+        return replies
 
     # --- reads -------------------------------------------------------------
 
@@ -361,7 +371,7 @@ class RedisLog:
         keys = self._keys(session_id)
         return int(
             await self._call(
-                lambda: self._drop_script(keys=[keys.meta, keys.bulk], args=[mark, prefix, upto])
+                lambda: _eval(self._redis, DROP_BULK, [keys.meta, keys.bulk], [mark, prefix, upto])
             )
         )
 
@@ -376,6 +386,11 @@ class RedisLog:
             with contextlib.suppress(StorageUnavailable):
                 await self._flusher
         await self._redis.aclose()
+
+
+def _eval(client: Any, script: redis_scripts.LuaScript, keys: list[str], args: list[Any]) -> Any:
+    """``EVALSHA``: a coroutine on a client, a queued command on a pipeline."""
+    return client.evalsha(script.sha, len(keys), *keys, *args)
 
 
 def _row(session_id: str, meta: dict[bytes, bytes]) -> SessionRow:

@@ -9,11 +9,24 @@ Errors are replies whose first word the Python side maps to an exception:
 UNKNOWN, STALE <fence>, SEQ <last_seq>, DUP <event_id>.
 """
 
+from __future__ import annotations
+
+import hashlib
+
+
+class LuaScript:
+    """A script's text and the SHA-1 that ``EVALSHA`` calls it by."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+
 # ARGV: fence, first_seq, count, ts_ms, closes (0/1), event id window,
 # retry (0/1: this batch was sent before and its reply was lost), then
 # per record: event_id ('' = none), blob, payload field ('' = none), payload,
 # audio field ('' = none), audio.
-APPEND = """
+APPEND = LuaScript("""
 local meta, log, bulk, eids = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local fence = tonumber(ARGV[1])
 local first = tonumber(ARGV[2])
@@ -51,11 +64,11 @@ redis.call('ZREMRANGEBYRANK', eids, 0, -(tonumber(ARGV[6]) + 1))
 redis.call('HSET', meta, 'last_seq', first + count - 1, 'last_ts_ms', ARGV[4])
 if ARGV[5] == '1' then redis.call('HSET', meta, 'closed', 1) end
 return first + count - 1
-"""
+""")
 
 # KEYS: meta, lease, want. ARGV: owner, ttl_ms, expected fence ('' = any),
 # handoff (0/1). Returns {1, fence} or {0, holder, ttl_ms}.
-ACQUIRE = """
+ACQUIRE = LuaScript("""
 local meta, lease, want = KEYS[1], KEYS[2], KEYS[3]
 local owner, ttl = ARGV[1], ARGV[2]
 local fence = redis.call('HGET', meta, 'fence')
@@ -74,11 +87,11 @@ redis.call('HSET', meta, 'fence', fence, 'owner', owner)
 redis.call('SET', lease, owner, 'PX', ttl)
 if redis.call('GET', want) == owner then redis.call('DEL', want) end
 return {1, fence}
-"""
+""")
 
 # KEYS: meta, lease, want. ARGV: owner, fence, ttl_ms.
 # Returns 1 (held, extended), 0 (lost: a newer fence), 2 (handoff asked).
-RENEW = """
+RENEW = LuaScript("""
 local meta, lease, want = KEYS[1], KEYS[2], KEYS[3]
 local fence = redis.call('HGET', meta, 'fence')
 if not fence or fence ~= ARGV[2] then return 0 end
@@ -86,21 +99,21 @@ local asker = redis.call('GET', want)
 if asker and asker ~= ARGV[1] then return 2 end
 redis.call('SET', lease, ARGV[1], 'PX', ARGV[3])
 return 1
-"""
+""")
 
 # KEYS: meta, lease. ARGV: owner, fence.
-RELEASE = """
+RELEASE = LuaScript("""
 if redis.call('GET', KEYS[2]) == ARGV[1] and redis.call('HGET', KEYS[1], 'fence') == ARGV[2] then
   redis.call('DEL', KEYS[2])
   return 1
 end
 return 0
-"""
+""")
 
 # Drop bulk fields <prefix><n> for n in (mark, upto], where meta[mark_field]
 # remembers how far an earlier call went (retention walks forward only).
 # KEYS: meta, bulk. ARGV: mark field, field prefix, upto. Returns fields dropped.
-DROP_BULK = """
+DROP_BULK = LuaScript("""
 local meta, bulk = KEYS[1], KEYS[2]
 local done = tonumber(redis.call('HGET', meta, ARGV[1]) or '0')
 local upto = tonumber(ARGV[3])
@@ -117,4 +130,6 @@ end
 if #fields > 0 then dropped = dropped + redis.call('HDEL', bulk, unpack(fields)) end
 redis.call('HSET', meta, ARGV[1], upto)
 return dropped
-"""
+""")
+
+ALL = (APPEND, ACQUIRE, RENEW, RELEASE, DROP_BULK)
