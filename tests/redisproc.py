@@ -38,6 +38,10 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def unix_url(self) -> str:
+        return f"unix://{self.directory / 'redis.sock'}?db=0"
+
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
@@ -51,6 +55,7 @@ class RedisServer:
                 "--save", "",
                 "--protected-mode", "no",
                 "--logfile", str(self.directory / "redis.log"),
+                "--unixsocket", str(self.directory / "redis.sock"),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -27,15 +27,16 @@ from duplex_server.sessions.redis_log import RedisLog
 from duplex_server.sessions.sqlite_log import SqliteLog
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "redis-unix"])
 async def log(request, tmp_path):
     if request.param == "memory":
         backend = MemoryLog()
     elif request.param == "sqlite":
         backend = SqliteLog(tmp_path / "s.db")
-    else:
+    else:  # redis:// takes the bare append pipe, other schemes redis-py's pipeline
         redis = request.getfixturevalue("redis_server")
-        backend = RedisLog(redis.url, prefix=f"t{uuid.uuid4().hex[:12]}")
+        url = redis.url if request.param == "redis" else redis.unix_url
+        backend = RedisLog(url, prefix=f"t{uuid.uuid4().hex[:12]}")
     yield backend
     await backend.close()
 
@@ -297,3 +298,35 @@ async def test_unreachable_redis_is_storage_unavailable():
     with pytest.raises(StorageUnavailable):
         await log.append("s", [signal(1)], 1)
     await log.close()
+
+
+async def test_sentinel_url_finds_the_master(redis_server, tmp_path):
+    """``redis+sentinel://`` asks a real redis-sentinel where the master is."""
+    import subprocess
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\n"
+        f"sentinel monitor main 127.0.0.1 {redis_server.port} 1\n"
+    )
+    sentinel = subprocess.Popen(
+        ["redis-server", str(conf), "--sentinel"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    log = RedisLog(f"redis+sentinel://127.0.0.1:{port}/main/0", prefix=f"t{uuid.uuid4().hex[:8]}")
+    try:
+        for _ in range(100):  # the sentinel needs a moment to answer
+            if await log.ping():
+                break
+            await asyncio.sleep(0.05)
+        fence = await opened(log)
+        assert await log.append("s", [signal(1, "e")], fence) == [1]
+        assert [r.seq for r in await log.read("s")] == [1]
+    finally:
+        await log.close()
+        sentinel.terminate()
+        sentinel.wait(timeout=10)

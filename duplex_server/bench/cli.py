@@ -37,8 +37,14 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--store",
         default="memory",
-        help="server --store: memory, or sqlite:PATH (then memory runs too, for ratios)",
+        help="server --store: memory, sqlite:PATH or redis://HOST:PORT/DB (then memory "
+        "runs too, for ratios; redis adds a two-replica phase, the raw XADD ceiling from "
+        "redis-benchmark and a failover timing)",
     )
+    p.add_argument(
+        "--lease-ttl-ms", type=int, default=2000, help="redis: lease TTL of the failover run"
+    )
+    p.add_argument("--failover-rounds", type=int, default=3, help="redis: kill-and-resume rounds")
     p.add_argument("--port", type=int, default=0, help="server port (0 = a free one)")
     p.add_argument("--ramp-s", type=float, default=5.0, help="spread session starts over this")
 

@@ -26,10 +26,12 @@ import psutil
 import websockets
 
 from duplex_server.metrics import histogram_quantile, parse_histogram
+from duplex_server.sessions.redis_log import REDIS_SCHEMES
 
 TARGET_COMMIT_TO_AUDIO_P99_MS = 50.0
 TARGET_HEARTBEAT_RATIO = 1.5
 TARGET_DURABLE_APPEND_P99_MS = 30.0
+AUDIO_RECORD_BYTES = 4800  # 100 ms of 24 kHz pcm16: what one append carries
 
 
 def _free_port() -> int:
@@ -156,20 +158,33 @@ def _scrape(url: str) -> str:
         return response.read().decode()
 
 
-async def _append_histogram(metrics_url: str | None) -> list[tuple[float, int]] | None:
-    """The append-latency histogram, or None when an overloaded server cannot answer."""
-    if metrics_url is None:
+async def _append_histograms(metrics_urls: list[str] | None) -> list[tuple[float, int]] | None:
+    """The append-latency histogram summed over servers, or None when an
+    overloaded server cannot answer."""
+    if metrics_urls is None:
         return None
-    try:
-        text = await asyncio.to_thread(_scrape, metrics_url)
-    except (OSError, TimeoutError):
-        return None
-    return parse_histogram(text, "duplex_append_latency_seconds")
+    total: list[tuple[float, int]] | None = None
+    for url in metrics_urls:
+        try:
+            text = await asyncio.to_thread(_scrape, url)
+        except (OSError, TimeoutError):
+            return None
+        buckets = parse_histogram(text, "duplex_append_latency_seconds")
+        total = (
+            buckets
+            if total is None
+            else [(b, n + m) for (b, n), (_, m) in zip(buckets, total, strict=True)]
+        )
+    return total
 
 
 async def _drive(
-    url: str, args: argparse.Namespace, proc: psutil.Process, metrics_url: str | None
+    urls: list[str],
+    args: argparse.Namespace,
+    procs: list[psutil.Process],
+    metrics_urls: list[str] | None,
 ) -> dict:
+    """Sessions spread round-robin over ``urls`` (one per server process)."""
     pcm = np.sin(np.arange(24 * args.chunk_ms) / 24000 * 2 * np.pi * 440) * 6000
     frame = json.dumps(
         {
@@ -182,20 +197,21 @@ async def _drive(
     measure_from = loop.time() + args.ramp_s + 1.0
     deadline = measure_from + args.seconds
     clients = [
-        BenchClient(url, frame, args, measures, deadline, measure_from)
-        for _ in range(args.sessions)
+        BenchClient(urls[i % len(urls)], frame, args, measures, deadline, measure_from)
+        for i in range(args.sessions)
     ]
     tasks = [
         asyncio.create_task(c.run(args.ramp_s * i / max(1, args.sessions)))
         for i, c in enumerate(clients)
     ]
     await asyncio.sleep(measure_from - loop.time())
-    proc.cpu_percent(None)
-    before = await _append_histogram(metrics_url)
+    for proc in procs:
+        proc.cpu_percent(None)
+    before = await _append_histograms(metrics_urls)
     await asyncio.sleep(max(0.0, deadline - loop.time()))
-    cpu = proc.cpu_percent(None)
-    rss = proc.memory_info().rss / 2**20
-    after = await _append_histogram(metrics_url)
+    cpu = sum(proc.cpu_percent(None) for proc in procs)
+    rss = sum(proc.memory_info().rss for proc in procs) / 2**20
+    after = await _append_histograms(metrics_urls)
     await asyncio.gather(*tasks)
     result = {
         "appends_per_s": round(measures.appends / args.seconds, 1),
@@ -213,7 +229,7 @@ async def _drive(
             "p50": None if p50 is None else round(p50 * 1000, 3),
             "p99": None if p99 is None else round(p99 * 1000, 3),
         }
-    elif metrics_url is not None:
+    elif metrics_urls is not None:
         result["append_to_journal_ms"] = {
             "p50": None,
             "p99": None,
@@ -235,15 +251,20 @@ def _spawn(cmd: list[str], health_url: str) -> subprocess.Popen:
     return proc
 
 
-def _phase(cmd: list[str], port: int, path: str, args: argparse.Namespace, metrics: bool) -> dict:
-    proc = _spawn(cmd, f"http://127.0.0.1:{port}/health")
+def _phase(
+    servers: list[tuple[list[str], int]], path: str, args: argparse.Namespace, metrics: bool
+) -> dict:
+    """Run the load against the servers (command, port) started for it."""
+    procs = [_spawn(cmd, f"http://127.0.0.1:{port}/health") for cmd, port in servers]
     try:
-        url = f"ws://127.0.0.1:{port}{path}"
-        metrics_url = f"http://127.0.0.1:{port}/metrics" if metrics else None
-        return asyncio.run(_drive(url, args, psutil.Process(proc.pid), metrics_url))
+        urls = [f"ws://127.0.0.1:{port}{path}" for _, port in servers]
+        metrics_urls = [f"http://127.0.0.1:{port}/metrics" for _, port in servers]
+        watched = [psutil.Process(proc.pid) for proc in procs]
+        return asyncio.run(_drive(urls, args, watched, metrics_urls if metrics else None))
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
 
 
 def _ratio(ours: dict, base: dict, key: str, q: str) -> float | None:
@@ -251,44 +272,81 @@ def _ratio(ours: dict, base: dict, key: str, q: str) -> float | None:
     return None if a is None or not b else round(a / b, 3)
 
 
-def _server_phase(args: argparse.Namespace, store: str) -> dict:
-    python = sys.executable
-    port = args.port or _free_port()
-    cmd = [
-        python,
-        "-m",
-        "duplex_server.cli",
-        "serve",
-        "--port",
-        str(port),
-        "--store",
-        store,
-        "--model",
-        "echo",
-        "--log-level",
-        "warning",
-        "--max-sessions",
-        str(args.sessions + 10),
-    ]
-    return _phase(cmd, port, "/v1/realtime?duplex=1", args, metrics=True)
+def _server_phase(args: argparse.Namespace, store: str, replicas: int = 1) -> dict:
+    servers = []
+    for index in range(replicas):
+        port = (args.port + index if args.port else 0) or _free_port()
+        cmd = [
+            sys.executable,
+            "-m",
+            "duplex_server.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--store",
+            store,
+            "--model",
+            "echo",
+            "--log-level",
+            "warning",
+            "--max-sessions",
+            str(args.sessions + 10),
+            "--replica-id",
+            f"bench-{index}",
+        ]
+        servers.append((cmd, port))
+    result = _phase(servers, "/v1/realtime?duplex=1", args, metrics=True)
+    return {"replicas": replicas, **result}
+
+
+def _redis_extras(args: argparse.Namespace, one: dict) -> dict:
+    """Two replicas on the same Redis, the raw XADD ceiling and failover time."""
+    from duplex_server.bench import redis_limits
+
+    two = _server_phase(args, args.store, replicas=2)
+    raw = redis_limits.raw_xadd(args.store, AUDIO_RECORD_BYTES)
+    raw_tiny = redis_limits.raw_xadd(args.store, 8)
+    log = redis_limits.log_throughput(args.store, 64, 5.0, AUDIO_RECORD_BYTES)
+    fraction = round(log["appends_per_s"] / raw, 3) if raw else None
+    failover = redis_limits.failover(
+        args.store, args.lease_ttl_ms, args.failover_rounds, (_free_port(), _free_port())
+    )
+    return {
+        "two_replicas": two,
+        "appends_per_s_ratio_two_vs_one_replica": round(
+            two["appends_per_s"] / one["appends_per_s"], 3
+        )
+        if one["appends_per_s"]
+        else None,
+        "raw_xadd_per_s": {"payload_4800_bytes": raw, "payload_8_bytes": raw_tiny},
+        "redis_log_saturated": log,
+        "redis_log_fraction_of_raw_xadd": fraction,
+        "failover": failover,
+        "targets": {
+            "redis_log_at_least_half_of_raw_xadd": None if fraction is None else fraction >= 0.5,
+            "failover_under_lease_ttl_plus_1s": failover["beyond_lease_ttl_ms_max"] < 1000.0,
+        },
+    }
 
 
 def run(args: argparse.Namespace) -> None:
     python = sys.executable
     base_port = _free_port()
     baseline = _phase(
-        [python, "-m", "duplex_server.bench.echo_server", str(base_port)],
-        base_port,
+        [([python, "-m", "duplex_server.bench.echo_server", str(base_port)], base_port)],
         "/",
         args,
         metrics=False,
     )
     ours = _server_phase(args, args.store)
     extra: dict = {}
+    if args.store.startswith(REDIS_SCHEMES):
+        extra["redis"] = _redis_extras(args, ours)
     if args.store != "memory":
         # The same load on the memory store, measured in this run, prices durability.
         memory = _server_phase(args, "memory")
         extra = {
+            **extra,
             "memory_store": memory,
             "append_p99_ratio_vs_memory": _ratio(ours, memory, "append_to_journal_ms", "p99"),
             "appends_per_s_ratio_vs_memory": round(
@@ -307,6 +365,8 @@ def run(args: argparse.Namespace) -> None:
             None if ratio is None else ratio <= TARGET_HEARTBEAT_RATIO
         ),
     }
+    if "redis" in extra:
+        targets.update(extra["redis"].pop("targets"))
     if args.store.startswith("sqlite"):
         durable_p99 = ours.get("append_to_journal_ms", {}).get("p99")
         # No answer from an overloaded server is a miss, not an unknown.

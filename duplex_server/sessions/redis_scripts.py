@@ -52,15 +52,19 @@ for i = 0, count - 1 do
     return redis.error_reply('DUP ' .. event_id)
   end
 end
+local with_ids = false
 for i = 0, count - 1 do
   local at = base + i * 6
   local seq = first + i
   redis.call('XADD', log, seq .. '-0', 'r', ARGV[at + 1], 'f', ARGV[1])
   if ARGV[at + 2] ~= '' then redis.call('HSET', bulk, ARGV[at + 2], ARGV[at + 3]) end
   if ARGV[at + 4] ~= '' then redis.call('HSET', bulk, ARGV[at + 4], ARGV[at + 5]) end
-  if ARGV[at] ~= '' then redis.call('ZADD', eids, seq, ARGV[at]) end
+  if ARGV[at] ~= '' then
+    redis.call('ZADD', eids, seq, ARGV[at])
+    with_ids = true
+  end
 end
-redis.call('ZREMRANGEBYRANK', eids, 0, -(tonumber(ARGV[6]) + 1))
+if with_ids then redis.call('ZREMRANGEBYRANK', eids, 0, -(tonumber(ARGV[6]) + 1)) end
 redis.call('HSET', meta, 'last_seq', first + count - 1, 'last_ts_ms', ARGV[4])
 if ARGV[5] == '1' then redis.call('HSET', meta, 'closed', 1) end
 return first + count - 1
