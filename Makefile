@@ -24,6 +24,7 @@ serve: $(STAMP)
 	$(BIN)/duplex-server serve --host $(HOST) --port $(PORT) --store $(STORE) --model echo $(SERVE_ARGS)
 
 test: $(STAMP)
+	scripts/ensure-redis-server
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

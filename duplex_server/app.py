@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
@@ -20,8 +19,6 @@ from duplex_server.sessions.memory_log import MemoryLog
 from duplex_server.sessions.redis_log import REDIS_SCHEMES, RedisLog
 from duplex_server.sessions.sqlite_log import SqliteLog
 from protocol.codec import FrameDecoder
-
-logger = logging.getLogger("duplex_server")
 
 STORES = ("memory", "sqlite:PATH", "redis://HOST:PORT/DB")
 

@@ -28,7 +28,7 @@ import websockets
 
 from duplex_server.sessions.log import StorageUnavailable
 from duplex_server.sessions.records import AudioBody, Record
-from duplex_server.sessions.redis_log import RedisLog
+from duplex_server.sessions.redis_log import RedisLog, connect
 
 PIPELINE = 16
 CLIENTS = 50
@@ -63,6 +63,22 @@ def raw_xadd(url: str, payload_bytes: int, requests: int = 100_000) -> float | N
     )
     last = out.strip().splitlines()[-1]
     return float(json.loads("[" + last + "]")[1])
+
+
+def drop_prefix(url: str, prefix: str) -> int:
+    """Delete every key a benchmark phase wrote under ``prefix``."""
+
+    async def drop() -> int:
+        client = connect(url)
+        try:
+            keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
+            for at in range(0, len(keys), 500):
+                await client.unlink(*keys[at : at + 500])
+            return len(keys)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(drop())
 
 
 def _record(seq: int, pcm: bytes) -> Record:
@@ -143,6 +159,7 @@ async def _one_failover(url: str, ttl_ms: int, ports: tuple[int, int]) -> float:
             if proc.poll() is None:
                 proc.terminate()
             proc.wait(timeout=10)
+        await asyncio.to_thread(drop_prefix, url, prefix)
 
 
 async def _kill_and_resume(owner: subprocess.Popen, ports: tuple[int, int]) -> float:

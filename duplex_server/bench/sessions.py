@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -273,6 +274,13 @@ def _ratio(ours: dict, base: dict, key: str, q: str) -> float | None:
 
 
 def _server_phase(args: argparse.Namespace, store: str, replicas: int = 1) -> dict:
+    # Each Redis phase writes under its own prefix, dropped afterwards: a
+    # phase must not recover the sessions the previous one suspended.
+    isolate = (
+        ["--redis-prefix", f"dxbench{uuid.uuid4().hex[:8]}"]
+        if store.startswith(REDIS_SCHEMES)
+        else []
+    )
     servers = []
     for index in range(replicas):
         port = (args.port + index if args.port else 0) or _free_port()
@@ -293,9 +301,16 @@ def _server_phase(args: argparse.Namespace, store: str, replicas: int = 1) -> di
             str(args.sessions + 10),
             "--replica-id",
             f"bench-{index}",
+            *isolate,
         ]
         servers.append((cmd, port))
-    result = _phase(servers, "/v1/realtime?duplex=1", args, metrics=True)
+    try:
+        result = _phase(servers, "/v1/realtime?duplex=1", args, metrics=True)
+    finally:
+        if isolate:
+            from duplex_server.bench.redis_limits import drop_prefix
+
+            drop_prefix(store, isolate[1])
     return {"replicas": replicas, **result}
 
 

@@ -309,11 +309,6 @@ class RedisLog:
             lambda: _eval(self._redis, RELEASE, [keys.meta, keys.lease], [owner, fence])
         )
 
-    async def lease_holder(self, session_id: str) -> str | None:
-        """The replica holding the session's lease now, if any."""
-        holder = await self._call(lambda: self._redis.get(self._keys(session_id).lease))
-        return holder.decode() if holder is not None else None
-
     async def ping(self) -> bool:
         try:
             return bool(await asyncio.wait_for(self._redis.ping(), timeout=0.5))
