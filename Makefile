@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 STORE ?= sqlite:./data/sessions.db
+MODEL ?= cascade
 SERVE_ARGS ?=
 
 .PHONY: install serve test lint bench clean
@@ -16,12 +17,14 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# Silero VAD's model file only: the package's own code would pull in torch.
+	$(BIN)/python -m pip install --quiet --no-deps 'silero-vad>=5.1'
 	touch $(STAMP)
 
 install: $(STAMP)
 
 serve: $(STAMP)
-	$(BIN)/duplex-server serve --host $(HOST) --port $(PORT) --store $(STORE) --model echo $(SERVE_ARGS)
+	$(BIN)/duplex-server serve --host $(HOST) --port $(PORT) --store $(STORE) --model $(MODEL) $(SERVE_ARGS)
 
 test: $(STAMP)
 	scripts/ensure-redis-server

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.routing import Route, WebSocketRoute
@@ -44,9 +45,18 @@ def open_store(config: ServerConfig) -> SessionLog:
     raise ValueError(f"unknown store {spec!r}; available: {', '.join(STORES)}")
 
 
+def read_phrases(path: str | None) -> list[str] | None:
+    if path is None:
+        return None
+    phrases = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    if not phrases:
+        raise ValueError(f"--asr-phrases {path}: no phrases in the file")
+    return phrases
+
+
 def create_app(config: ServerConfig) -> Starlette:
     log = open_store(config)
-    model = build_model(config.model)
+    model = build_model(config.model, asr_phrases=read_phrases(config.asr_phrases))
     metrics = Metrics()
     manager = SessionManager(
         log,

@@ -56,7 +56,17 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "(survives a process crash, not a power loss)",
     )
     p.add_argument(
-        "--model", default="echo", choices=MODEL_NAMES, help="model adapter that answers sessions"
+        "--model",
+        default="cascade",
+        choices=MODEL_NAMES,
+        help="model adapter: 'cascade' (VAD -> speech recognition -> parrot -> speech, "
+        "the embedded default) or 'echo' (loopback, for tests and benchmarks)",
+    )
+    p.add_argument(
+        "--asr-phrases",
+        default=None,
+        help="cascade: a text file of phrases, one a line; speech recognition then "
+        "listens for these only (accurate and fast) instead of open English",
     )
     p.add_argument(
         "--max-sessions",
@@ -154,6 +164,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         lease_ttl_ms=args.lease_ttl_ms,
         store_retry_ms=args.store_retry_ms,
         redis_prefix=args.redis_prefix,
+        asr_phrases=args.asr_phrases,
     )
 
 

@@ -20,7 +20,7 @@ class ServerConfig:
     port: int = 8000
     store: str = "memory"
     durability: str = "fsync-per-batch"
-    model: str = "echo"
+    model: str = "cascade"
     max_sessions: int = 1000
     idle_ttl_s: float = 300.0
     disconnect_grace_s: float = 30.0
@@ -39,3 +39,6 @@ class ServerConfig:
     lease_ttl_ms: int = 5000
     store_retry_ms: int = 1000
     redis_prefix: str = "dx"
+    # cascade: a file of phrases (one a line) the recogniser listens for
+    # instead of open English; far more accurate when the vocabulary is known.
+    asr_phrases: str | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import uuid
 from collections.abc import AsyncIterator
@@ -87,7 +88,16 @@ async def server(request, tmp_path) -> AsyncIterator[RunningServer]:
     else:
         store = request.getfixturevalue("redis_server").url
         overrides.setdefault("redis_prefix", f"t{uuid.uuid4().hex[:12]}")
+    overrides.setdefault("model", "echo")
     config = ServerConfig(port=free_port(), store=store, **overrides)
+    async with running_server(config) as running:
+        yield running
+        await running.assert_replay_determinism()
+
+
+@contextlib.asynccontextmanager
+async def running_server(config: ServerConfig) -> AsyncIterator[RunningServer]:
+    """The app under uvicorn in this event loop; final actor states captured."""
     app = create_app(config)
     running = RunningServer(config, app)
     manager: SessionManager = app.state.manager
@@ -110,7 +120,6 @@ async def server(request, tmp_path) -> AsyncIterator[RunningServer]:
         await asyncio.sleep(0.01)
     try:
         yield running
-        await running.assert_replay_determinism()
     finally:
         uv.should_exit = True
         await task

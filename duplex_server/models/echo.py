@@ -85,6 +85,7 @@ class EchoBackend:
 class EchoModel:
     name = "echo"
     turn_detection_types: tuple[str, ...] = ()
+    listening = None  # it repeats audio; it does not hear
     capabilities = Capabilities(
         implementation_level="loopback",
         chunk_period_ms=CHUNK_PERIOD_MS,

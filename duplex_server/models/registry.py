@@ -6,10 +6,18 @@ from duplex_server.engine import EngineCore
 from duplex_server.models.echo import EchoBackend, EchoModel
 from duplex_server.sessions.model_port import ModelPort
 
-MODEL_NAMES = ("echo",)
+MODEL_NAMES = ("echo", "cascade")
 
 
-def build_model(name: str, *, max_concurrency: int = 256) -> ModelPort:
+def build_model(
+    name: str, *, max_concurrency: int = 256, asr_phrases: list[str] | None = None
+) -> ModelPort:
+    """``asr_phrases``: the cascade's recogniser listens for these phrases only."""
     if name == "echo":
         return EchoModel(EngineCore(EchoBackend(), max_concurrency=max_concurrency))
+    if name == "cascade":
+        # Imported here: its stages load onnxruntime, PocketSphinx and eSpeak.
+        from duplex_server.models.cascade import build_cascade
+
+        return build_cascade(asr_phrases, max_concurrency=max_concurrency)
     raise ValueError(f"unknown model {name!r}; available: {', '.join(MODEL_NAMES)}")

@@ -16,10 +16,12 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from msgspec import UNSET
+
 from duplex_server.sessions import mailbox as mb
 from duplex_server.sessions.attachment import Attachment
 from duplex_server.sessions.batch import Batch
-from duplex_server.sessions.commands import HANDLERS, Effects
+from duplex_server.sessions.commands import HANDLERS, Effects, audio_commit, speech_transition
 from duplex_server.sessions.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
 from duplex_server.sessions.log import (
     DuplicateEvent,
@@ -31,6 +33,7 @@ from duplex_server.sessions.log import (
 )
 from duplex_server.sessions.model_port import ModelPort, ResponseRequest
 from duplex_server.sessions.records import (
+    AudioBody,
     CloseBody,
     CloseReason,
     CommitBody,
@@ -46,7 +49,8 @@ from duplex_server.sessions.snapshot import session_object
 from duplex_server.sessions.state import Response, SessionState, fold, initial_state
 from duplex_server.sessions.streams import ResponseStreams
 from duplex_server.sessions.tokens import hash_token, new_resume_token, token_matches
-from protocol.client_events import ClientEvent, SessionResume
+from duplex_server.sessions.turns import Transition, VadTracker
+from protocol.client_events import ClientEvent, InputAudioAppend, InputAudioCommit, SessionResume
 from protocol.codec import encode_server_event
 from protocol.errors import ProtocolError, error_body
 from protocol.server_events import (
@@ -59,7 +63,7 @@ from protocol.server_events import (
     SessionResyncRequired,
     SessionUpdated,
 )
-from protocol.session_config import SessionUpdate
+from protocol.session_config import SessionUpdate, TurnDetection
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +135,7 @@ class SessionActor:
         # The store refused an append: the state may not match the log, and
         # nothing is served until a refold from the log succeeds.
         self._dirty = False
+        self._vad: VadTracker | None = None  # server VAD under the current settings
 
     def _initial(self) -> SessionState:
         return initial_state(self.session_id, self.model.name, self.model.turn_detection_types)
@@ -459,9 +464,15 @@ class SessionActor:
         self.last_activity = time.monotonic()
         if event.event_id is not None and event.event_id in self.state.recent_event_ids:
             return  # a retried event: applied once already, its outputs are journaled
+        transcript = ""
+        if isinstance(event, InputAudioCommit):
+            transcript = await self._transcribe_input()
         batch = self._batch(event.event_id)
         try:
-            effects = HANDLERS[type(event)](batch, event, self.model)
+            if isinstance(event, InputAudioCommit):
+                effects = audio_commit(batch, event, self.model, transcript)
+            else:
+                effects = HANDLERS[type(event)](batch, event, self.model)
         except ProtocolError as err:
             if batch.records:
                 await self._refold()
@@ -469,6 +480,49 @@ class SessionActor:
             return
         if await self._commit(batch):
             self.settings.observe_append(time.perf_counter() - message.received_at)
+            await self._apply_effects(effects)
+            if isinstance(event, InputAudioAppend):
+                await self._hear(batch)
+
+    async def _transcribe_input(self) -> str:
+        """What the model hears in the input buffer (before its commit is built,
+        so ``transcription.completed`` takes its place in the commit fan-out)."""
+        listening = self.model.listening
+        buffer = self.state.input
+        if listening is None or not buffer.chunks:
+            return ""
+        return await listening.transcribe(b"".join(buffer.chunks), buffer.sample_rate_hz)
+
+    async def _hear(self, batch: Batch) -> None:
+        """Server VAD: score the chunk just appended; record speech starts and
+        stops, and commit the turn when the speech stopped."""
+        detection = self.state.config.turn_detection
+        listening = self.model.listening
+        if listening is None or detection is None or detection.type != "server_vad":
+            self._vad = None
+            return
+        audio = next((r.body for r in batch.records if isinstance(r.body, AudioBody)), None)
+        if audio is None:
+            return
+        origin_ms = self.state.input.end_ms - audio.duration_ms
+        if self._vad is None or self._vad.settings != detection:
+            self._vad = VadTracker(detection, listening.open_scorer(), origin_ms)
+        for transition in await self._vad.hear(audio.pcm, audio.sample_rate_hz):
+            await self._on_transition(transition, detection)
+
+    async def _on_transition(self, transition: Transition, detection: TurnDetection) -> None:
+        if transition.kind == "speech_started":
+            batch = self._batch()
+            speech_transition(batch, transition)
+            await self._commit(batch)
+            return
+        transcript = await self._transcribe_input()
+        batch = self._batch()
+        speech_transition(batch, transition)
+        respond = detection.create_response if detection.create_response is not UNSET else None
+        commit = InputAudioCommit(response_create=respond)
+        effects = audio_commit(batch, commit, self.model, transcript)
+        if await self._commit(batch):
             await self._apply_effects(effects)
 
     async def reject(self, err: ProtocolError) -> None:

@@ -26,6 +26,7 @@ from duplex_server.sessions.records import (
     CloseBody,
     CommitBody,
     ConfigBody,
+    DecisionBody,
     FrameBody,
     ItemBody,
     SignalBody,
@@ -39,6 +40,7 @@ from duplex_server.sessions.responses import (
 )
 from duplex_server.sessions.snapshot import ledger, session_object
 from duplex_server.sessions.state import Response, SessionState
+from duplex_server.sessions.turns import Transition
 from protocol import client_events as ce
 from protocol.audio_formats import SUPPORTED_INPUT, AudioFormat, resolve_format
 from protocol.codec import decode_base64, strip_data_url
@@ -59,6 +61,8 @@ from protocol.server_events import (
     SessionClosed,
     SessionHeartbeatAck,
     SessionUpdated,
+    SpeechStarted,
+    SpeechStopped,
 )
 
 
@@ -190,7 +194,25 @@ def _new_item_id(state: SessionState) -> str:
     return f"item_{state.session_id[-10:]}_u{state.item_count + 1}"
 
 
-def audio_commit(batch: Batch, event: ce.InputAudioCommit, model: ModelPort) -> Effects:
+def speech_transition(batch: Batch, transition: Transition) -> None:
+    """Record a server VAD decision and tell the client, naming the item the
+    speech will be committed as."""
+    item_id = _new_item_id(batch.state)
+    batch.fact(
+        DecisionBody(action=transition.kind, audio_ms=transition.at_ms, item_id=item_id),
+        origin="server",
+    )
+    if transition.kind == "speech_started":
+        batch.emit(SpeechStarted(audio_start_ms=round(transition.at_ms, 3), item_id=item_id))
+    else:
+        batch.emit(SpeechStopped(audio_end_ms=round(transition.at_ms, 3), item_id=item_id))
+
+
+def audio_commit(
+    batch: Batch, event: ce.InputAudioCommit, model: ModelPort, transcript: str = ""
+) -> Effects:
+    """Commit the input buffer as a user item; ``transcript`` is what the
+    model's speech recognition heard in it (the actor runs it beforehand)."""
     state = batch.state
     _check_epoch(state, event)
     if event.is_speech is False:
@@ -209,7 +231,14 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, model: ModelPort) -> 
     previous = state.items[-1].id if state.items else None
     item_id = _new_item_id(state)
     audio = (item_id, b"".join(state.input.chunks))
-    batch.fact(CommitBody(item_id=item_id, response_create=respond, final=bool(event.final)))
+    batch.fact(
+        CommitBody(
+            item_id=item_id,
+            response_create=respond,
+            final=bool(event.final),
+            transcript=transcript,
+        )
+    )
     item = state.find_item(item_id)
     assert item is not None
     wire = to_wire(item)

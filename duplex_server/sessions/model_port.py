@@ -35,10 +35,32 @@ class ResponseRequest(msgspec.Struct):
     audio: dict[str, bytes] = msgspec.field(default_factory=dict)
 
 
+class SpeechScorer(Protocol):
+    """One session's voice-activity stream (it carries recurrent state)."""
+
+    window_ms: float
+
+    async def score(self, pcm16: bytes, sample_rate_hz: int) -> list[tuple[float, float]]:
+        """(end of window in ms since the stream began, speech probability) per
+        window the new audio completed."""
+        ...
+
+
+class Listening(Protocol):
+    """What a model that hears offers the session core (``None`` on models
+    that do not): voice activity for ``server_vad``, and a transcript of each
+    committed turn."""
+
+    def open_scorer(self) -> SpeechScorer: ...
+
+    async def transcribe(self, pcm16: bytes, sample_rate_hz: int) -> str: ...
+
+
 class ModelPort(Protocol):
     name: str
     capabilities: Capabilities
     turn_detection_types: tuple[str, ...]
+    listening: Listening | None
 
     def wants_to_speak(self, history: list[Item], config: EffectiveConfig) -> bool:
         """The model's turn decision after a commit: answer now, or keep listening."""

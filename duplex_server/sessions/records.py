@@ -54,6 +54,8 @@ class CommitBody(Body, tag="commit"):
     response_create: bool
     is_speech: bool = True
     final: bool = False
+    # What the model's speech recognition heard (empty: none ran or nothing heard).
+    transcript: str = ""
 
 
 ItemOp = Literal["create", "delete", "truncate"]
@@ -108,7 +110,7 @@ class FenceBody(Body, tag="fence"):
     new_epoch: int
 
 
-DecisionAction = Literal["speak", "listen", "response_done"]
+DecisionAction = Literal["speak", "listen", "response_done", "speech_started", "speech_stopped"]
 ResponseStatus = Literal["completed", "cancelled", "failed", "incomplete"]
 
 
@@ -120,6 +122,7 @@ class DecisionBody(Body, tag="decision"):
     status: ResponseStatus | None = None
     modalities: list[str] = msgspec.field(default_factory=list)
     overrides: ResponseOverrides | None = None
+    audio_ms: float = 0.0  # speech_started / speech_stopped: on the input timeline
 
 
 class OutBody(Body, tag="out"):

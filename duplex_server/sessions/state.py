@@ -79,6 +79,7 @@ class SessionState(msgspec.Struct):
     response_count: int = 0
     item_count: int = 0
     listen_count: int = 0
+    user_speaking: bool = False  # server VAD: between speech_started and speech_stopped
     lease: Lease = msgspec.field(default_factory=Lease)
     recent_event_ids: list[str] = msgspec.field(default_factory=list)
     closed_reason: str | None = None
@@ -153,7 +154,7 @@ def _commit(state: SessionState, body: CommitBody, seq: int) -> None:
                 type="input_audio",
                 audio_rate=buf.sample_rate_hz,
                 audio_ms=buf.audio_ms,
-                transcript=buf.text or None,
+                transcript=body.transcript or buf.text or None,
                 audio_ref=(buf.first_seq, seq - 1),
             )
         )
@@ -236,6 +237,8 @@ def _decision(state: SessionState, body: DecisionBody, seq: int) -> None:
         _start_response(state, body)
     elif body.action == "response_done":
         _finish_response(state, body)
+    elif body.action in ("speech_started", "speech_stopped"):
+        state.user_speaking = body.action == "speech_started"
 
 
 def _start_response(state: SessionState, body: DecisionBody) -> None:

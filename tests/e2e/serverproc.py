@@ -44,6 +44,7 @@ class ServerProcess:
             self.store,
             "--log-level",
             "warning",
+            *(() if "--model" in self.extra else ("--model", "echo")),
             *self.extra,
         ]
         self.proc = subprocess.Popen(

@@ -1,0 +1,135 @@
+"""The cascade model adapter: turns a committed user turn into spoken answer chunks.
+
+The session core already ran VAD and ASR through :class:`CascadeStages`
+(its ``listening``); a response takes the responder's text sentence by
+sentence through the synthesiser, so the first audio leaves before the rest
+of the answer is synthesised.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from duplex_server.audio import resample_pcm16
+from duplex_server.engine import EngineCore, EngineRequest
+from duplex_server.models.cascade.responder import Parrot, Responder
+from duplex_server.models.cascade.stages import CascadeStages
+from duplex_server.sessions.config import EffectiveConfig
+from duplex_server.sessions.items import Item
+from duplex_server.sessions.model_port import ModelChunk, ResponseRequest
+from protocol.audio_formats import SUPPORTED_INPUT, SUPPORTED_OUTPUT
+from protocol.server_events import Capabilities
+
+OUTPUT_RATE_HZ = 24_000
+CHUNK_PERIOD_MS = 100
+DEFAULT_VOICE = "en-us+f3"
+# Realtime API voice names, mapped onto eSpeak NG voice variants.
+VOICES = {
+    "default": DEFAULT_VOICE,
+    "alloy": "en-us+f3",
+    "ash": "en-us+m3",
+    "ballad": "en-gb+m1",
+    "coral": "en-us+f2",
+    "echo": "en-us+m1",
+    "sage": "en-gb+f3",
+    "shimmer": "en-us+f4",
+    "verse": "en-us+m2",
+}
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+class SpeakPayload(msgspec.Struct):
+    history: list[Item]
+    voice: str
+    speed: float
+    text_only: bool
+
+
+def sentences(text: str) -> list[str]:
+    return [s for s in _SENTENCE_END.split(text.strip()) if s]
+
+
+class CascadeBackend:
+    """Engine backend: responder text -> sentences -> synthesis -> 100 ms chunks."""
+
+    def __init__(self, stages: CascadeStages, responder: Responder) -> None:
+        self.stages = stages
+        self.responder = responder
+
+    async def generate(self, request: EngineRequest[SpeakPayload]) -> AsyncIterator[ModelChunk]:
+        payload = request.payload
+        spoken = False
+        async for piece in self.responder.respond(payload.history):
+            for sentence in sentences(piece):
+                text = (" " if spoken else "") + sentence
+                spoken = True
+                if payload.text_only:
+                    yield ModelChunk(text=text)
+                    continue
+                async for chunk in self._speak(text, payload.voice, payload.speed):
+                    yield chunk
+
+    async def _speak(self, text: str, voice: str, speed: float) -> AsyncIterator[ModelChunk]:
+        pcm, rate = await self.stages.synthesize(text.strip(), voice, speed)
+        pcm = resample_pcm16(pcm, rate, OUTPUT_RATE_HZ)
+        step = OUTPUT_RATE_HZ * CHUNK_PERIOD_MS // 1000 * 2
+        for index, at in enumerate(range(0, max(len(pcm), 1), step)):
+            yield ModelChunk(
+                audio=pcm[at : at + step],
+                sample_rate_hz=OUTPUT_RATE_HZ,
+                text=text if index == 0 else "",
+            )
+
+
+class CascadeModel:
+    name = "cascade"
+    turn_detection_types: tuple[str, ...] = ("server_vad",)
+    capabilities = Capabilities(
+        implementation_level="cascade",
+        chunk_period_ms=CHUNK_PERIOD_MS,
+        supports_input_append=True,
+        supports_barge_in=True,
+        supports_session_resume=True,
+        supports_audio_truncate=True,
+        supports_multi_session=True,
+        input_modes=["audio", "text"],
+        input_formats=list(SUPPORTED_INPUT),
+        output_formats=list(SUPPORTED_OUTPUT),
+    )
+
+    def __init__(self, stages: CascadeStages, engine: EngineCore[SpeakPayload, ModelChunk]) -> None:
+        self.listening = stages
+        self.engine = engine
+
+    def wants_to_speak(self, history: list[Item], config: EffectiveConfig) -> bool:
+        return any(item.role == "user" for item in history)
+
+    def stream(self, request: ResponseRequest) -> AsyncIterator[ModelChunk]:
+        config = request.config
+        payload = SpeakPayload(
+            history=request.history,
+            voice=VOICES.get(config.voice, config.voice),
+            speed=config.speed,
+            text_only="audio" not in request.modalities,
+        )
+        return self.engine.submit(
+            EngineRequest(
+                request_id=request.response_id,
+                session_id=request.session_id,
+                response_id=request.response_id,
+                epoch=request.epoch,
+                payload=payload,
+            )
+        )
+
+    def abort(self, response_id: str) -> None:
+        self.engine.abort(response_id)
+
+
+def build_cascade(phrases: list[str] | None = None, max_concurrency: int = 64) -> CascadeModel:
+    stages = CascadeStages(phrases)
+    backend = CascadeBackend(stages, Parrot())
+    return CascadeModel(stages, EngineCore(backend, max_concurrency=max_concurrency))

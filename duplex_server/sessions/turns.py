@@ -1,0 +1,75 @@
+"""Server VAD turn-taking: speech probabilities in, speech start/stop out.
+
+Pure: the scores come from a model's voice-activity stage, the times are on
+the session's input timeline (milliseconds of all audio written), and the
+gate holds no clock. The decisions it makes are logged; the gate itself is
+a cache that a restored session starts afresh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from duplex_server.sessions.model_port import SpeechScorer
+from protocol.session_config import TurnDetection
+
+# A start needs this much speech in a row: a click or a breath is not a turn.
+MIN_SPEECH_MS = 64.0
+
+
+@dataclass(frozen=True)
+class Transition:
+    kind: Literal["speech_started", "speech_stopped"]
+    at_ms: float  # start of the speech, or end of the last speech window
+
+
+class VadGate:
+    def __init__(self, settings: TurnDetection, window_ms: float) -> None:
+        self.threshold = float(settings.threshold)  # type: ignore[arg-type]
+        self.silence_ms = float(settings.silence_duration_ms)  # type: ignore[arg-type]
+        self.window_ms = window_ms
+        self.speaking = False
+        self._run_start: float | None = None  # first window of a run of speech
+        self._last_speech_end = 0.0
+
+    def push(self, end_ms: float, probability: float) -> list[Transition]:
+        """One scored window ending at ``end_ms``; the transitions it causes."""
+        start_ms = end_ms - self.window_ms
+        voiced = probability >= self.threshold
+        if not self.speaking:
+            if not voiced:
+                self._run_start = None
+                return []
+            if self._run_start is None:
+                self._run_start = start_ms
+            if end_ms - self._run_start < MIN_SPEECH_MS:
+                return []
+            self.speaking = True
+            self._last_speech_end = end_ms
+            return [Transition("speech_started", self._run_start)]
+        if voiced:
+            self._last_speech_end = end_ms
+            return []
+        if end_ms - self._last_speech_end < self.silence_ms:
+            return []
+        self.speaking = False
+        self._run_start = None
+        return [Transition("speech_stopped", self._last_speech_end)]
+
+
+class VadTracker:
+    """A session's scorer (the model's, stateful) and gate under one set of
+    settings; new settings start a new tracker."""
+
+    def __init__(self, settings: TurnDetection, scorer: SpeechScorer, origin_ms: float) -> None:
+        self.settings = settings
+        self._scorer = scorer
+        self._gate = VadGate(settings, scorer.window_ms)
+        self._origin_ms = origin_ms  # input timeline position of the scorer's 0
+
+    async def hear(self, pcm16: bytes, sample_rate_hz: int) -> list[Transition]:
+        transitions: list[Transition] = []
+        for end_ms, probability in await self._scorer.score(pcm16, sample_rate_hz):
+            transitions += self._gate.push(self._origin_ms + end_ms, probability)
+        return transitions

@@ -1,0 +1,123 @@
+"""Spoken turns end to end: eSpeak speech streamed in real time to the
+``cascade`` model, server VAD, recognition, and a spoken answer heard back."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import numpy as np
+import pytest
+
+from duplex_server.audio import resample_pcm16
+from duplex_server.config import ServerConfig
+from duplex_server.engine.audio.sphinx import Sphinx
+from tests.conftest import free_port, running_server
+from tests.speech import ANSWERS, PHRASES, silence, speak
+from tests.wsclient import WsClient
+
+RATE = 24_000
+LEAD_MS = 1000.0
+
+
+@pytest.fixture
+async def voice_server(tmp_path):
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("\n".join(PHRASES))
+    config = ServerConfig(
+        port=free_port(), store="memory", model="cascade", asr_phrases=str(phrases)
+    )
+    async with running_server(config) as running:
+        yield running
+        await running.assert_replay_determinism()
+
+
+def speech_bounds_ms(pcm: bytes) -> tuple[float, float]:
+    """Where the synthesised speech is: samples above -50 dBFS (eSpeak's
+    output fades in and out rather than starting on digital silence)."""
+    loud = np.flatnonzero(np.abs(np.frombuffer(pcm, "<i2")) > 100)
+    return loud[0] * 1000 / RATE, (loud[-1] + 1) * 1000 / RATE
+
+
+async def stream_paced(client: WsClient, pcm: bytes, chunk_ms: int = 100) -> None:
+    """Append ``pcm`` in ``chunk_ms`` chunks at the pace a microphone would."""
+    step = RATE * chunk_ms // 1000 * 2
+    loop = asyncio.get_running_loop()
+    next_at = loop.time()
+    for at in range(0, len(pcm), step):
+        await client.append(pcm[at : at + step])
+        next_at += chunk_ms / 1000
+        await asyncio.sleep(max(0.0, next_at - loop.time()))
+
+
+def first(events: list[dict], event_type: str) -> dict:
+    return next(e for e in events if e["type"] == event_type)
+
+
+def answer_pcm(events: list[dict]) -> bytes:
+    return b"".join(
+        base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta"
+    )
+
+
+async def vad_session(server) -> WsClient:
+    client, _ = await server.open()
+    await client.send(
+        {
+            "type": "session.update",
+            "session": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}},
+        }
+    )
+    await client.expect("session.updated")
+    return client
+
+
+async def spoken_turn(server, phrase: str, chunk_ms: int = 100) -> None:
+    client = await vad_session(server)
+    speech = speak(phrase, RATE)
+    start, end = speech_bounds_ms(speech)
+    await stream_paced(client, silence(LEAD_MS) + speech + silence(1200), chunk_ms)
+    events = await client.recv_until("response.done", timeout=20)
+    started = first(events, "input_audio_buffer.speech_started")
+    stopped = first(events, "input_audio_buffer.speech_stopped")
+    assert abs(started["audio_start_ms"] - (LEAD_MS + start)) <= 100
+    assert abs(stopped["audio_end_ms"] - (LEAD_MS + end)) <= 100
+    assert started["item_id"] == stopped["item_id"]
+    heard = first(events, "conversation.item.input_audio_transcription.completed")
+    assert heard["transcript"] == phrase and heard["item_id"] == started["item_id"]
+    done = events[-1]
+    assert done["response"]["status"] == "completed"
+    answer = resample_pcm16(answer_pcm(events), RATE, 16_000)
+    assert Sphinx(ANSWERS).transcribe(answer) == f"you said {phrase}"
+    transcript = first(events, "response.output_audio_transcript.done")["transcript"]
+    assert transcript == f"You said: {phrase}."
+    await client.close()
+
+
+@pytest.mark.parametrize("chunk_ms", [20, 100])
+async def test_spoken_turn_with_server_vad(voice_server, chunk_ms):
+    await spoken_turn(voice_server, PHRASES[0], chunk_ms)
+
+
+async def test_several_sessions_share_the_stages(voice_server):
+    await asyncio.gather(*(spoken_turn(voice_server, phrase) for phrase in PHRASES[1:4]))
+
+
+async def test_without_turn_detection_the_client_commits(voice_server):
+    client, _ = await voice_server.open()
+    await stream_paced(client, silence(300) + speak(PHRASES[3]) + silence(300))
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("response.done", timeout=20)
+    assert not [e for e in events if e["type"].startswith("input_audio_buffer.speech_")]
+    assert (
+        first(events, "conversation.item.input_audio_transcription.completed")["transcript"]
+        == PHRASES[3]
+    )
+
+
+async def test_silence_only_gets_no_turn(voice_server):
+    client = await vad_session(voice_server)
+    await stream_paced(client, silence(2000), chunk_ms=100)
+    await client.send({"type": "session.heartbeat"})
+    events = await client.recv_until("session.heartbeat_ack")
+    assert [e["type"] for e in events] == ["session.heartbeat_ack"]
