@@ -21,7 +21,14 @@ from msgspec import UNSET
 from duplex_server.sessions import mailbox as mb
 from duplex_server.sessions.attachment import Attachment
 from duplex_server.sessions.batch import Batch
-from duplex_server.sessions.commands import HANDLERS, Effects, audio_commit, speech_transition
+from duplex_server.sessions.commands import (
+    HANDLERS,
+    Effects,
+    audio_commit,
+    overlap_decision,
+    respond_to_input,
+    speech_transition,
+)
 from duplex_server.sessions.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
 from duplex_server.sessions.log import (
     DuplicateEvent,
@@ -49,7 +56,7 @@ from duplex_server.sessions.snapshot import session_object
 from duplex_server.sessions.state import Response, SessionState, fold, initial_state
 from duplex_server.sessions.streams import ResponseStreams
 from duplex_server.sessions.tokens import hash_token, new_resume_token, token_matches
-from duplex_server.sessions.turns import Transition, VadTracker
+from duplex_server.sessions.turns import Overlap, Transition, VadTracker
 from protocol.client_events import ClientEvent, InputAudioAppend, InputAudioCommit, SessionResume
 from protocol.codec import encode_server_event
 from protocol.errors import ProtocolError, error_body
@@ -136,6 +143,8 @@ class SessionActor:
         # nothing is served until a refold from the log succeeds.
         self._dirty = False
         self._vad: VadTracker | None = None  # server VAD under the current settings
+        self._overlap: Overlap | None = None  # user speech over the current answer
+        self._reply_pending = False  # a turn deferred (listen_only) until the answer ends
 
     def _initial(self) -> SessionState:
         return initial_state(self.session_id, self.model.name, self.model.turn_detection_types)
@@ -514,15 +523,51 @@ class SessionActor:
         if transition.kind == "speech_started":
             batch = self._batch()
             speech_transition(batch, transition)
+            if self.state.response is not None:
+                self._overlap = Overlap(transition.at_ms, self.state.response.id)
+            await self._commit(batch)
+        elif transition.kind == "speech_sustained":
+            await self._resolve_overlap(transition)
+        else:
+            await self._end_of_speech(transition, detection)
+
+    async def _resolve_overlap(self, transition: Transition) -> None:
+        """Speech over the answer lasted the barge-in threshold: act on the policy."""
+        overlap = self._overlap
+        if overlap is None or overlap.action is not None:
+            return
+        barge = (
+            self.state.config.overlap_policy == "barge_in_on_speech"
+            and self.model.capabilities.supports_barge_in
+        )
+        overlap.action = "barge_in" if barge else "listen"
+        batch = self._batch()
+        effects = overlap_decision(
+            batch, overlap.action, transition.at_ms - overlap.started_ms, overlap.response_id
+        )
+        if await self._commit(batch):
+            await self._apply_effects(effects)
+
+    async def _end_of_speech(self, transition: Transition, detection: TurnDetection) -> None:
+        overlap, self._overlap = self._overlap, None
+        if overlap is not None and overlap.action is None:
+            batch = self._batch()  # a short remark over the answer: dropped
+            speech_transition(batch, transition)
+            overlap_ms = transition.at_ms - overlap.started_ms
+            overlap_decision(batch, "drop", overlap_ms, overlap.response_id)
             await self._commit(batch)
             return
+        # Under listen_only the turn waits for the answer to end (then it is answered).
+        defer = overlap is not None and overlap.action == "listen"
+        defer = defer and self.state.response is not None
         transcript = await self._transcribe_input()
         batch = self._batch()
         speech_transition(batch, transition)
         respond = detection.create_response if detection.create_response is not UNSET else None
-        commit = InputAudioCommit(response_create=respond)
+        commit = InputAudioCommit(response_create=False if defer else respond)
         effects = audio_commit(batch, commit, self.model, transcript)
         if await self._commit(batch):
+            self._reply_pending = defer
             await self._apply_effects(effects)
 
     async def reject(self, err: ProtocolError) -> None:
@@ -612,7 +657,15 @@ class SessionActor:
             finish_response(batch, "failed", "engine_error")
         else:
             finish_response(batch, "completed")
-        await self._commit(batch)
+        if await self._commit(batch) and self._reply_pending:
+            self._reply_pending = False
+            await self._answer_deferred_turn()
+
+    async def _answer_deferred_turn(self) -> None:
+        batch = self._batch()
+        effects = respond_to_input(batch, self.model)
+        if await self._commit(batch):
+            await self._apply_effects(effects)
 
     # --- attachments -------------------------------------------------------
 

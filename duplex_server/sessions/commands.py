@@ -57,6 +57,8 @@ from protocol.server_events import (
     ItemTruncated,
     NativeCommit,
     OutputAudioCleared,
+    OverlapDecision,
+    OverlapMetadata,
     PlaybackAcknowledged,
     SessionClosed,
     SessionHeartbeatAck,
@@ -532,6 +534,36 @@ def _stop_output(batch: Batch, signal: str, reason: str) -> Effects:
         OutputAudioCleared(response_id=active.id if active else None, epoch=batch.state.epoch)
     )
     return Effects(abort=[aborted] if aborted else [])
+
+
+def overlap_decision(
+    batch: Batch, action: str, overlap_ms: float, response_id: str | None
+) -> Effects:
+    """What speech over the assistant leads to, told to the client; a
+    barge-in also stops the answer (kept in history as far as it was played)."""
+    batch.emit(
+        OverlapDecision(
+            action=action,  # type: ignore[arg-type]
+            reason={
+                "drop": "short_overlap",
+                "listen": "listen_only",
+                "barge_in": "speech_over_answer",
+            }[action],
+            response_id=response_id,
+            metadata=OverlapMetadata(overlap_ms=round(overlap_ms, 3)),
+        )
+    )
+    if action == "barge_in":
+        return _stop_output(batch, "barge_in", "barge_in")
+    if action == "drop":
+        batch.fact(SignalBody(signal="input.clear"))  # the remark is not a turn
+        batch.emit(InputCleared(epoch=batch.state.epoch))
+    return Effects()
+
+
+def respond_to_input(batch: Batch, model: ModelPort) -> Effects:
+    """Answer input committed earlier (a turn deferred while the assistant spoke)."""
+    return _maybe_respond(batch, model)
 
 
 def output_clear(batch: Batch, event: ce.OutputAudioClear, model: ModelPort) -> Effects:

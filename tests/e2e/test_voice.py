@@ -121,3 +121,83 @@ async def test_silence_only_gets_no_turn(voice_server):
     await client.send({"type": "session.heartbeat"})
     events = await client.recv_until("session.heartbeat_ack")
     assert [e["type"] for e in events] == ["session.heartbeat_ack"]
+
+
+async def answer_started(client: WsClient) -> tuple[str, str]:
+    """Ask the first question; return (response id, assistant item id) at its first audio."""
+    await stream_paced(client, silence(300) + speak(PHRASES[0]) + silence(800))
+    events = await client.recv_until("response.output_audio.delta", timeout=20)
+    delta = events[-1]
+    return delta["response_id"], delta["item_id"]
+
+
+def assistant_item(server, item_id: str):
+    (actor,) = server.manager.actors.values()
+    return actor.state.find_item(item_id)
+
+
+async def test_speech_over_the_answer_barges_in(voice_server):
+    client = await vad_session(voice_server)
+    response_id, item_id = await answer_started(client)
+    await asyncio.sleep(0.4)
+    await client.send({"type": "playback.ack", "played_ms": 400, "response_id": response_id})
+    await stream_paced(client, speak(PHRASES[2]) + silence(800))
+    events = await client.recv_until("response.done", timeout=20)  # the interrupted one
+    events += await client.recv_until("response.done", timeout=20)  # the answer to the new turn
+    decision = first(events, "overlap.decision")
+    assert decision["action"] == "barge_in" and decision["response_id"] == response_id
+    assert decision["metadata"]["overlap_ms"] >= 400
+    done = [e for e in events if e["type"] == "response.done"]
+    assert done[0]["response"]["id"] == response_id
+    assert (done[0]["response"]["status"], done[0]["response"]["status_details"]["reason"]) == (
+        "cancelled",
+        "barge_in",
+    )
+    cleared = events.index(first(events, "output_audio_buffer.cleared"))
+    late = [
+        e
+        for e in events[cleared:]
+        if e["type"] == "response.output_audio.delta" and e["response_id"] == response_id
+    ]
+    assert late == []  # nothing of the old epoch after the clear
+    assert assistant_item(voice_server, item_id).history_ms == 400.0  # only what was played
+    heard = [e for e in events if e["type"].endswith("input_audio_transcription.completed")]
+    assert heard[-1]["transcript"] == PHRASES[2]
+    assert done[1]["response"]["status"] == "completed"
+
+
+async def test_a_short_remark_over_the_answer_is_dropped(voice_server):
+    client = await vad_session(voice_server)
+    response_id, _ = await answer_started(client)
+    remark = speak("yes", speed=1.6)
+    assert len(remark) / 48 < 400  # shorter than the barge-in threshold
+    await stream_paced(client, remark + silence(700))
+    events = await client.recv_until("response.done", timeout=20)
+    decision = first(events, "overlap.decision")
+    assert decision["action"] == "drop" and decision["response_id"] == response_id
+    assert first(events, "input_audio_buffer.cleared")
+    assert events[-1]["response"]["status"] == "completed"
+    assert not [e for e in events if e["type"] == "input_audio_buffer.committed"]
+
+
+async def test_listen_only_defers_the_turn_to_the_end_of_the_answer(voice_server):
+    client = await vad_session(voice_server)
+    await client.send({"type": "session.update", "session": {"overlap_policy": "listen_only"}})
+    await client.expect("session.updated")
+    response_id, _ = await answer_started(client)
+    await stream_paced(client, speak(PHRASES[2]) + silence(800))  # ends before the answer
+    events = await client.recv_until("response.done", timeout=20)
+    events += await client.recv_until("response.done", timeout=20)
+    types = [e["type"] for e in events]
+    assert first(events, "overlap.decision")["action"] == "listen"
+    done = [e for e in events if e["type"] == "response.done"]
+    assert done[0]["response"]["id"] == response_id
+    assert done[0]["response"]["status"] == "completed"  # the answer was not cut
+    committed = first(events, "input_audio_buffer.committed")
+    assert committed["event"]["response_create_deferred"] is True
+    assert types.index("input_audio_buffer.committed") < types.index("response.done")
+    # ... and answered once the first answer ended
+    assert types.index("response.created") > types.index("response.done")
+    assert done[1]["response"]["status"] == "completed"
+    transcript = [e for e in events if e["type"] == "response.output_audio_transcript.done"]
+    assert transcript[-1]["transcript"] == f"You said: {PHRASES[2]}."

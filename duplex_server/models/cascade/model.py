@@ -8,6 +8,7 @@ of the answer is synthesised.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 
@@ -39,6 +40,26 @@ VOICES = {
     "verse": "en-us+m2",
 }
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+# Audio leaves at the pace it plays, this far ahead: the answer stays "being
+# spoken" (so speech over it is an overlap) and a barge-in discards little.
+LEAD_MS = 300.0
+
+
+class Pacer:
+    """Holds each chunk back until it is due: real time, ``LEAD_MS`` ahead."""
+
+    def __init__(self) -> None:
+        self._start: float | None = None
+        self._released_ms = 0.0
+
+    async def release(self, chunk_ms: float) -> None:
+        loop = asyncio.get_running_loop()
+        if self._start is None:
+            self._start = loop.time()
+        delay = self._start + (self._released_ms - LEAD_MS) / 1000 - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        self._released_ms += chunk_ms
 
 
 class SpeakPayload(msgspec.Struct):
@@ -62,6 +83,7 @@ class CascadeBackend:
     async def generate(self, request: EngineRequest[SpeakPayload]) -> AsyncIterator[ModelChunk]:
         payload = request.payload
         spoken = False
+        pacer = Pacer()
         async for piece in self.responder.respond(payload.history):
             for sentence in sentences(piece):
                 text = (" " if spoken else "") + sentence
@@ -70,6 +92,7 @@ class CascadeBackend:
                     yield ModelChunk(text=text)
                     continue
                 async for chunk in self._speak(text, payload.voice, payload.speed):
+                    await pacer.release(len(chunk.audio) * 1000 / (2 * OUTPUT_RATE_HZ))
                     yield chunk
 
     async def _speak(self, text: str, voice: str, speed: float) -> AsyncIterator[ModelChunk]:
