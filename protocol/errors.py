@@ -17,6 +17,7 @@ ERROR_CLASS: dict[str, str] = {
     "invalid_event": INVALID_REQUEST,
     "invalid_audio": INVALID_REQUEST,
     "input_audio_buffer_empty": INVALID_REQUEST,
+    "input_audio_buffer_full": INVALID_REQUEST,
     "response_create_without_input": INVALID_REQUEST,
     "response_not_found": INVALID_REQUEST,
     "item_not_found": INVALID_REQUEST,

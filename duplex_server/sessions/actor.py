@@ -45,6 +45,7 @@ from duplex_server.sessions.records import (
     CloseReason,
     CommitBody,
     ConfigBody,
+    DecisionBody,
     LeaseAction,
     LeaseBody,
     OutBody,
@@ -75,6 +76,7 @@ from protocol.session_config import SessionUpdate, TurnDetection
 log = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT_S = 2.0
+TRIM_SLACK_MS = 1000.0  # silence beyond the prefix padding before it is trimmed
 RECENT_TURN_AUDIO = 8  # user turns whose pcm the actor keeps for the model
 
 
@@ -518,6 +520,18 @@ class SessionActor:
             self._vad = VadTracker(detection, listening.open_scorer(), origin_ms)
         for transition in await self._vad.hear(audio.pcm, audio.sample_rate_hz):
             await self._on_transition(transition, detection)
+        if not self.state.user_speaking:
+            await self._trim_silence(detection)
+
+    async def _trim_silence(self, detection: TurnDetection) -> None:
+        """Between turns the buffer keeps only the prefix padding: a session
+        that hears only silence holds a bounded buffer, not all of it."""
+        keep_ms = float(detection.prefix_padding_ms)  # type: ignore[arg-type]
+        if self.state.input.audio_ms < keep_ms + TRIM_SLACK_MS:
+            return
+        batch = self._batch()
+        batch.fact(DecisionBody(action="input_trimmed", audio_ms=keep_ms), origin="server")
+        await self._commit(batch)
 
     async def _on_transition(self, transition: Transition, detection: TurnDetection) -> None:
         if transition.kind == "speech_started":

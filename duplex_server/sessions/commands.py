@@ -165,6 +165,15 @@ def audio_append(batch: Batch, event: ce.InputAudioAppend, model: ModelPort) -> 
     fmt = _input_format(state, event)
     raw = decode_base64(event.audio, param="audio", event_id=event.event_id)
     pcm = decode_audio(raw, fmt, event.event_id, "audio")
+    duration_ms = pcm16_duration_ms(len(pcm), fmt.sample_rate_hz)
+    if state.input.audio_ms + duration_ms > MAX_INPUT_MS:
+        raise ProtocolError(
+            "input_audio_buffer_full",
+            f"the input buffer holds {state.input.audio_ms / 1000:.1f} s; one turn holds at "
+            f"most {MAX_INPUT_MS / 60_000:.0f} min: commit or clear it first",
+            param="audio",
+            event_id=event.event_id,
+        )
     if state.input.chunks and state.input.sample_rate_hz != fmt.sample_rate_hz:
         raise ProtocolError(
             "invalid_audio",
@@ -182,7 +191,7 @@ def audio_append(batch: Batch, event: ce.InputAudioAppend, model: ModelPort) -> 
             pcm=pcm,
             sample_rate_hz=fmt.sample_rate_hz,
             source_format=fmt.name,
-            duration_ms=pcm16_duration_ms(len(pcm), fmt.sample_rate_hz),
+            duration_ms=duration_ms,
             audio_end_ms=event.audio_end_ms,
             is_speech=event.is_speech,
         )
@@ -190,6 +199,11 @@ def audio_append(batch: Batch, event: ce.InputAudioAppend, model: ModelPort) -> 
     for data in frames:
         batch.fact(FrameBody(data=data, audio_ms=state.input.audio_ms))
     return Effects()
+
+
+# One uncommitted turn holds at most this much audio (a monologue is bounded;
+# under server VAD silence between turns is trimmed, so only speech counts).
+MAX_INPUT_MS = 10 * 60 * 1000.0
 
 
 def _new_item_id(state: SessionState) -> str:

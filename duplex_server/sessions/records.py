@@ -110,7 +110,9 @@ class FenceBody(Body, tag="fence"):
     new_epoch: int
 
 
-DecisionAction = Literal["speak", "listen", "response_done", "speech_started", "speech_stopped"]
+DecisionAction = Literal[
+    "speak", "listen", "response_done", "speech_started", "speech_stopped", "input_trimmed"
+]
 ResponseStatus = Literal["completed", "cancelled", "failed", "incomplete"]
 
 
@@ -122,7 +124,9 @@ class DecisionBody(Body, tag="decision"):
     status: ResponseStatus | None = None
     modalities: list[str] = msgspec.field(default_factory=list)
     overrides: ResponseOverrides | None = None
-    audio_ms: float = 0.0  # speech_started / speech_stopped: on the input timeline
+    # speech_started / speech_stopped: on the input timeline; input_trimmed:
+    # how much of the buffer to keep (the prefix padding)
+    audio_ms: float = 0.0
 
 
 class OutBody(Body, tag="out"):

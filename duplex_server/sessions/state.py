@@ -47,6 +47,8 @@ class Response(msgspec.Struct):
 
 class InputBuffer(msgspec.Struct):
     chunks: list[bytes] = msgspec.field(default_factory=list)
+    chunk_seqs: list[int] = msgspec.field(default_factory=list)  # record seq of each chunk
+    chunk_ms: list[float] = msgspec.field(default_factory=list)
     first_seq: int = 0  # of the utterance's first audio record
     sample_rate_hz: int = 0
     audio_ms: float = 0.0
@@ -130,6 +132,8 @@ def _audio(state: SessionState, body: AudioBody, seq: int) -> None:
     if not buf.chunks:
         buf.first_seq = seq
     buf.chunks.append(body.pcm)
+    buf.chunk_seqs.append(seq)
+    buf.chunk_ms.append(body.duration_ms)
     buf.sample_rate_hz = body.sample_rate_hz
     buf.audio_ms += body.duration_ms
     buf.end_ms = (
@@ -239,6 +243,19 @@ def _decision(state: SessionState, body: DecisionBody, seq: int) -> None:
         _finish_response(state, body)
     elif body.action in ("speech_started", "speech_stopped"):
         state.user_speaking = body.action == "speech_started"
+    elif body.action == "input_trimmed":
+        _trim_input(state.input, body.audio_ms)
+
+
+def _trim_input(buf: InputBuffer, keep_ms: float) -> None:
+    """Drop the oldest whole chunks while at least ``keep_ms`` stays buffered
+    (silence before speech, beyond the prefix padding, is not kept)."""
+    while len(buf.chunks) > 1 and buf.audio_ms - buf.chunk_ms[0] >= keep_ms:
+        buf.audio_ms -= buf.chunk_ms.pop(0)
+        buf.chunks.pop(0)
+        buf.chunk_seqs.pop(0)
+    if buf.chunk_seqs:
+        buf.first_seq = buf.chunk_seqs[0]
 
 
 def _start_response(state: SessionState, body: DecisionBody) -> None:

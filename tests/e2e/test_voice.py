@@ -201,3 +201,48 @@ async def test_listen_only_defers_the_turn_to_the_end_of_the_answer(voice_server
     assert done[1]["response"]["status"] == "completed"
     transcript = [e for e in events if e["type"] == "response.output_audio_transcript.done"]
     assert transcript[-1]["transcript"] == f"You said: {PHRASES[2]}."
+
+
+async def test_silence_only_keeps_a_bounded_buffer(voice_server):
+    client = await vad_session(voice_server)
+    for _ in range(3):  # 6 s of silence, sent at 4x real time
+        await client.append(silence(2000))
+        await client.send({"type": "session.heartbeat"})
+        await client.expect("session.heartbeat_ack")
+    (actor,) = voice_server.manager.actors.values()
+    assert actor.state.input.audio_ms <= 300 + 1000 + 2000  # padding + slack + one chunk
+    assert actor.state.input.end_ms == 6000.0  # the timeline still counts all of it
+
+
+async def test_a_monologue_is_bounded_with_a_clear_error(voice_server):
+    from duplex_server.sessions.commands import MAX_INPUT_MS
+
+    client, _ = await voice_server.open()  # turn_detection null: the client commits
+    chunk = silence(60_000)  # a minute a frame
+    for index in range(int(MAX_INPUT_MS // 60_000)):
+        await client.append(chunk, event_id=f"m{index}")
+    await client.append(chunk, event_id="one-too-many")
+    error = await client.expect("error")
+    assert (error["error"]["code"], error["error"]["event_id"]) == (
+        "input_audio_buffer_full",
+        "one-too-many",
+    )
+    await client.send({"type": "input_audio_buffer.commit", "response_create": False})
+    events = await client.recv_until("input_audio_buffer.committed")
+    assert events[-1]["event"]["audio_ms"] == MAX_INPUT_MS  # the refused minute is not in it
+
+
+@pytest.mark.parametrize("threshold", [1.5, -0.1])
+async def test_vad_threshold_outside_unit_range_is_refused(voice_server, threshold):
+    client = await vad_session(voice_server)
+    await client.send(
+        {
+            "type": "session.update",
+            "session": {"turn_detection": {"type": "server_vad", "threshold": threshold}},
+        }
+    )
+    error = await client.expect("error")
+    assert error["error"]["code"] == "invalid_event"
+    assert "threshold" in error["error"]["param"]
+    await client.send({"type": "session.heartbeat"})
+    await client.expect("session.heartbeat_ack")  # the session keeps serving
