@@ -27,7 +27,7 @@ serve: $(STAMP)
 	$(BIN)/duplex-server serve --host $(HOST) --port $(PORT) --store $(STORE) --model $(MODEL) $(SERVE_ARGS)
 
 test: $(STAMP)
-	scripts/ensure-redis-server
+	scripts/ensure-test-tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

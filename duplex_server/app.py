@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from starlette.applications import Starlette
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 
 from duplex_server import http_routes
 from duplex_server.config import ServerConfig
@@ -89,6 +90,8 @@ def create_app(config: ServerConfig) -> Starlette:
 
     app = Starlette(
         routes=[
+            Route("/", http_routes.voice_page),
+            Mount("/static", StaticFiles(directory=http_routes.WEB_DIR), name="static"),
             Route("/health", http_routes.health),
             Route("/v1/models", http_routes.models),
             Route("/metrics", http_routes.metrics),

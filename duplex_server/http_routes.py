@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 
 from duplex_server.auth import is_authorized
 from duplex_server.sessions.log import UnknownSession
@@ -12,6 +20,7 @@ from duplex_server.sessions.records import to_line
 from duplex_server.sessions.snapshot import session_object
 
 _encoder = msgspec.json.Encoder()
+WEB_DIR = Path(__file__).parent / "web"
 
 
 def _json(payload: object, status: int = 200) -> Response:
@@ -27,6 +36,11 @@ def _unauthorized(request: Request) -> Response | None:
     if is_authorized(request, request.app.state.config.api_key):
         return None
     return _error(401, "unauthorized", "missing or wrong API key")
+
+
+async def voice_page(request: Request) -> Response:
+    """The browser voice page (plain HTML and JS; no build step)."""
+    return FileResponse(WEB_DIR / "index.html", media_type="text/html")
 
 
 async def health(request: Request) -> Response:

@@ -1,0 +1,83 @@
+"""The voice page at ``GET /`` in a real headless Chromium: a spoken question
+from a WAV file as the microphone, an answer heard and acknowledged."""
+
+from __future__ import annotations
+
+import shutil
+import wave
+
+import pytest
+from playwright.async_api import async_playwright
+
+from duplex_server.config import ServerConfig
+from tests.conftest import free_port, running_server
+from tests.speech import PHRASES, silence, speak
+
+CHROMIUM = shutil.which("chromium")
+RATE = 48_000
+# Flags for a closed network and no screen (see the machine notes).
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
+    "--autoplay-policy=no-user-gesture-required",
+]
+
+
+def question_wav(path, phrase: str) -> None:
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(RATE)
+        out.writeframes(silence(1500, RATE) + speak(phrase, RATE) + silence(6000, RATE))
+
+
+@pytest.fixture
+async def voice_server(tmp_path):
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("\n".join(PHRASES))
+    config = ServerConfig(
+        port=free_port(), store="memory", model="cascade", asr_phrases=str(phrases)
+    )
+    async with running_server(config) as running:
+        yield running
+
+
+async def test_voice_page_hears_a_question_and_plays_the_answer(voice_server, tmp_path):
+    assert CHROMIUM, "chromium is not installed (make test installs the Debian package)"
+    wav = tmp_path / "question.wav"
+    question_wav(wav, PHRASES[0])
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[*FLAGS, f"--use-file-for-fake-audio-capture={wav}%noloop"],
+        )
+        try:
+            page = await browser.new_page()
+            await page.goto(voice_server.http_url + "/")
+            assert await page.title() == "duplex-server: talk"
+            await page.click("#start")
+            await page.wait_for_function(
+                "window.duplexState.assistantTranscripts.length > 0"
+                " && window.duplexState.playedMs >= 1000 && window.duplexState.acks > 0",
+                timeout=30_000,
+            )
+            state = await page.evaluate("window.duplexState")
+            log_text = await page.inner_text("#log")
+        finally:
+            await browser.close()
+    assert state["errors"] == []
+    assert state["userTranscripts"] == [PHRASES[0]]
+    assert state["assistantTranscripts"] == [f"You said: {PHRASES[0]}."]
+    assert f"You: {PHRASES[0]}" in log_text and "Assistant: You said" in log_text
+    # The server's side: the turn and the answer, its history as far as the page played it.
+    (actor,) = voice_server.manager.actors.values()
+    user, assistant = actor.state.items[:2]
+    assert user.role == "user" and user.parts[0].transcript == PHRASES[0]
+    assert assistant.role == "assistant" and assistant.history_ms >= 1000
