@@ -60,6 +60,16 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
 
     p = _kind(
         kinds,
+        "voice",
+        "duplex_server.bench.voice",
+        "spoken turns and barge-ins against the cascade model",
+    )
+    p.add_argument("--sessions", type=int, default=4, help="concurrent speaking clients")
+    p.add_argument("--turns", type=int, default=3, help="questions per client")
+    p.add_argument("--chunk-ms", type=int, default=20, help="microphone chunk size")
+
+    p = _kind(
+        kinds,
         "client",
         "duplex_server.bench.client_overhead",
         "DuplexClient's cost per event against a raw socket",
