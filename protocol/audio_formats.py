@@ -39,9 +39,9 @@ DEFAULT_RATE = {PCM16: 24_000, PCM_F32LE: 24_000, G711_ULAW: 8_000, G711_ALAW: 8
 # Rates a codec is defined at; None = any rate the client declares.
 FIXED_RATE = {G711_ULAW: 8_000, G711_ALAW: 8_000, OPUS: 48_000}
 
-# Formats the server can decode/encode today (Opus arrives with the codec issue).
-SUPPORTED_INPUT = (PCM16, PCM_F32LE, G711_ULAW, G711_ALAW)
-SUPPORTED_OUTPUT = (PCM16, G711_ULAW, G711_ALAW)
+# Formats the server decodes and encodes.
+SUPPORTED_INPUT = (PCM16, PCM_F32LE, G711_ULAW, G711_ALAW, OPUS)
+SUPPORTED_OUTPUT = (PCM16, G711_ULAW, G711_ALAW, OPUS)
 
 
 class AudioFormat(msgspec.Struct, frozen=True):

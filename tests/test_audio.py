@@ -80,3 +80,24 @@ def test_encode_to_each_output_format():
 def test_duration_and_slice():
     pcm = tone_pcm16(200, rate=16000)
     assert pcm16_duration_ms(len(pcm), 16000) == 200.0
+
+
+def test_opus_round_trip_keeps_the_tone():
+    from duplex_server.audio.opus import RATE_HZ, OpusDecoder, OpusStream, split_packets
+
+    stream = OpusStream()
+    tone = tone_pcm16(1000, rate=RATE_HZ, freq=440)
+    framed = stream.encode(tone[: len(tone) // 2]) + stream.encode(tone[len(tone) // 2 :])
+    packets = split_packets(framed)
+    assert len(packets) >= 48  # 20 ms packets (the encoder holds back its lookahead)
+    decoder = OpusDecoder()
+    pcm = b"".join(decoder.decode(packet) for packet in packets)
+    assert peak_hz(pcm, RATE_HZ) == pytest.approx(440, abs=3)
+    level = np.sqrt(np.mean(np.frombuffer(pcm, "<i2").astype(float) ** 2))
+    assert level > 0.5 * 8000 / np.sqrt(2)  # not silence: the tone's energy is there
+
+
+@pytest.mark.parametrize("packet", [b"\xff\xfe garbage", b""])
+def test_undecodable_opus_is_an_audio_error(packet):
+    with pytest.raises(AudioDecodeError, match="Opus"):
+        decode_to_pcm16(packet, AudioFormat("opus", 48000))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from duplex_server.audio.g711 import ALAW_TO_PCM16, ULAW_TO_PCM16, alaw_encode, ulaw_encode
-from protocol.audio_formats import G711_ALAW, G711_ULAW, PCM16, PCM_F32LE, AudioFormat
+from duplex_server.audio.opus import OpusError, OpusStream, decode_packet
+from protocol.audio_formats import G711_ALAW, G711_ULAW, OPUS, PCM16, PCM_F32LE, AudioFormat
 
 _LOWPASS_TAPS = 63
 
@@ -30,6 +31,11 @@ def decode_to_pcm16(data: bytes, fmt: AudioFormat) -> bytes:
         if not np.all(np.isfinite(floats)):
             raise AudioDecodeError("pcm_f32le contains NaN or infinite samples")
         return (np.clip(floats, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+    if fmt.name == OPUS:
+        try:
+            return decode_packet(data)
+        except OpusError as exc:
+            raise AudioDecodeError(str(exc)) from None
     codes = np.frombuffer(data, dtype=np.uint8)
     if fmt.name == G711_ULAW:
         return ULAW_TO_PCM16[codes].astype("<i2").tobytes()
@@ -50,6 +56,8 @@ def encode_from_pcm16(pcm: bytes, rate_hz: int, fmt: AudioFormat) -> bytes:
         return ulaw_encode(samples).tobytes()
     if fmt.name == G711_ALAW:
         return alaw_encode(samples).tobytes()
+    if fmt.name == OPUS:  # a stand-alone chunk; a response streams through one OpusStream
+        return OpusStream().encode(pcm)
     raise AudioDecodeError(f"cannot encode {fmt.name}")
 
 

@@ -18,12 +18,16 @@ from dataclasses import dataclass, field
 
 from msgspec import UNSET
 
+from duplex_server.audio import resample_pcm16
+from duplex_server.audio.opus import RATE_HZ as OPUS_RATE_HZ
+from duplex_server.audio.opus import OpusDecoder, OpusStream
 from duplex_server.sessions import mailbox as mb
 from duplex_server.sessions.attachment import Attachment
 from duplex_server.sessions.batch import Batch
 from duplex_server.sessions.commands import (
     HANDLERS,
     Effects,
+    audio_append,
     audio_commit,
     overlap_decision,
     respond_to_input,
@@ -58,6 +62,7 @@ from duplex_server.sessions.state import Response, SessionState, fold, initial_s
 from duplex_server.sessions.streams import ResponseStreams
 from duplex_server.sessions.tokens import hash_token, new_resume_token, token_matches
 from duplex_server.sessions.turns import Overlap, Transition, VadTracker
+from protocol.audio_formats import OPUS
 from protocol.client_events import ClientEvent, InputAudioAppend, InputAudioCommit, SessionResume
 from protocol.codec import encode_server_event
 from protocol.errors import ProtocolError, error_body
@@ -147,6 +152,8 @@ class SessionActor:
         self._vad: VadTracker | None = None  # server VAD under the current settings
         self._overlap: Overlap | None = None  # user speech over the current answer
         self._reply_pending = False  # a turn deferred (listen_only) until the answer ends
+        self._opus: tuple[str, OpusStream] | None = None  # (response id, its encoder)
+        self._opus_decoder: OpusDecoder | None = None  # Opus input, made on first use
 
     def _initial(self) -> SessionState:
         return initial_state(self.session_id, self.model.name, self.model.turn_detection_types)
@@ -482,6 +489,8 @@ class SessionActor:
         try:
             if isinstance(event, InputAudioCommit):
                 effects = audio_commit(batch, event, self.model, transcript)
+            elif isinstance(event, InputAudioAppend):
+                effects = audio_append(batch, event, self.model, self._decode_opus)
             else:
                 effects = HANDLERS[type(event)](batch, event, self.model)
         except ProtocolError as err:
@@ -657,9 +666,25 @@ class SessionActor:
         if not chunks or not self._is_current(message.response_id, message.epoch):
             return  # fenced off: stale output never reaches the log
         batch = self._batch()
+        encode = self._stream_encoder(message.response_id)
         for chunk in chunks:
-            emit_chunk(batch, self.state.response, chunk)  # type: ignore[arg-type]
+            emit_chunk(batch, self.state.response, chunk, encode)  # type: ignore[arg-type]
         await self._commit(batch)
+
+    def _decode_opus(self, packet: bytes) -> bytes:
+        """Opus input goes through one decoder per session, made on first use."""
+        if self._opus_decoder is None:
+            self._opus_decoder = OpusDecoder()
+        return self._opus_decoder.decode(packet)
+
+    def _stream_encoder(self, response_id: str) -> Callable[[bytes, int], bytes] | None:
+        """Opus output keeps one encoder per response (no seams between chunks)."""
+        if self.state.config.output_format.name != OPUS:
+            return None
+        if self._opus is None or self._opus[0] != response_id:
+            self._opus = (response_id, OpusStream())
+        stream = self._opus[1]
+        return lambda pcm, rate: stream.encode(resample_pcm16(pcm, rate, OPUS_RATE_HZ))
 
     async def _on_stream_end(self, message: mb.StreamEnd) -> None:
         self._streams.forget(message.response_id)

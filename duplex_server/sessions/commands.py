@@ -42,7 +42,7 @@ from duplex_server.sessions.snapshot import ledger, session_object
 from duplex_server.sessions.state import Response, SessionState
 from duplex_server.sessions.turns import Transition
 from protocol import client_events as ce
-from protocol.audio_formats import SUPPORTED_INPUT, AudioFormat, resolve_format
+from protocol.audio_formats import OPUS, SUPPORTED_INPUT, AudioFormat, resolve_format
 from protocol.codec import decode_base64, strip_data_url
 from protocol.errors import ProtocolError
 from protocol.server_events import (
@@ -159,12 +159,27 @@ def decode_audio(data: bytes, fmt: AudioFormat, event_id: str | None, param: str
         raise ProtocolError("invalid_audio", str(exc), param=param, event_id=event_id) from None
 
 
-def audio_append(batch: Batch, event: ce.InputAudioAppend, model: ModelPort) -> Effects:
+def audio_append(
+    batch: Batch,
+    event: ce.InputAudioAppend,
+    model: ModelPort,
+    stream_decoder: Callable[[bytes], bytes] | None = None,
+) -> Effects:
+    """``stream_decoder``: the session's decoder for codecs whose packets
+    depend on the ones before (Opus); the actor keeps it."""
     state = batch.state
     _check_epoch(state, event)
     fmt = _input_format(state, event)
     raw = decode_base64(event.audio, param="audio", event_id=event.event_id)
-    pcm = decode_audio(raw, fmt, event.event_id, "audio")
+    if stream_decoder is not None and fmt.name == OPUS:
+        try:
+            pcm = stream_decoder(raw)
+        except ValueError as exc:  # the codec's error: an undecodable packet
+            raise ProtocolError(
+                "invalid_audio", str(exc), param="audio", event_id=event.event_id
+            ) from None
+    else:
+        pcm = decode_audio(raw, fmt, event.event_id, "audio")
     duration_ms = pcm16_duration_ms(len(pcm), fmt.sample_rate_hz)
     if state.input.audio_ms + duration_ms > MAX_INPUT_MS:
         raise ProtocolError(

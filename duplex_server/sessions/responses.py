@@ -8,6 +8,7 @@ output_item.done -> conversation.item.done -> response.done -> rate_limits.
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 
 import msgspec
 
@@ -142,8 +143,16 @@ def start_response(batch: Batch, overrides: ResponseOverrides | None = None) -> 
     return response
 
 
-def emit_chunk(batch: Batch, response: Response, chunk: ModelChunk) -> None:
-    """One model chunk: an audio delta paired with its transcript delta, or text."""
+def emit_chunk(
+    batch: Batch,
+    response: Response,
+    chunk: ModelChunk,
+    encode: Callable[[bytes, int], bytes] | None = None,
+) -> None:
+    """One model chunk: an audio delta paired with its transcript delta, or text.
+
+    ``encode(pcm16, rate)`` replaces the stateless encoder for output formats
+    whose stream carries state across chunks (Opus)."""
     refs = {"response_id": response.id, "item_id": response.item_id}
     if not _is_audio(response):
         if chunk.text:
@@ -153,7 +162,11 @@ def emit_chunk(batch: Batch, response: Response, chunk: ModelChunk) -> None:
             batch.emit(TextDelta(delta=chunk.text, **refs), response_id=response.id)
         return
     out_fmt = batch.state.config.output_format
-    encoded = encode_from_pcm16(chunk.audio, chunk.sample_rate_hz, out_fmt)
+    encoded = (
+        encode(chunk.audio, chunk.sample_rate_hz)
+        if encode is not None
+        else encode_from_pcm16(chunk.audio, chunk.sample_rate_hz, out_fmt)
+    )
     duration = pcm16_duration_ms(len(chunk.audio), chunk.sample_rate_hz)
     after = msgspec.structs.replace(
         response.playback,

@@ -246,3 +246,63 @@ async def test_vad_threshold_outside_unit_range_is_refused(voice_server, thresho
     assert "threshold" in error["error"]["param"]
     await client.send({"type": "session.heartbeat"})
     await client.expect("session.heartbeat_ack")  # the session keeps serving
+
+
+async def test_opus_in_and_out(voice_server):
+    from duplex_server.audio.opus import OpusDecoder, OpusStream, split_packets
+
+    client, _ = await voice_server.open()
+    await client.send(
+        {
+            "type": "session.update",
+            "session": {
+                "input_audio_format": "opus",
+                "output_audio_format": "opus",
+                "turn_detection": {"type": "server_vad"},
+            },
+        }
+    )
+    await client.expect("session.updated")
+    packets = split_packets(
+        OpusStream().encode(
+            resample_pcm16(silence(500) + speak(PHRASES[1]) + silence(1200), RATE, 48_000)
+        )
+    )
+    for index, packet in enumerate(packets):
+        await client.send(
+            {"type": "input_audio_buffer.append", "audio": base64.b64encode(packet).decode()}
+        )
+        if index % 5 == 4:
+            await asyncio.sleep(0.1)  # 100 ms of packets at a time, at real time
+    events = await client.recv_until("response.done", timeout=20)
+    heard = first(events, "conversation.item.input_audio_transcription.completed")
+    assert heard["transcript"] == PHRASES[1]
+    deltas = [e for e in events if e["type"] == "response.output_audio.delta"]
+    assert {d["format"] for d in deltas} == {"opus"} and deltas[0]["sample_rate_hz"] == 48_000
+    decoder = OpusDecoder()
+    answer = b"".join(
+        decoder.decode(packet)
+        for d in deltas
+        for packet in split_packets(base64.b64decode(d["delta"]))
+    )
+    assert Sphinx(ANSWERS).transcribe(resample_pcm16(answer, 48_000, 16_000)) == (
+        f"you said {PHRASES[1]}"
+    )
+
+
+async def test_an_undecodable_opus_packet_is_refused(voice_server):
+    client, _ = await voice_server.open()
+    await client.send({"type": "session.update", "session": {"input_audio_format": "opus"}})
+    await client.expect("session.updated")
+    await client.send(
+        {
+            "type": "input_audio_buffer.append",
+            "audio": base64.b64encode(b"\xff\xfe not opus").decode(),
+            "event_id": "bad-packet",
+        }
+    )
+    error = await client.expect("error")
+    assert (error["error"]["code"], error["error"]["event_id"]) == ("invalid_audio", "bad-packet")
+    assert "Opus" in error["error"]["message"]
+    await client.send({"type": "session.heartbeat"})
+    await client.expect("session.heartbeat_ack")
