@@ -237,6 +237,14 @@ class InputTranscriptionCompleted(
     transcript: str = ""
 
 
+class InputTranscriptionDelta(ServerEvent, tag="conversation.item.input_audio_transcription.delta"):
+    """What speech recognition has heard so far of speech still going on."""
+
+    item_id: str = ""
+    content_index: int = 0
+    delta: str = ""
+
+
 # --- response ---------------------------------------------------------------
 
 
@@ -441,6 +449,7 @@ AnyServerEvent = Union[
     ItemDeleted,
     ItemTruncated,
     InputTranscriptionCompleted,
+    InputTranscriptionDelta,
     ResponseCreated,
     ResponseDone,
     OutputItemAdded,

@@ -29,6 +29,7 @@ from duplex_server.sessions.commands import (
     Effects,
     audio_append,
     audio_commit,
+    next_user_item_id,
     overlap_decision,
     respond_to_input,
     speech_transition,
@@ -42,7 +43,7 @@ from duplex_server.sessions.log import (
     SessionLog,
     StaleFence,
 )
-from duplex_server.sessions.model_port import ModelPort, ResponseRequest
+from duplex_server.sessions.model_port import Listening, ModelPort, ResponseRequest
 from duplex_server.sessions.records import (
     AudioBody,
     CloseBody,
@@ -68,6 +69,7 @@ from protocol.codec import encode_server_event
 from protocol.errors import ProtocolError, error_body
 from protocol.server_events import (
     Error,
+    InputTranscriptionDelta,
     SessionClosed,
     SessionCreated,
     SessionExpired,
@@ -81,6 +83,7 @@ from protocol.session_config import SessionUpdate, TurnDetection
 log = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT_S = 2.0
+PARTIAL_EVERY_MS = 500.0  # of buffered speech between partial transcripts
 TRIM_SLACK_MS = 1000.0  # silence beyond the prefix padding before it is trimmed
 RECENT_TURN_AUDIO = 8  # user turns whose pcm the actor keeps for the model
 
@@ -154,6 +157,12 @@ class SessionActor:
         self._reply_pending = False  # a turn deferred (listen_only) until the answer ends
         self._opus: tuple[str, OpusStream] | None = None  # (response id, its encoder)
         self._opus_decoder: OpusDecoder | None = None  # Opus input, made on first use
+        # Partial transcripts of the speech going on: the task in flight, how much
+        # audio the last one covered, and what the client was told (for which item).
+        self._partial_task: asyncio.Task[None] | None = None
+        self._partial_at_ms = 0.0
+        self._partial_item = ""
+        self._partial_text = ""
 
     def _initial(self) -> SessionState:
         return initial_state(self.session_id, self.model.name, self.model.turn_detection_types)
@@ -311,6 +320,8 @@ class SessionActor:
             await self._on_suspend()
         elif isinstance(message, mb.LeaseLost):
             await self._leave(message.status)
+        elif isinstance(message, mb.Partial):
+            await self._on_partial(message)
 
     def _batch(self, event_id: str | None = None) -> Batch:
         return Batch(self.state, self.model.capabilities, _now_ms(), event_id)
@@ -531,6 +542,43 @@ class SessionActor:
             await self._on_transition(transition, detection)
         if not self.state.user_speaking:
             await self._trim_silence(detection)
+        else:
+            self._maybe_partial(listening)
+
+    def _maybe_partial(self, listening: Listening) -> None:
+        """While the user speaks, transcribe what is buffered every
+        ``PARTIAL_EVERY_MS`` of audio, off the actor (one at a time); the
+        result comes back through the mailbox."""
+        buffer = self.state.input
+        if self._partial_task is not None and not self._partial_task.done():
+            return
+        if buffer.audio_ms < self._partial_at_ms:
+            self._partial_at_ms = 0.0  # a new utterance
+        if buffer.audio_ms - self._partial_at_ms < PARTIAL_EVERY_MS:
+            return
+        self._partial_at_ms = buffer.audio_ms
+        item_id = next_user_item_id(self.state)
+        pcm, rate = b"".join(buffer.chunks), buffer.sample_rate_hz
+
+        async def transcribe() -> None:
+            text = await listening.transcribe(pcm, rate)
+            self._mailbox.put_nowait(mb.Partial(item_id, text))
+
+        self._partial_task = asyncio.get_running_loop().create_task(transcribe())
+
+    async def _on_partial(self, message: mb.Partial) -> None:
+        """Tell the client what was heard so far, as an extension of what it
+        was told before (a revised hypothesis waits for the final transcript)."""
+        current = next_user_item_id(self.state)
+        if not self.state.user_speaking or message.item_id != current:
+            return
+        told = self._partial_text if self._partial_item == current else ""
+        if len(message.text) <= len(told) or not message.text.startswith(told):
+            return
+        batch = self._batch()
+        batch.emit(InputTranscriptionDelta(item_id=current, delta=message.text[len(told) :]))
+        if await self._commit(batch):
+            self._partial_item, self._partial_text = current, message.text
 
     async def _trim_silence(self, detection: TurnDetection) -> None:
         """Between turns the buffer keeps only the prefix padding: a session

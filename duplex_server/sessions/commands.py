@@ -221,14 +221,14 @@ def audio_append(
 MAX_INPUT_MS = 10 * 60 * 1000.0
 
 
-def _new_item_id(state: SessionState) -> str:
+def next_user_item_id(state: SessionState) -> str:
     return f"item_{state.session_id[-10:]}_u{state.item_count + 1}"
 
 
 def speech_transition(batch: Batch, transition: Transition) -> None:
     """Record a server VAD decision and tell the client, naming the item the
     speech will be committed as."""
-    item_id = _new_item_id(batch.state)
+    item_id = next_user_item_id(batch.state)
     batch.fact(
         DecisionBody(action=transition.kind, audio_ms=transition.at_ms, item_id=item_id),
         origin="server",
@@ -260,7 +260,7 @@ def audio_commit(
         event.response_create if event.response_create is not None else (state.config.auto_response)
     )
     previous = state.items[-1].id if state.items else None
-    item_id = _new_item_id(state)
+    item_id = next_user_item_id(state)
     audio = (item_id, b"".join(state.input.chunks))
     batch.fact(
         CommitBody(
@@ -351,7 +351,7 @@ def text_append(batch: Batch, event: ce.InputTextAppend, model: ModelPort) -> Ef
 def _client_item(state: SessionState, event: ce.ItemCreate) -> tuple[Item, list[bytes]]:
     """The item to store, and the pcm16 of each of its parts (b"" for text)."""
     wire = event.item
-    item_id = wire.id if isinstance(wire.id, str) and wire.id else _new_item_id(state)
+    item_id = wire.id if isinstance(wire.id, str) and wire.id else next_user_item_id(state)
     if state.find_item(item_id) is not None:
         raise ProtocolError(
             "invalid_event",

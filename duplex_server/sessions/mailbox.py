@@ -73,5 +73,13 @@ class LeaseLost:
     status: LeaseStatus
 
 
+@dataclass
+class Partial:
+    """A partial transcript of speech still going on (server VAD)."""
+
+    item_id: str
+    text: str
+
+
 # What cannot be handled without recording it: held back while the log is down.
-NEEDS_LOG = (Client, Reject, Chunks, StreamEnd, Resume)
+NEEDS_LOG = (Client, Reject, Chunks, StreamEnd, Resume, Partial)

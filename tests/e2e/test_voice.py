@@ -72,7 +72,7 @@ async def vad_session(server) -> WsClient:
     return client
 
 
-async def spoken_turn(server, phrase: str, chunk_ms: int = 100) -> None:
+async def spoken_turn(server, phrase: str, chunk_ms: int = 100) -> list[dict]:
     client = await vad_session(server)
     speech = speak(phrase, RATE)
     start, end = speech_bounds_ms(speech)
@@ -91,12 +91,19 @@ async def spoken_turn(server, phrase: str, chunk_ms: int = 100) -> None:
     assert Sphinx(ANSWERS).transcribe(answer) == f"you said {phrase}"
     transcript = first(events, "response.output_audio_transcript.done")["transcript"]
     assert transcript == f"You said: {phrase}."
+    partials = [e for e in events if e["type"].endswith("input_audio_transcription.delta")]
+    assert all(p["item_id"] == started["item_id"] for p in partials)
     await client.close()
+    return events
 
 
 @pytest.mark.parametrize("chunk_ms", [20, 100])
 async def test_spoken_turn_with_server_vad(voice_server, chunk_ms):
-    await spoken_turn(voice_server, PHRASES[0], chunk_ms)
+    events = await spoken_turn(voice_server, PHRASES[0], chunk_ms)
+    types = [e["type"] for e in events]
+    # What was heard so far is told while the user still speaks.
+    partial = types.index("conversation.item.input_audio_transcription.delta")
+    assert partial < types.index("input_audio_buffer.speech_stopped")
 
 
 async def test_several_sessions_share_the_stages(voice_server):
