@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+ML_STAMP := $(VENV)/.installed-ml
 HOST ?= 127.0.0.1
 PORT ?= 8000
 STORE ?= sqlite:./data/sessions.db
@@ -21,12 +22,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps 'silero-vad>=5.1'
 	touch $(STAMP)
 
+# torch + transformers: the tests run Whisper and VITS stages on tiny local
+# checkpoints; `make serve` does not need them.
+$(ML_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[ml]'
+	touch $(ML_STAMP)
+
 install: $(STAMP)
 
 serve: $(STAMP)
 	$(BIN)/duplex-server serve --host $(HOST) --port $(PORT) --store $(STORE) --model $(MODEL) $(SERVE_ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(ML_STAMP)
 	scripts/ensure-test-tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q

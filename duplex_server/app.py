@@ -57,7 +57,12 @@ def read_phrases(path: str | None) -> list[str] | None:
 
 def create_app(config: ServerConfig) -> Starlette:
     log = open_store(config)
-    model = build_model(config.model, asr_phrases=read_phrases(config.asr_phrases))
+    model = build_model(
+        config.model,
+        asr_phrases=read_phrases(config.asr_phrases),
+        asr=config.asr,
+        tts=config.tts,
+    )
     metrics = Metrics()
     manager = SessionManager(
         log,

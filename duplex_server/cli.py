@@ -63,6 +63,18 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "the embedded default) or 'echo' (loopback, for tests and benchmarks)",
     )
     p.add_argument(
+        "--asr",
+        default="pocketsphinx",
+        help="cascade speech recognition: 'pocketsphinx' (shipped in its wheel) or "
+        "'whisper:PATH' (a local Whisper checkpoint directory; needs the ml extra)",
+    )
+    p.add_argument(
+        "--tts",
+        default="espeak",
+        help="cascade speech synthesis: 'espeak' (eSpeak NG from espeakng-loader) or "
+        "'vits:PATH' (a local VITS / MMS-TTS checkpoint directory; needs the ml extra)",
+    )
+    p.add_argument(
         "--asr-phrases",
         default=None,
         help="cascade: a text file of phrases, one a line; speech recognition then "
@@ -165,6 +177,8 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         store_retry_ms=args.store_retry_ms,
         redis_prefix=args.redis_prefix,
         asr_phrases=args.asr_phrases,
+        asr=args.asr,
+        tts=args.tts,
     )
 
 

@@ -10,14 +10,21 @@ MODEL_NAMES = ("echo", "cascade")
 
 
 def build_model(
-    name: str, *, max_concurrency: int = 256, asr_phrases: list[str] | None = None
+    name: str,
+    *,
+    max_concurrency: int = 256,
+    asr_phrases: list[str] | None = None,
+    asr: str = "pocketsphinx",
+    tts: str = "espeak",
 ) -> ModelPort:
-    """``asr_phrases``: the cascade's recogniser listens for these phrases only."""
+    """Cascade options: ``asr`` / ``tts`` name its stages (``whisper:PATH``,
+    ``vits:PATH`` load local checkpoints); ``asr_phrases`` make PocketSphinx
+    listen for those phrases only."""
     if name == "echo":
         return EchoModel(EngineCore(EchoBackend(), max_concurrency=max_concurrency))
     if name == "cascade":
         # Imported here: its stages load onnxruntime, PocketSphinx and eSpeak.
         from duplex_server.models.cascade import build_cascade
 
-        return build_cascade(asr_phrases, max_concurrency=max_concurrency)
+        return build_cascade(asr_phrases, max_concurrency=max_concurrency, asr=asr, tts=tts)
     raise ValueError(f"unknown model {name!r}; available: {', '.join(MODEL_NAMES)}")

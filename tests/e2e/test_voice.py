@@ -313,3 +313,31 @@ async def test_an_undecodable_opus_packet_is_refused(voice_server):
     assert "Opus" in error["error"]["message"]
     await client.send({"type": "session.heartbeat"})
     await client.expect("session.heartbeat_ack")
+
+
+async def test_cascade_on_local_whisper_and_vits_checkpoints(tmp_path):
+    from duplex_server.engine.audio.transformers_models import WhisperAsr
+    from tests.tiny_models import tiny_vits, tiny_whisper
+
+    whisper = tiny_whisper(tmp_path / "whisper")
+    vits = tiny_vits(tmp_path / "vits")
+    config = ServerConfig(
+        port=free_port(),
+        store="memory",
+        model="cascade",
+        asr=f"whisper:{whisper}",
+        tts=f"vits:{vits}",
+    )
+    speech = silence(300) + speak(PHRASES[3]) + silence(300)
+    async with running_server(config) as server:
+        client, _ = await server.open()
+        await stream_paced(client, speech)
+        await client.send({"type": "input_audio_buffer.commit"})
+        events = await client.recv_until("response.done", timeout=30)
+        await server.assert_replay_determinism()
+    expected = WhisperAsr(str(whisper)).transcribe(resample_pcm16(speech, RATE, 16_000))
+    completed = [e for e in events if e["type"].endswith("input_audio_transcription.completed")]
+    assert [e["transcript"] for e in completed] == ([expected] if expected else [])
+    assert events[-1]["response"]["status"] == "completed"
+    audio = answer_pcm(events)
+    assert len(audio) > RATE // 10  # VITS spoke the answer, resampled to 24 kHz

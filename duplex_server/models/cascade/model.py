@@ -17,7 +17,11 @@ import msgspec
 from duplex_server.audio import resample_pcm16
 from duplex_server.engine import EngineCore, EngineRequest
 from duplex_server.models.cascade.responder import Parrot, Responder
-from duplex_server.models.cascade.stages import CascadeStages
+from duplex_server.models.cascade.stages import (
+    CascadeStages,
+    build_recogniser,
+    build_synthesiser,
+)
 from duplex_server.sessions.config import EffectiveConfig
 from duplex_server.sessions.items import Item
 from duplex_server.sessions.model_port import ModelChunk, ResponseRequest
@@ -152,7 +156,12 @@ class CascadeModel:
         self.engine.abort(response_id)
 
 
-def build_cascade(phrases: list[str] | None = None, max_concurrency: int = 64) -> CascadeModel:
-    stages = CascadeStages(phrases)
+def build_cascade(
+    phrases: list[str] | None = None,
+    max_concurrency: int = 64,
+    asr: str = "pocketsphinx",
+    tts: str = "espeak",
+) -> CascadeModel:
+    stages = CascadeStages(build_recogniser(asr, phrases), build_synthesiser(tts))
     backend = CascadeBackend(stages, Parrot())
     return CascadeModel(stages, EngineCore(backend, max_concurrency=max_concurrency))

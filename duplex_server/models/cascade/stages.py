@@ -4,6 +4,8 @@ synthesiser its responses use."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from duplex_server.audio import resample_pcm16
 from duplex_server.engine.audio.espeak import Espeak
 from duplex_server.engine.audio.silero import SAMPLE_RATE_HZ as VAD_RATE_HZ
@@ -27,11 +29,47 @@ class SileroScorer:
         return await self._worker.run(self._stream.feed, audio)
 
 
+class Recogniser(Protocol):
+    def transcribe(self, pcm16: bytes) -> str:
+        """Words in mono pcm16 at 16 kHz."""
+        ...
+
+
+class Synthesiser(Protocol):
+    sample_rate_hz: int
+
+    def synthesize(self, text: str, voice: str, speed: float) -> bytes: ...
+
+
+ASR_KINDS = ("pocketsphinx", "whisper:PATH")
+TTS_KINDS = ("espeak", "vits:PATH")
+
+
+def build_recogniser(spec: str, phrases: list[str] | None) -> Recogniser:
+    if spec == "pocketsphinx":
+        return Sphinx(phrases)
+    if spec.startswith("whisper:"):
+        from duplex_server.engine.audio.transformers_models import WhisperAsr
+
+        return WhisperAsr(spec.removeprefix("whisper:"))
+    raise ValueError(f"unknown --asr {spec!r}; available: {', '.join(ASR_KINDS)}")
+
+
+def build_synthesiser(spec: str) -> Synthesiser:
+    if spec == "espeak":
+        return Espeak.shared()
+    if spec.startswith("vits:"):
+        from duplex_server.engine.audio.transformers_models import VitsTts
+
+        return VitsTts(spec.removeprefix("vits:"))
+    raise ValueError(f"unknown --tts {spec!r}; available: {', '.join(TTS_KINDS)}")
+
+
 class CascadeStages:
-    def __init__(self, phrases: list[str] | None = None) -> None:
+    def __init__(self, asr: Recogniser, tts: Synthesiser) -> None:
         self.vad_model = SileroModel()
-        self.asr = Sphinx(phrases)
-        self.tts = Espeak.shared()
+        self.asr = asr
+        self.tts = tts
         self.vad_worker = StageWorker("vad")
         self.asr_worker = StageWorker("asr")
         self.tts_worker = StageWorker("tts")

@@ -1,0 +1,75 @@
+"""Local transformers checkpoints as cascade stages: Whisper for speech
+recognition (``--asr whisper:PATH``) and VITS / MMS-TTS for synthesis
+(``--tts vits:PATH``). Checkpoints load from a directory, never from a hub;
+torch and transformers come with the ``ml`` extra and are imported here only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ASR_RATE_HZ = 16_000
+MAX_NEW_TOKENS = 96
+
+
+def _import_ml() -> tuple[Any, Any]:
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:
+        raise RuntimeError(
+            "this stage needs torch and transformers: pip install -e '.[ml]'"
+        ) from exc
+    return torch, transformers
+
+
+def _checkpoint(path: str) -> Path:
+    directory = Path(path)
+    if not (directory / "config.json").is_file():
+        raise ValueError(f"{path}: not a checkpoint directory (no config.json)")
+    return directory
+
+
+class WhisperAsr:
+    """Any local Whisper checkpoint; transcribes 16 kHz pcm16."""
+
+    def __init__(self, path: str) -> None:
+        torch, transformers = _import_ml()
+        directory = _checkpoint(path)
+        self._torch = torch
+        self._processor = transformers.WhisperProcessor.from_pretrained(directory)
+        model = transformers.WhisperForConditionalGeneration.from_pretrained(directory)
+        self._model = model.eval()
+
+    def transcribe(self, pcm16: bytes) -> str:
+        if not pcm16:
+            return ""
+        audio = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
+        features = self._processor(
+            audio, sampling_rate=ASR_RATE_HZ, return_tensors="pt"
+        ).input_features
+        with self._torch.inference_mode():
+            ids = self._model.generate(features, max_new_tokens=MAX_NEW_TOKENS)
+        return self._processor.batch_decode(ids, skip_special_tokens=True)[0].strip()
+
+
+class VitsTts:
+    """A local VITS / MMS-TTS checkpoint; one speaker, ``speed`` honoured."""
+
+    def __init__(self, path: str) -> None:
+        torch, transformers = _import_ml()
+        directory = _checkpoint(path)
+        self._torch = torch
+        self._tokenizer = transformers.VitsTokenizer.from_pretrained(directory)
+        self._model = transformers.VitsModel.from_pretrained(directory).eval()
+        self.sample_rate_hz = int(self._model.config.sampling_rate)
+
+    def synthesize(self, text: str, voice: str = "", speed: float = 1.0) -> bytes:
+        """pcm16 of ``text``; ``voice`` is ignored (one speaker per checkpoint)."""
+        inputs = self._tokenizer(text, return_tensors="pt")
+        with self._torch.inference_mode():
+            waveform = self._model(**inputs, speaking_rate=speed).waveform[0].numpy()
+        return (np.clip(waveform, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
