@@ -125,6 +125,21 @@ async def running_server(config: ServerConfig) -> AsyncIterator[RunningServer]:
         await task
 
 
+@pytest.fixture
+async def voice_server(tmp_path) -> AsyncIterator[RunningServer]:
+    """The cascade model listening for the test phrases (memory store)."""
+    from tests.speech import PHRASES
+
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("\n".join(PHRASES))
+    config = ServerConfig(
+        port=free_port(), store="memory", model="cascade", asr_phrases=str(phrases)
+    )
+    async with running_server(config) as running:
+        yield running
+        await running.assert_replay_determinism()
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     """One real redis-server for the whole run; tests keep apart by key prefix."""

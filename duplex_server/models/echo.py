@@ -15,6 +15,7 @@ import msgspec
 
 from duplex_server.audio import resample_pcm16
 from duplex_server.engine import EngineCore, EngineRequest
+from duplex_server.models.engine_requests import for_response
 from duplex_server.sessions.config import EffectiveConfig
 from duplex_server.sessions.items import Item, item_text
 from duplex_server.sessions.model_port import ModelChunk, ResponseRequest
@@ -118,15 +119,7 @@ class EchoModel:
             chunk_delay_ms=request.config.chunk_delay_ms,
             text_only="audio" not in request.modalities or audio is None,
         )
-        return self.engine.submit(
-            EngineRequest(
-                request_id=request.response_id,
-                session_id=request.session_id,
-                response_id=request.response_id,
-                epoch=request.epoch,
-                payload=payload,
-            )
-        )
+        return self.engine.submit(for_response(request, payload))
 
     def abort(self, response_id: str) -> None:
         self.engine.abort(response_id)

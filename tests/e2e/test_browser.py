@@ -6,11 +6,8 @@ from __future__ import annotations
 import shutil
 import wave
 
-import pytest
 from playwright.async_api import async_playwright
 
-from duplex_server.config import ServerConfig
-from tests.conftest import free_port, running_server
 from tests.speech import PHRASES, silence, speak
 
 CHROMIUM = shutil.which("chromium")
@@ -36,17 +33,6 @@ def question_wav(path, phrase: str) -> None:
         out.setsampwidth(2)
         out.setframerate(RATE)
         out.writeframes(silence(1500, RATE) + speak(phrase, RATE) + silence(6000, RATE))
-
-
-@pytest.fixture
-async def voice_server(tmp_path):
-    phrases = tmp_path / "phrases.txt"
-    phrases.write_text("\n".join(PHRASES))
-    config = ServerConfig(
-        port=free_port(), store="memory", model="cascade", asr_phrases=str(phrases)
-    )
-    async with running_server(config) as running:
-        yield running
 
 
 async def test_voice_page_hears_a_question_and_plays_the_answer(voice_server, tmp_path):

@@ -20,18 +20,6 @@ RATE = 24_000
 LEAD_MS = 1000.0
 
 
-@pytest.fixture
-async def voice_server(tmp_path):
-    phrases = tmp_path / "phrases.txt"
-    phrases.write_text("\n".join(PHRASES))
-    config = ServerConfig(
-        port=free_port(), store="memory", model="cascade", asr_phrases=str(phrases)
-    )
-    async with running_server(config) as running:
-        yield running
-        await running.assert_replay_determinism()
-
-
 def speech_bounds_ms(pcm: bytes) -> tuple[float, float]:
     """Where the synthesised speech is: samples above -50 dBFS (eSpeak's
     output fades in and out rather than starting on digital silence)."""

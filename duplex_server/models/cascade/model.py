@@ -22,6 +22,7 @@ from duplex_server.models.cascade.stages import (
     build_recogniser,
     build_synthesiser,
 )
+from duplex_server.models.engine_requests import for_response
 from duplex_server.sessions.config import EffectiveConfig
 from duplex_server.sessions.items import Item
 from duplex_server.sessions.model_port import ModelChunk, ResponseRequest
@@ -142,15 +143,7 @@ class CascadeModel:
             speed=config.speed,
             text_only="audio" not in request.modalities,
         )
-        return self.engine.submit(
-            EngineRequest(
-                request_id=request.response_id,
-                session_id=request.session_id,
-                response_id=request.response_id,
-                epoch=request.epoch,
-                payload=payload,
-            )
-        )
+        return self.engine.submit(for_response(request, payload))
 
     def abort(self, response_id: str) -> None:
         self.engine.abort(response_id)
