@@ -67,6 +67,11 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sessions", type=int, default=4, help="concurrent speaking clients")
     p.add_argument("--turns", type=int, default=3, help="questions per client")
     p.add_argument("--chunk-ms", type=int, default=20, help="microphone chunk size")
+    p.add_argument(
+        "--open-vocabulary",
+        action="store_true",
+        help="run PocketSphinx on open English instead of the bench phrases",
+    )
 
     p = _kind(
         kinds,

@@ -155,12 +155,12 @@ class Speaker:
         return onset, onset + BARGE_IN_MS / 1000
 
 
-def _stage_rtf() -> dict:
+def _stage_rtf(open_vocabulary: bool) -> dict:
     from duplex_server.engine.audio.espeak import Espeak
     from duplex_server.engine.audio.sphinx import Sphinx
 
     espeak = Espeak.shared()
-    sphinx = Sphinx(PHRASES)
+    sphinx = Sphinx(None if open_vocabulary else PHRASES)
     tts_s = asr_s = audio_s = 0.0
     for phrase in PHRASES * 3:
         started = time.perf_counter()
@@ -229,11 +229,12 @@ async def _echo_baseline(url: str, args: argparse.Namespace) -> dict:
     return {"speech_end_to_first_audio_ms": _p50_p95(latencies)}
 
 
-def _serve(model: str, phrases: Path) -> tuple[subprocess.Popen, str]:
+def _serve(model: str, phrases: Path | None) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     cmd = [
         sys.executable, "-m", "duplex_server.cli", "serve", "--port", str(port),
-        "--store", "memory", "--model", model, "--asr-phrases", str(phrases),
+        "--store", "memory", "--model", model,
+        *(("--asr-phrases", str(phrases)) if phrases else ()),
         "--log-level", "warning",
     ]  # fmt: skip
     return _spawn(
@@ -241,7 +242,7 @@ def _serve(model: str, phrases: Path) -> tuple[subprocess.Popen, str]:
     ), f"ws://127.0.0.1:{port}/v1/realtime?duplex=1"
 
 
-def _with_server(model: str, phrases: Path, drive) -> dict:
+def _with_server(model: str, phrases: Path | None, drive) -> dict:
     proc, url = _serve(model, phrases)
     try:
         return asyncio.run(drive(url, proc))
@@ -256,11 +257,13 @@ def run(args: argparse.Namespace) -> None:
         phrases.write_text("\n".join(PHRASES))
         baseline = _with_server("echo", phrases, lambda url, proc: _echo_baseline(url, args))
         ours = _with_server(
-            "cascade", phrases, lambda url, proc: _drive(url, args, psutil.Process(proc.pid))
+            "cascade",
+            None if args.open_vocabulary else phrases,
+            lambda url, proc: _drive(url, args, psutil.Process(proc.pid)),
         )
     base_p50 = baseline["speech_end_to_first_audio_ms"]["p50"]
     ours_p50 = ours["speech_end_to_first_audio_ms"]["p50"]
-    stages = _stage_rtf()
+    stages = _stage_rtf(args.open_vocabulary)
     first = ours["vad_stopped_to_first_audio_ms"]["p95"]
     cancel = ours["barge_in_threshold_to_cancel_ms"]["p95"]
     print(
@@ -270,6 +273,7 @@ def run(args: argparse.Namespace) -> None:
                 "sessions": args.sessions,
                 "turns": args.turns,
                 "chunk_ms": args.chunk_ms,
+                "asr_vocabulary": "open" if args.open_vocabulary else "phrases",
                 "cpu_count": os.cpu_count(),
                 **ours,
                 **stages,

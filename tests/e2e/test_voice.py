@@ -329,3 +329,22 @@ async def test_cascade_on_local_whisper_and_vits_checkpoints(tmp_path):
     assert events[-1]["response"]["status"] == "completed"
     audio = answer_pcm(events)
     assert len(audio) > RATE // 10  # VITS spoke the answer, resampled to 24 kHz
+
+
+async def test_an_unknown_voice_fails_the_answer_clearly(voice_server):
+    client, _ = await voice_server.open()
+    await client.send({"type": "session.update", "session": {"voice": "no-such-voice"}})
+    await client.expect("session.updated")
+    await client.append(speak(PHRASES[2]))
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("response.done", timeout=20)
+    error = first(events, "error")
+    assert error["error"]["code"] == "engine_error" and "no-such-voice" in error["error"]["message"]
+    assert events[-1]["response"]["status"] == "failed"
+    await client.send({"type": "session.update", "session": {"voice": "alloy"}})
+    await client.recv_until("session.updated")
+    await client.append(speak(PHRASES[2]))
+    await client.send({"type": "input_audio_buffer.commit"})
+    assert (await client.recv_until("response.done", timeout=20))[-1]["response"][
+        "status"
+    ] == "completed"
