@@ -43,7 +43,12 @@ from duplex_server.sessions.log import (
     SessionLog,
     StaleFence,
 )
-from duplex_server.sessions.model_port import Listening, ModelPort, ResponseRequest
+from duplex_server.sessions.model_port import (
+    Listening,
+    ModelPort,
+    ResponseRequest,
+    TranscriptionError,
+)
 from duplex_server.sessions.records import (
     AudioBody,
     CloseBody,
@@ -522,7 +527,11 @@ class SessionActor:
         buffer = self.state.input
         if listening is None or not buffer.chunks:
             return ""
-        return await listening.transcribe(b"".join(buffer.chunks), buffer.sample_rate_hz)
+        try:
+            return await listening.transcribe(b"".join(buffer.chunks), buffer.sample_rate_hz)
+        except TranscriptionError as exc:
+            await self.reject(ProtocolError("engine_error", str(exc)))
+            return ""  # the turn is committed without a transcript
 
     async def _hear(self, batch: Batch) -> None:
         """Server VAD: score the chunk just appended; record speech starts and
@@ -552,6 +561,8 @@ class SessionActor:
         buffer = self.state.input
         if self._partial_task is not None and not self._partial_task.done():
             return
+        if not listening.can_take_partial():
+            return
         if buffer.audio_ms < self._partial_at_ms:
             self._partial_at_ms = 0.0  # a new utterance
         if buffer.audio_ms - self._partial_at_ms < PARTIAL_EVERY_MS:
@@ -561,7 +572,10 @@ class SessionActor:
         pcm, rate = b"".join(buffer.chunks), buffer.sample_rate_hz
 
         async def transcribe() -> None:
-            text = await listening.transcribe(pcm, rate)
+            try:
+                text = await listening.transcribe(pcm, rate)
+            except TranscriptionError:
+                return  # logged by the stage; the final transcript will say it
             self._mailbox.put_nowait(mb.Partial(item_id, text))
 
         self._partial_task = asyncio.get_running_loop().create_task(transcribe())

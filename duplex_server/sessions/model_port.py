@@ -46,6 +46,11 @@ class SpeechScorer(Protocol):
         ...
 
 
+class TranscriptionError(Exception):
+    """The model's recogniser failed on a turn; the session carries on without
+    a transcript for it."""
+
+
 class Listening(Protocol):
     """What a model that hears offers the session core (``None`` on models
     that do not): voice activity for ``server_vad``, and a transcript of each
@@ -53,7 +58,13 @@ class Listening(Protocol):
 
     def open_scorer(self) -> SpeechScorer: ...
 
-    async def transcribe(self, pcm16: bytes, sample_rate_hz: int) -> str: ...
+    def can_take_partial(self) -> bool:
+        """Whether a partial transcript may run now without delaying final ones."""
+        ...
+
+    async def transcribe(self, pcm16: bytes, sample_rate_hz: int) -> str:
+        """The words in the audio; raises :class:`TranscriptionError`."""
+        ...
 
 
 class ModelPort(Protocol):

@@ -348,3 +348,25 @@ async def test_an_unknown_voice_fails_the_answer_clearly(voice_server):
     assert (await client.recv_until("response.done", timeout=20))[-1]["response"][
         "status"
     ] == "completed"
+
+
+async def test_a_failing_recogniser_costs_the_transcript_not_the_session(voice_server):
+    stages = voice_server.app.state.model.listening
+
+    def broken(pcm16: bytes) -> str:
+        raise RuntimeError("decoder exploded")
+
+    stages.asr.transcribe = broken
+    client, _ = await voice_server.open()
+    await client.append(speak(PHRASES[1]))
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("response.done", timeout=20)
+    error = first(events, "error")
+    assert (
+        error["error"]["code"] == "engine_error" and "decoder exploded" in error["error"]["message"]
+    )
+    assert first(events, "input_audio_buffer.committed")
+    assert not [e for e in events if e["type"].endswith("transcription.completed")]
+    assert events[-1]["response"]["status"] == "completed"  # "please say it again"
+    await client.send({"type": "session.heartbeat"})
+    await client.recv_until("session.heartbeat_ack")

@@ -15,9 +15,14 @@ class StageWorker:
 
     def __init__(self, name: str) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.pending = 0  # calls submitted and not finished
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        self.pending += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        finally:
+            self.pending -= 1
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

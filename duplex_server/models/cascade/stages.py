@@ -4,6 +4,7 @@ synthesiser its responses use."""
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 from duplex_server.audio import resample_pcm16
@@ -13,6 +14,9 @@ from duplex_server.engine.audio.silero import WINDOW_MS, SileroModel, VadStream
 from duplex_server.engine.audio.sphinx import SAMPLE_RATE_HZ as ASR_RATE_HZ
 from duplex_server.engine.audio.sphinx import Sphinx
 from duplex_server.engine.audio.worker import StageWorker
+from duplex_server.sessions.model_port import TranscriptionError
+
+log = logging.getLogger(__name__)
 
 
 class SileroScorer:
@@ -79,9 +83,18 @@ class CascadeStages:
     def open_scorer(self) -> SileroScorer:
         return SileroScorer(self.vad_model, self.vad_worker)
 
+    def can_take_partial(self) -> bool:
+        """Partial transcripts only when the recogniser is idle: they must never
+        queue ahead of the final transcript of a turn."""
+        return self.asr_worker.pending == 0
+
     async def transcribe(self, pcm16: bytes, sample_rate_hz: int) -> str:
         audio = resample_pcm16(pcm16, sample_rate_hz, ASR_RATE_HZ)
-        return await self.asr_worker.run(self.asr.transcribe, audio)
+        try:
+            return await self.asr_worker.run(self.asr.transcribe, audio)
+        except Exception as exc:  # the stage boundary: any recogniser failure
+            log.exception("speech recognition failed")
+            raise TranscriptionError(f"speech recognition failed: {exc}") from exc
 
     # --- speaking --------------------------------------------------------------
 
