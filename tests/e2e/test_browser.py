@@ -8,6 +8,7 @@ import wave
 
 from playwright.async_api import async_playwright
 
+from duplex_server.sessions.records import AckBody, CommitBody, DecisionBody
 from tests.speech import PHRASES, silence, speak
 
 CHROMIUM = shutil.which("chromium")
@@ -67,3 +68,11 @@ async def test_voice_page_hears_a_question_and_plays_the_answer(voice_server, tm
     user, assistant = actor.state.items[:2]
     assert user.role == "user" and user.parts[0].transcript == PHRASES[0]
     assert assistant.role == "assistant" and assistant.history_ms >= 1000
+    # ... and in its log: the VAD's decisions, the transcript, the page's acks.
+    records = await voice_server.app.state.log.read(actor.session_id)
+    actions = [r.body.action for r in records if isinstance(r.body, DecisionBody)]
+    assert "speech_started" in actions and "speech_stopped" in actions
+    commits = [r.body for r in records if isinstance(r.body, CommitBody)]
+    assert commits[0].transcript == PHRASES[0]
+    acks = [r.body for r in records if isinstance(r.body, AckBody) and r.body.what == "playback"]
+    assert acks and max(a.played_ms for a in acks) >= 1000
