@@ -15,12 +15,11 @@ import msgspec
 
 from duplex_server.audio import resample_pcm16
 from duplex_server.engine import EngineCore, EngineRequest
+from duplex_server.models.capabilities import full_duplex
 from duplex_server.models.engine_requests import for_response
 from duplex_server.sessions.config import EffectiveConfig
 from duplex_server.sessions.items import Item, item_text
 from duplex_server.sessions.model_port import ModelChunk, ResponseRequest
-from protocol.audio_formats import SUPPORTED_INPUT, SUPPORTED_OUTPUT
-from protocol.server_events import Capabilities
 
 MODEL_RATE_HZ = 24_000
 CHUNK_PERIOD_MS = 100
@@ -87,18 +86,7 @@ class EchoModel:
     name = "echo"
     turn_detection_types: tuple[str, ...] = ()
     listening = None  # it repeats audio; it does not hear
-    capabilities = Capabilities(
-        implementation_level="loopback",
-        chunk_period_ms=CHUNK_PERIOD_MS,
-        supports_input_append=True,
-        supports_barge_in=True,
-        supports_session_resume=True,
-        supports_audio_truncate=True,
-        supports_multi_session=True,
-        input_modes=["audio", "text"],
-        input_formats=list(SUPPORTED_INPUT),
-        output_formats=list(SUPPORTED_OUTPUT),
-    )
+    capabilities = full_duplex("loopback", CHUNK_PERIOD_MS)
 
     def __init__(self, engine: EngineCore[EchoPayload, ModelChunk]) -> None:
         self.engine = engine

@@ -16,6 +16,7 @@ import msgspec
 
 from duplex_server.audio import resample_pcm16
 from duplex_server.engine import EngineCore, EngineRequest
+from duplex_server.models.capabilities import full_duplex
 from duplex_server.models.cascade.responder import Parrot, Responder
 from duplex_server.models.cascade.stages import (
     CascadeStages,
@@ -26,8 +27,6 @@ from duplex_server.models.engine_requests import for_response
 from duplex_server.sessions.config import EffectiveConfig
 from duplex_server.sessions.items import Item
 from duplex_server.sessions.model_port import ModelChunk, ResponseRequest
-from protocol.audio_formats import SUPPORTED_INPUT, SUPPORTED_OUTPUT
-from protocol.server_events import Capabilities
 
 OUTPUT_RATE_HZ = 24_000
 CHUNK_PERIOD_MS = 100
@@ -115,18 +114,7 @@ class CascadeBackend:
 class CascadeModel:
     name = "cascade"
     turn_detection_types: tuple[str, ...] = ("server_vad",)
-    capabilities = Capabilities(
-        implementation_level="cascade",
-        chunk_period_ms=CHUNK_PERIOD_MS,
-        supports_input_append=True,
-        supports_barge_in=True,
-        supports_session_resume=True,
-        supports_audio_truncate=True,
-        supports_multi_session=True,
-        input_modes=["audio", "text"],
-        input_formats=list(SUPPORTED_INPUT),
-        output_formats=list(SUPPORTED_OUTPUT),
-    )
+    capabilities = full_duplex("cascade", CHUNK_PERIOD_MS)
 
     def __init__(self, stages: CascadeStages, engine: EngineCore[SpeakPayload, ModelChunk]) -> None:
         self.listening = stages
