@@ -573,7 +573,7 @@ class SessionActor:
 
         async def transcribe() -> None:
             try:
-                text = await listening.transcribe(pcm, rate)
+                text = await listening.transcribe(pcm, rate, partial=True)
             except TranscriptionError:
                 return  # logged by the stage; the final transcript will say it
             self._mailbox.put_nowait(mb.Partial(item_id, text))

@@ -62,8 +62,9 @@ class Listening(Protocol):
         """Whether a partial transcript may run now without delaying final ones."""
         ...
 
-    async def transcribe(self, pcm16: bytes, sample_rate_hz: int) -> str:
-        """The words in the audio; raises :class:`TranscriptionError`."""
+    async def transcribe(self, pcm16: bytes, sample_rate_hz: int, partial: bool = False) -> str:
+        """The words in the audio; ``partial`` for speech still going on (it
+        yields to final transcripts). Raises :class:`TranscriptionError`."""
         ...
 
 

@@ -1,28 +1,67 @@
-"""One thread per audio stage, awaited from the event loop."""
+"""Audio stages as engine workers: one loaded model, one thread, requests
+scheduled by the engine core.
+
+Each call on a stage is an engine request (``max_concurrency=1``: the
+libraries are not thread-safe), so realtime work (a turn's final transcript,
+VAD scores, speech for an answer) goes ahead of background work (partial
+transcripts) in the core's priority queue.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import itertools
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from duplex_server.engine.core import EngineCore, EngineRequest, Priority
 
 T = TypeVar("T")
 
 
-class StageWorker:
-    """Runs a stage's calls one at a time on its own thread, in submission order."""
+@dataclass
+class StageCall:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+
+class _ThreadBackend:
+    """Engine backend running each request's call on the stage's one thread."""
 
     def __init__(self, name: str) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        self.pending = 0  # calls submitted and not finished
 
-    async def run(self, fn: Callable[..., T], *args: object) -> T:
-        self.pending += 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-        finally:
-            self.pending -= 1
+    async def generate(self, request: EngineRequest[StageCall]) -> AsyncIterator[Any]:
+        call = request.payload
+        yield await asyncio.get_running_loop().run_in_executor(self._pool, call.fn, *call.args)
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+
+class Stage:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.engine: EngineCore[StageCall, Any] = EngineCore(
+            _ThreadBackend(name), max_concurrency=1
+        )
+        self._ids = itertools.count()
+
+    @property
+    def pending(self) -> int:
+        """Requests running or waiting."""
+        return self.engine.running + self.engine.queued
+
+    async def run(
+        self, fn: Callable[..., T], *args: Any, priority: Priority = Priority.REALTIME
+    ) -> T:
+        request = EngineRequest(
+            request_id=f"{self.name}-{next(self._ids)}",
+            session_id="",
+            response_id="",
+            epoch=0,
+            payload=StageCall(fn, args),
+            priority=priority,
+        )
+        async for result in self.engine.submit(request):
+            return result
+        raise RuntimeError(f"stage {self.name} returned nothing")  # generate always yields

@@ -8,12 +8,13 @@ import logging
 from typing import Protocol
 
 from duplex_server.audio import resample_pcm16
+from duplex_server.engine import Priority
 from duplex_server.engine.audio.espeak import Espeak
 from duplex_server.engine.audio.silero import SAMPLE_RATE_HZ as VAD_RATE_HZ
 from duplex_server.engine.audio.silero import WINDOW_MS, SileroModel, VadStream
 from duplex_server.engine.audio.sphinx import SAMPLE_RATE_HZ as ASR_RATE_HZ
 from duplex_server.engine.audio.sphinx import Sphinx
-from duplex_server.engine.audio.worker import StageWorker
+from duplex_server.engine.audio.worker import Stage
 from duplex_server.sessions.model_port import TranscriptionError
 
 log = logging.getLogger(__name__)
@@ -24,13 +25,13 @@ class SileroScorer:
 
     window_ms = WINDOW_MS
 
-    def __init__(self, model: SileroModel, worker: StageWorker) -> None:
+    def __init__(self, model: SileroModel, stage: Stage) -> None:
         self._stream = VadStream(model)
-        self._worker = worker
+        self._stage = stage
 
     async def score(self, pcm16: bytes, sample_rate_hz: int) -> list[tuple[float, float]]:
         audio = resample_pcm16(pcm16, sample_rate_hz, VAD_RATE_HZ)
-        return await self._worker.run(self._stream.feed, audio)
+        return await self._stage.run(self._stream.feed, audio)
 
 
 class Recogniser(Protocol):
@@ -74,24 +75,25 @@ class CascadeStages:
         self.vad_model = SileroModel()
         self.asr = asr
         self.tts = tts
-        self.vad_worker = StageWorker("vad")
-        self.asr_worker = StageWorker("asr")
-        self.tts_worker = StageWorker("tts")
+        self.vad_stage = Stage("vad")
+        self.asr_stage = Stage("asr")
+        self.tts_stage = Stage("tts")
 
     # --- Listening -----------------------------------------------------------
 
     def open_scorer(self) -> SileroScorer:
-        return SileroScorer(self.vad_model, self.vad_worker)
+        return SileroScorer(self.vad_model, self.vad_stage)
 
     def can_take_partial(self) -> bool:
-        """Partial transcripts only when the recogniser is idle: they must never
-        queue ahead of the final transcript of a turn."""
-        return self.asr_worker.pending == 0
+        """Partial transcripts only when the recogniser is idle (a running one
+        cannot be preempted by a turn's final transcript)."""
+        return self.asr_stage.pending == 0
 
-    async def transcribe(self, pcm16: bytes, sample_rate_hz: int) -> str:
+    async def transcribe(self, pcm16: bytes, sample_rate_hz: int, partial: bool = False) -> str:
         audio = resample_pcm16(pcm16, sample_rate_hz, ASR_RATE_HZ)
+        priority = Priority.BATCH if partial else Priority.REALTIME
         try:
-            return await self.asr_worker.run(self.asr.transcribe, audio)
+            return await self.asr_stage.run(self.asr.transcribe, audio, priority=priority)
         except Exception as exc:  # the stage boundary: any recogniser failure
             log.exception("speech recognition failed")
             raise TranscriptionError(f"speech recognition failed: {exc}") from exc
@@ -99,5 +101,5 @@ class CascadeStages:
     # --- speaking --------------------------------------------------------------
 
     async def synthesize(self, text: str, voice: str, speed: float) -> tuple[bytes, int]:
-        pcm = await self.tts_worker.run(self.tts.synthesize, text, voice, speed)
+        pcm = await self.tts_stage.run(self.tts.synthesize, text, voice, speed)
         return pcm, self.tts.sample_rate_hz
