@@ -16,7 +16,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -139,8 +139,12 @@ class DuplexClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         trace: DuplexTrace | None = None,
         ack_every: int = 32,
+        replicas: Sequence[str] = (),
     ) -> None:
+        """``replicas``: other servers of the same deployment (one Redis); a
+        dropped connection is resumed on them in turn when ``url`` is gone."""
         self.url = url
+        self.replicas = list(replicas)
         self.config = config or SessionConfig()
         if model is not None:
             self.config = msgspec.structs.replace(self.config, model=model)
@@ -201,12 +205,13 @@ class DuplexClient:
         if self._ws is not None:
             await self._ws.close()
 
-    async def _connect(self) -> websockets.ClientConnection:
+    async def _connect(self, url: str | None = None) -> websockets.ClientConnection:
+        url = url or self.url
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         try:
             return await asyncio.wait_for(
                 websockets.connect(
-                    _with_query(self.url, autostart="0"),
+                    _with_query(url, autostart="0"),
                     max_size=None,
                     additional_headers=headers,
                     ping_interval=None,
@@ -214,7 +219,7 @@ class DuplexClient:
                 self.timeout_s,
             )
         except (TimeoutError, OSError, websockets.WebSocketException) as exc:
-            raise DuplexConnectionError(f"cannot connect to {self.url}: {exc}") from exc
+            raise DuplexConnectionError(f"cannot connect to {url}: {exc}") from exc
 
     async def _handshake(self, ws, expected: type) -> Any:
         """Read until ``expected`` (session.created / session.resumed) or an error."""
@@ -283,10 +288,12 @@ class DuplexClient:
     async def _resume_or_fail(self, cause: Exception) -> None:
         if self.reconnect is None:
             raise DuplexSessionClosedError(f"transport dropped ({cause})")
-        for delay in self.reconnect.delays():
+        servers = [self.url, *(u for u in self.replicas if u != self.url)]
+        for attempt, delay in enumerate(self.reconnect.delays()):
             await asyncio.sleep(delay)
+            url = servers[attempt % len(servers)]
             try:
-                ws = await self._connect()
+                ws = await self._connect(url)
             except DuplexConnectionError:
                 continue
             self._demux.expect_replay(self._demux.last_seq)
@@ -309,6 +316,9 @@ class DuplexClient:
                 await ws.close()
                 continue
             self._ws = ws
+            if url != self.url:  # served by another replica from now on
+                self.replicas = [self.url, *(u for u in self.replicas if u != url)]
+                self.url = url
             self.resume_token = resumed.resume_token
             self.session = resumed.session or self.session
             self._deliver(resumed)

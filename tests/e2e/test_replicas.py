@@ -278,3 +278,46 @@ async def test_redis_restart_during_traffic(tmp_path):
     finally:
         server.stop()
         redis.stop()
+
+
+async def test_duplex_client_resumes_on_another_replica_by_itself(redis_server):
+    from clients.duplex import ConnectionResumed, DuplexClient, ReconnectPolicy, presets
+    from protocol import server_events as se
+
+    prefix = f"r{uuid.uuid4().hex[:10]}"
+    a = replica(redis_server.url, prefix, "replica-a").start()
+    b = replica(redis_server.url, prefix, "replica-b").start()
+    policy = ReconnectPolicy(max_attempts=12, initial_backoff_s=0.05, max_backoff_s=0.3)
+    try:
+        async with DuplexClient(
+            a.ws_url,
+            config=presets.echo(chunk_delay_ms=30),
+            replicas=[b.ws_url],
+            reconnect=policy,
+            timeout_s=10,
+        ) as client:
+            await client.append_audio(tone_pcm16(2000))
+            await client.commit()
+            seqs: list[int] = []
+            resumed = False
+            async for event in client.events(timeout_s=15):
+                seq = getattr(event, "server_event_seq", None)
+                if seq is not None:
+                    seqs.append(seq)
+                if isinstance(event, se.OutputAudioDelta) and a.proc.poll() is None:
+                    a.kill9()  # the client's replica dies mid-answer
+                resumed = resumed or isinstance(event, ConnectionResumed)
+                if isinstance(event, se.ResponseDone):
+                    break
+            assert resumed and client.url == b.ws_url
+            # In order, none twice (the client shows one spelling of each event).
+            assert seqs == sorted(set(seqs))
+            assert event.response.status == "completed" or (
+                event.response.status_details.reason == "server_restart"
+            )
+            await client.append_audio(tone_pcm16(300))
+            committed = await client.commit()
+            assert committed.event.turn_id == 2  # the conversation goes on, on B
+    finally:
+        a.stop()
+        b.stop()
