@@ -16,8 +16,6 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from msgspec import UNSET
-
 from duplex_server.audio import resample_pcm16
 from duplex_server.audio.opus import RATE_HZ as OPUS_RATE_HZ
 from duplex_server.audio.opus import OpusDecoder, OpusStream
@@ -29,11 +27,8 @@ from duplex_server.sessions.commands import (
     Effects,
     audio_append,
     audio_commit,
-    next_user_item_id,
-    overlap_decision,
-    respond_to_input,
-    speech_transition,
 )
+from duplex_server.sessions.hearing import Hearing
 from duplex_server.sessions.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
 from duplex_server.sessions.log import (
     DuplicateEvent,
@@ -44,18 +39,14 @@ from duplex_server.sessions.log import (
     StaleFence,
 )
 from duplex_server.sessions.model_port import (
-    Listening,
     ModelPort,
     ResponseRequest,
-    TranscriptionError,
 )
 from duplex_server.sessions.records import (
-    AudioBody,
     CloseBody,
     CloseReason,
     CommitBody,
     ConfigBody,
-    DecisionBody,
     LeaseAction,
     LeaseBody,
     OutBody,
@@ -67,14 +58,12 @@ from duplex_server.sessions.snapshot import session_object
 from duplex_server.sessions.state import Response, SessionState, fold, initial_state
 from duplex_server.sessions.streams import ResponseStreams
 from duplex_server.sessions.tokens import hash_token, new_resume_token, token_matches
-from duplex_server.sessions.turns import Overlap, Transition, VadTracker
 from protocol.audio_formats import OPUS
 from protocol.client_events import ClientEvent, InputAudioAppend, InputAudioCommit, SessionResume
 from protocol.codec import encode_server_event
 from protocol.errors import ProtocolError, error_body
 from protocol.server_events import (
     Error,
-    InputTranscriptionDelta,
     SessionClosed,
     SessionCreated,
     SessionExpired,
@@ -83,13 +72,11 @@ from protocol.server_events import (
     SessionResyncRequired,
     SessionUpdated,
 )
-from protocol.session_config import SessionUpdate, TurnDetection
+from protocol.session_config import SessionUpdate
 
 log = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT_S = 2.0
-PARTIAL_EVERY_MS = 500.0  # of buffered speech between partial transcripts
-TRIM_SLACK_MS = 1000.0  # silence beyond the prefix padding before it is trimmed
 RECENT_TURN_AUDIO = 8  # user turns whose pcm the actor keeps for the model
 
 
@@ -157,17 +144,9 @@ class SessionActor:
         # The store refused an append: the state may not match the log, and
         # nothing is served until a refold from the log succeeds.
         self._dirty = False
-        self._vad: VadTracker | None = None  # server VAD under the current settings
-        self._overlap: Overlap | None = None  # user speech over the current answer
-        self._reply_pending = False  # a turn deferred (listen_only) until the answer ends
         self._opus: tuple[str, OpusStream] | None = None  # (response id, its encoder)
         self._opus_decoder: OpusDecoder | None = None  # Opus input, made on first use
-        # Partial transcripts of the speech going on: the task in flight, how much
-        # audio the last one covered, and what the client was told (for which item).
-        self._partial_task: asyncio.Task[None] | None = None
-        self._partial_at_ms = 0.0
-        self._partial_item = ""
-        self._partial_text = ""
+        self.hearing = Hearing(self)
 
     def _initial(self) -> SessionState:
         return initial_state(self.session_id, self.model.name, self.model.turn_detection_types)
@@ -180,12 +159,12 @@ class SessionActor:
         self.fence = await self._log.acquire_lease(self.session_id, self.settings.owner)
         self.holds_lease = True
         token = new_resume_token()
-        batch = self._batch()
+        batch = self.new_batch()
         self._lease_fact(batch, "attach", 1, token)
         batch.fact(ConfigBody(patch=patch))
         if handshake:
             batch.emit(SessionUpdated(session=self._snapshot()))
-        if not await self._commit(batch):
+        if not await self.commit_batch(batch):
             raise LogError(f"could not record the opening of {self.session_id}")
         attachment.generation = 1
         self.attachment = attachment
@@ -224,7 +203,7 @@ class SessionActor:
         self.journal.restore(journal_entries(records), self.state.server_event_seq)
         for item_id, pcm in recent_turn_audio(self.state, records, RECENT_TURN_AUDIO):
             self.remember_audio(item_id, pcm)
-        batch = self._batch()
+        batch = self.new_batch()
         if self.state.response is not None:
             finish_response(batch, "incomplete", "server_restart")
         self._lease_fact(batch, "takeover", self.state.lease.generation)
@@ -233,7 +212,7 @@ class SessionActor:
         if expired:
             batch.emit(SessionExpired(reason="disconnect_grace_expired"))
             batch.fact(CloseBody(reason="disconnect_grace_expired"), origin="manager")
-        if not await self._commit(batch):
+        if not await self.commit_batch(batch):
             raise LogError(f"could not record the recovery of {self.session_id}")
         if expired:
             await self._release_lease()
@@ -275,6 +254,10 @@ class SessionActor:
     def suspend(self) -> None:
         """Stop serving but keep the session resumable (durable store, restart)."""
         self._mailbox.put_nowait(mb.Suspend())
+
+    def post(self, message: object) -> None:
+        """Queue a message for the actor's loop (engine and stage results)."""
+        self._mailbox.put_nowait(message)
 
     def lease_lost(self, status: LeaseStatus) -> None:
         """The lease renewal found the session taken, or asked for by another replica."""
@@ -326,9 +309,9 @@ class SessionActor:
         elif isinstance(message, mb.LeaseLost):
             await self._leave(message.status)
         elif isinstance(message, mb.Partial):
-            await self._on_partial(message)
+            await self.hearing.on_partial(message)
 
-    def _batch(self, event_id: str | None = None) -> Batch:
+    def new_batch(self, event_id: str | None = None) -> Batch:
         return Batch(self.state, self.model.capabilities, _now_ms(), event_id)
 
     def _lease_fact(
@@ -356,7 +339,7 @@ class SessionActor:
     def _snapshot(self):
         return session_object(self.state, self.model.capabilities)
 
-    async def _commit(self, batch: Batch) -> bool:
+    async def commit_batch(self, batch: Batch) -> bool:
         """Append the batch; on refusal restore the state from the log."""
         if not batch.records:
             return True
@@ -409,7 +392,7 @@ class SessionActor:
         self.journal.restore(journal_entries(records), self.state.server_event_seq)
         self._dirty = False
         if self.state.response is not None:
-            batch = self._batch()
+            batch = self.new_batch()
             batch.emit(
                 Error(
                     error=error_body(
@@ -421,7 +404,7 @@ class SessionActor:
                 )
             )
             finish_response(batch, "failed", "storage_unavailable")
-            await self._commit(batch)
+            await self.commit_batch(batch)
         return not self._dirty
 
     async def _refuse_unrecorded(self, message: object) -> None:
@@ -500,8 +483,8 @@ class SessionActor:
             return  # a retried event: applied once already, its outputs are journaled
         transcript = ""
         if isinstance(event, InputAudioCommit):
-            transcript = await self._transcribe_input()
-        batch = self._batch(event.event_id)
+            transcript = await self.hearing.transcribe_input()
+        batch = self.new_batch(event.event_id)
         try:
             if isinstance(event, InputAudioCommit):
                 effects = audio_commit(batch, event, self.model, transcript)
@@ -514,152 +497,17 @@ class SessionActor:
                 await self._refold()
             await self.reject(err)
             return
-        if await self._commit(batch):
+        if await self.commit_batch(batch):
             self.settings.observe_append(time.perf_counter() - message.received_at)
-            await self._apply_effects(effects)
+            await self.apply_effects(effects)
             if isinstance(event, InputAudioAppend):
-                await self._hear(batch)
-
-    async def _transcribe_input(self) -> str:
-        """What the model hears in the input buffer (before its commit is built,
-        so ``transcription.completed`` takes its place in the commit fan-out)."""
-        listening = self.model.listening
-        buffer = self.state.input
-        if listening is None or not buffer.chunks:
-            return ""
-        try:
-            return await listening.transcribe(b"".join(buffer.chunks), buffer.sample_rate_hz)
-        except TranscriptionError as exc:
-            await self.reject(ProtocolError("engine_error", str(exc)))
-            return ""  # the turn is committed without a transcript
-
-    async def _hear(self, batch: Batch) -> None:
-        """Server VAD: score the chunk just appended; record speech starts and
-        stops, and commit the turn when the speech stopped."""
-        detection = self.state.config.turn_detection
-        listening = self.model.listening
-        if listening is None or detection is None or detection.type != "server_vad":
-            self._vad = None
-            return
-        audio = next((r.body for r in batch.records if isinstance(r.body, AudioBody)), None)
-        if audio is None:
-            return
-        origin_ms = self.state.input.end_ms - audio.duration_ms
-        if self._vad is None or self._vad.settings != detection:
-            self._vad = VadTracker(detection, listening.open_scorer(), origin_ms)
-        for transition in await self._vad.hear(audio.pcm, audio.sample_rate_hz):
-            await self._on_transition(transition, detection)
-        if not self.state.user_speaking:
-            await self._trim_silence(detection)
-        else:
-            self._maybe_partial(listening)
-
-    def _maybe_partial(self, listening: Listening) -> None:
-        """While the user speaks, transcribe what is buffered every
-        ``PARTIAL_EVERY_MS`` of audio, off the actor (one at a time); the
-        result comes back through the mailbox."""
-        buffer = self.state.input
-        if self._partial_task is not None and not self._partial_task.done():
-            return
-        if not listening.can_take_partial():
-            return
-        if buffer.audio_ms < self._partial_at_ms:
-            self._partial_at_ms = 0.0  # a new utterance
-        if buffer.audio_ms - self._partial_at_ms < PARTIAL_EVERY_MS:
-            return
-        self._partial_at_ms = buffer.audio_ms
-        item_id = next_user_item_id(self.state)
-        pcm, rate = b"".join(buffer.chunks), buffer.sample_rate_hz
-
-        async def transcribe() -> None:
-            try:
-                text = await listening.transcribe(pcm, rate, partial=True)
-            except TranscriptionError:
-                return  # logged by the stage; the final transcript will say it
-            self._mailbox.put_nowait(mb.Partial(item_id, text))
-
-        self._partial_task = asyncio.get_running_loop().create_task(transcribe())
-
-    async def _on_partial(self, message: mb.Partial) -> None:
-        """Tell the client what was heard so far, as an extension of what it
-        was told before (a revised hypothesis waits for the final transcript)."""
-        current = next_user_item_id(self.state)
-        if not self.state.user_speaking or message.item_id != current:
-            return
-        told = self._partial_text if self._partial_item == current else ""
-        if len(message.text) <= len(told) or not message.text.startswith(told):
-            return
-        batch = self._batch()
-        batch.emit(InputTranscriptionDelta(item_id=current, delta=message.text[len(told) :]))
-        if await self._commit(batch):
-            self._partial_item, self._partial_text = current, message.text
-
-    async def _trim_silence(self, detection: TurnDetection) -> None:
-        """Between turns the buffer keeps only the prefix padding: a session
-        that hears only silence holds a bounded buffer, not all of it."""
-        keep_ms = float(detection.prefix_padding_ms)  # type: ignore[arg-type]
-        if self.state.input.audio_ms < keep_ms + TRIM_SLACK_MS:
-            return
-        batch = self._batch()
-        batch.fact(DecisionBody(action="input_trimmed", audio_ms=keep_ms), origin="server")
-        await self._commit(batch)
-
-    async def _on_transition(self, transition: Transition, detection: TurnDetection) -> None:
-        if transition.kind == "speech_started":
-            batch = self._batch()
-            speech_transition(batch, transition)
-            if self.state.response is not None:
-                self._overlap = Overlap(transition.at_ms, self.state.response.id)
-            await self._commit(batch)
-        elif transition.kind == "speech_sustained":
-            await self._resolve_overlap(transition)
-        else:
-            await self._end_of_speech(transition, detection)
-
-    async def _resolve_overlap(self, transition: Transition) -> None:
-        """Speech over the answer lasted the barge-in threshold: act on the policy."""
-        overlap = self._overlap
-        if overlap is None or overlap.action is not None:
-            return
-        barge = (
-            self.state.config.overlap_policy == "barge_in_on_speech"
-            and self.model.capabilities.supports_barge_in
-        )
-        overlap.action = "barge_in" if barge else "listen"
-        batch = self._batch()
-        effects = overlap_decision(
-            batch, overlap.action, transition.at_ms - overlap.started_ms, overlap.response_id
-        )
-        if await self._commit(batch):
-            await self._apply_effects(effects)
-
-    async def _end_of_speech(self, transition: Transition, detection: TurnDetection) -> None:
-        overlap, self._overlap = self._overlap, None
-        if overlap is not None and overlap.action is None:
-            batch = self._batch()  # a short remark over the answer: dropped
-            speech_transition(batch, transition)
-            overlap_ms = transition.at_ms - overlap.started_ms
-            overlap_decision(batch, "drop", overlap_ms, overlap.response_id)
-            await self._commit(batch)
-            return
-        # Under listen_only the turn waits for the answer to end (then it is answered).
-        defer = overlap is not None and overlap.action == "listen"
-        defer = defer and self.state.response is not None
-        transcript = await self._transcribe_input()
-        batch = self._batch()
-        speech_transition(batch, transition)
-        respond = detection.create_response if detection.create_response is not UNSET else None
-        commit = InputAudioCommit(response_create=False if defer else respond)
-        effects = audio_commit(batch, commit, self.model, transcript)
-        if await self._commit(batch):
-            self._reply_pending = defer
-            await self._apply_effects(effects)
+                await self.hearing.hear(batch)
 
     async def reject(self, err: ProtocolError) -> None:
         """Journal an error event for a rejected input; the session keeps serving."""
-        batch = self._batch()
+        batch = self.new_batch()
         batch.emit(Error(error=error_body(err)))
-        await self._commit(batch)
+        await self.commit_batch(batch)
 
     def _note_commits(self, batch: Batch) -> None:
         if self.settings.retain_audio == "all":
@@ -690,7 +538,7 @@ class SessionActor:
         while len(self.turn_audio) > RECENT_TURN_AUDIO:
             self.turn_audio.popitem(last=False)
 
-    async def _apply_effects(self, effects: Effects) -> None:
+    async def apply_effects(self, effects: Effects) -> None:
         for item_id, pcm in effects.audio:
             self.remember_audio(item_id, pcm)
         for response_id in effects.abort:
@@ -727,11 +575,11 @@ class SessionActor:
         chunks = self._streams.take(message.response_id)
         if not chunks or not self._is_current(message.response_id, message.epoch):
             return  # fenced off: stale output never reaches the log
-        batch = self._batch()
+        batch = self.new_batch()
         encode = self._stream_encoder(message.response_id)
         for chunk in chunks:
             emit_chunk(batch, self.state.response, chunk, encode)  # type: ignore[arg-type]
-        await self._commit(batch)
+        await self.commit_batch(batch)
 
     def _decode_opus(self, packet: bytes) -> bytes:
         """Opus input goes through one decoder per session, made on first use."""
@@ -752,21 +600,14 @@ class SessionActor:
         self._streams.forget(message.response_id)
         if not self._is_current(message.response_id, message.epoch):
             return
-        batch = self._batch()
+        batch = self.new_batch()
         if message.error is not None:
             batch.emit(Error(error=error_body(ProtocolError("engine_error", message.error))))
             finish_response(batch, "failed", "engine_error")
         else:
             finish_response(batch, "completed")
-        if await self._commit(batch) and self._reply_pending:
-            self._reply_pending = False
-            await self._answer_deferred_turn()
-
-    async def _answer_deferred_turn(self) -> None:
-        batch = self._batch()
-        effects = respond_to_input(batch, self.model)
-        if await self._commit(batch):
-            await self._apply_effects(effects)
+        if await self.commit_batch(batch):
+            await self.hearing.answer_ended()
 
     # --- attachments -------------------------------------------------------
 
@@ -799,9 +640,9 @@ class SessionActor:
             return
         token = new_resume_token()
         generation = state.lease.generation + 1
-        batch = self._batch()
+        batch = self.new_batch()
         self._lease_fact(batch, "resume", generation, token)
-        if not await self._commit(batch):
+        if not await self.commit_batch(batch):
             message.done.set_exception(
                 ProtocolError("storage_unavailable", "could not record the resume")
             )
@@ -854,16 +695,16 @@ class SessionActor:
         self.attachment = None
         await attachment.stop()
         self.detached_at = time.monotonic()
-        batch = self._batch()
+        batch = self.new_batch()
         self._lease_fact(batch, "detach", self.state.lease.generation)
-        if await self._commit(batch):
+        if await self.commit_batch(batch):
             await self._release_lease()
 
     async def _on_end(self, reason: CloseReason) -> None:
         """Expiry or server shutdown: tell the client why, then close."""
         if self.state.closed_reason is not None:
             return
-        batch = self._batch()
+        batch = self.new_batch()
         aborted = (
             cancel_response(batch, "client_cancelled", "incomplete")
             if (self.state.response)
@@ -874,7 +715,7 @@ class SessionActor:
         else:
             batch.emit(SessionClosed(reason=reason))  # type: ignore[arg-type]
         batch.fact(CloseBody(reason=reason), origin="manager")
-        if await self._commit(batch):
+        if await self.commit_batch(batch):
             if aborted:
                 self._streams.abort(aborted)
             await self._finish_close()
@@ -886,9 +727,9 @@ class SessionActor:
         if attachment is not None:
             self.attachment = None
             await attachment.stop()
-            batch = self._batch()
+            batch = self.new_batch()
             self._lease_fact(batch, "detach", self.state.lease.generation)
-            await self._commit(batch)
+            await self.commit_batch(batch)
             await attachment.close(1012, "server restarting: resume the session")
         await self._release_lease()
         self._suspended = True
