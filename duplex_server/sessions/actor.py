@@ -706,9 +706,7 @@ class SessionActor:
             return
         batch = self.new_batch()
         aborted = (
-            cancel_response(batch, "client_cancelled", "incomplete")
-            if (self.state.response)
-            else None
+            cancel_response(batch, "session_ended", "incomplete") if self.state.response else None
         )
         if reason in ("disconnect_grace_expired", "idle_ttl_expired"):
             batch.emit(SessionExpired(reason=reason))  # type: ignore[arg-type]

@@ -101,7 +101,12 @@ class SignalBody(Body, tag="signal"):
 
 
 FenceReason = Literal[
-    "client_cancelled", "output_cleared", "barge_in", "input_cancelled", "new_response"
+    "client_cancelled",
+    "output_cleared",
+    "barge_in",
+    "input_cancelled",
+    "new_response",
+    "session_ended",  # expiry or shutdown cut the answer
 ]
 
 

@@ -219,3 +219,16 @@ async def test_api_key(server):
         assert (await http.get("/v1/sessions/x/events")).status_code == 401
         ok = await http.get("/v1/sessions/x/events", headers={"Authorization": "Bearer sekrit"})
         assert ok.status_code == 404
+
+
+@pytest.mark.server_config(idle_ttl_s=0.6, reap_interval_s=0.05)
+async def test_expiry_cuts_a_streaming_answer_as_session_ended(server):
+    client, _ = await server.open()
+    await client.send(
+        {"type": "session.update", "session": {"extra_body": {"chunk_delay_ms": 200}}}
+    )
+    await client.append(tone_pcm16(5000))
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("session.expired")
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    assert (done["status"], done["status_details"]["reason"]) == ("incomplete", "session_ended")
