@@ -147,6 +147,7 @@ class SessionActor:
         self._opus: tuple[str, OpusStream] | None = None  # (response id, its encoder)
         self._opus_decoder: OpusDecoder | None = None  # Opus input, made on first use
         self.hearing = Hearing(self)
+        self._end_requested = False
 
     def _initial(self) -> SessionState:
         return initial_state(self.session_id, self.model.name, self.model.turn_detection_types)
@@ -249,6 +250,11 @@ class SessionActor:
         self._mailbox.put_nowait(mb.Detach(generation))
 
     def end(self, reason: CloseReason) -> None:
+        """Close the session (expiry, shutdown); asking twice queues it once,
+        so a reaper tick that finds it still open does not pile up requests."""
+        if self._end_requested:
+            return
+        self._end_requested = True
         self._mailbox.put_nowait(mb.End(reason))
 
     def suspend(self) -> None:
@@ -713,10 +719,12 @@ class SessionActor:
         else:
             batch.emit(SessionClosed(reason=reason))  # type: ignore[arg-type]
         batch.fact(CloseBody(reason=reason), origin="manager")
-        if await self.commit_batch(batch):
-            if aborted:
-                self._streams.abort(aborted)
-            await self._finish_close()
+        if not await self.commit_batch(batch):
+            self._end_requested = False  # not recorded: the reaper asks again
+            return
+        if aborted:
+            self._streams.abort(aborted)
+        await self._finish_close()
 
     async def _on_suspend(self) -> None:
         """Hand the session over to the next process: detach, tell the client to resume."""
