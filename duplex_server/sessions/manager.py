@@ -32,6 +32,14 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class _Takeover:
+    """Serialises concurrent resumes of one session that another replica owns."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+
+
+@dataclass
 class ManagerSettings:
     owner: str
     max_sessions: int = 1000
@@ -59,7 +67,7 @@ class SessionManager:
         self._ended: OrderedDict[str, str] = OrderedDict()
         self._reaper: asyncio.Task[None] | None = None
         self._keeper: asyncio.Task[None] | None = None
-        self._takeovers: dict[str, asyncio.Lock] = {}
+        self._takeovers: dict[str, _Takeover] = {}
         self._recovery_pending = False
 
     def _actor_settings(self) -> ActorSettings:
@@ -206,23 +214,33 @@ class SessionManager:
         against the log, ask the owner to let go (or wait out a dead owner's
         lease), then rebuild the session from its stream."""
         session_id = request.session_id
-        lock = self._takeovers.setdefault(session_id, asyncio.Lock())
-        async with lock:
-            actor = self.actors.get(session_id)
-            if actor is not None:
-                return actor  # a concurrent resume took it over already
-            self._check_resumable(request, await self._read_for_resume(request))
-            fence = await self._acquire_waiting(request)
-            records = await self.log.read(session_id)
-            now_ms = int(time.time() * 1000)
-            if not await self._restore(session_id, fence, records, now_ms, keep_lease=True):
-                raise ProtocolError(
-                    "session_resume_expired",
-                    f"session {session_id} ended (disconnect_grace_expired)",
-                    param="session_id",
-                    event_id=request.event_id,
-                )
-            return self.actors[session_id]
+        takeover = self._takeovers.setdefault(session_id, _Takeover())
+        takeover.users += 1
+        try:
+            async with takeover.lock:
+                actor = self.actors.get(session_id)
+                if actor is not None:
+                    return actor  # a concurrent resume took it over already
+                return await self._take_over_locked(request)
+        finally:
+            takeover.users -= 1
+            if takeover.users == 0:  # kept only while resumes wait on it
+                self._takeovers.pop(session_id, None)
+
+    async def _take_over_locked(self, request: SessionResume) -> SessionActor:
+        session_id = request.session_id
+        self._check_resumable(request, await self._read_for_resume(request))
+        fence = await self._acquire_waiting(request)
+        records = await self.log.read(session_id)
+        now_ms = int(time.time() * 1000)
+        if not await self._restore(session_id, fence, records, now_ms, keep_lease=True):
+            raise ProtocolError(
+                "session_resume_expired",
+                f"session {session_id} ended (disconnect_grace_expired)",
+                param="session_id",
+                event_id=request.event_id,
+            )
+        return self.actors[session_id]
 
     async def _read_for_resume(self, request: SessionResume) -> list[Record]:
         try:
