@@ -161,18 +161,21 @@ def _stage_rtf(open_vocabulary: bool) -> dict:
 
     espeak = Espeak.shared()
     sphinx = Sphinx(None if open_vocabulary else PHRASES)
-    tts_s = asr_s = audio_s = 0.0
+    tts_s = asr_s = answer_audio_s = question_audio_s = 0.0
     for phrase in PHRASES * 3:
         started = time.perf_counter()
         pcm = espeak.synthesize(f"You said: {phrase}.", VOICE)
         tts_s += time.perf_counter() - started
-        audio_s += len(pcm) / (2 * espeak.sample_rate_hz)
+        answer_audio_s += len(pcm) / (2 * espeak.sample_rate_hz)
         speech = resample_pcm16(espeak.synthesize(phrase, VOICE), espeak.sample_rate_hz, 16_000)
+        question_audio_s += len(speech) / (2 * 16_000)
         started = time.perf_counter()
         sphinx.transcribe(speech)
         asr_s += time.perf_counter() - started
-    asr_audio = sum(len(_speech(p)) / (2 * RATE) for p in PHRASES) * 3  # same phrases, same voice
-    return {"tts_rtf": round(tts_s / audio_s, 4), "asr_rtf": round(asr_s / asr_audio, 4)}
+    return {
+        "tts_rtf": round(tts_s / answer_audio_s, 4),
+        "asr_rtf": round(asr_s / question_audio_s, 4),
+    }
 
 
 async def _drive(url: str, args: argparse.Namespace, proc: psutil.Process) -> dict:
