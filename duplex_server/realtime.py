@@ -17,6 +17,7 @@ from duplex_server.sessions.attachment import Attachment, TransportClosed
 from duplex_server.sessions.manager import SessionManager
 from protocol.client_events import SessionResume, SessionUpdateEvent
 from protocol.codec import FrameDecoder, encode_server_event
+from protocol.dialect import negotiate
 from protocol.errors import ProtocolError, error_body
 from protocol.server_events import Error
 from protocol.session_config import SessionUpdate
@@ -56,12 +57,22 @@ class RealtimeConnection:
     """One client socket: at most one session attached at a time."""
 
     def __init__(
-        self, websocket: WebSocket, manager: SessionManager, decoder: FrameDecoder
+        self,
+        websocket: WebSocket,
+        manager: SessionManager,
+        decoder: FrameDecoder,
+        duplex: bool = True,
     ) -> None:
         self.websocket = websocket
+        self.duplex = duplex
         self.manager = manager
         self.decoder = decoder
-        self.attachment = Attachment(WebSocketTransport(websocket))
+        self.attachment = Attachment(
+            WebSocketTransport(websocket),
+            dialect=negotiate(
+                websocket.query_params.get("events"), websocket.headers.get("openai-beta")
+            ),
+        )
         self.actor: SessionActor | None = None
 
     async def run(self, autostart: bool, model: str | None) -> None:
@@ -89,7 +100,9 @@ class RealtimeConnection:
 
     async def _open(self, patch: SessionUpdate, handshake: bool) -> bool:
         try:
-            self.actor = await self.manager.open(self.attachment, patch, handshake)
+            self.actor = await self.manager.open(
+                self.attachment, patch, handshake, openai_semantics=not self.duplex
+            )
         except ProtocolError as err:
             await self._send_error(err)
             await self.attachment.close(1013, err.code)
@@ -138,7 +151,7 @@ class RealtimeConnection:
                 )
             )
             return
-        fresh = Attachment(self.attachment.transport)
+        fresh = Attachment(self.attachment.transport, dialect=self.attachment.dialect)
         try:
             actor = await self.manager.resume(fresh, request)
         except ProtocolError as err:
@@ -171,5 +184,8 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         return
     params = websocket.query_params
     autostart = _flag(params.get("autostart"), True) and "resume" not in params
-    connection = RealtimeConnection(websocket, app_state.manager, app_state.decoder)
+    duplex = websocket.url.path.rstrip("/").endswith("/v1/duplex") or _flag(
+        params.get("duplex"), False
+    )
+    connection = RealtimeConnection(websocket, app_state.manager, app_state.decoder, duplex)
     await connection.run(autostart, params.get("model"))

@@ -8,9 +8,12 @@ returns a typed event or raises :class:`ProtocolError` with the precise code
 from __future__ import annotations
 
 import binascii
+import functools
 import re
+from typing import Any
 
 import msgspec
+import msgspec.inspect as mi
 
 from protocol.client_events import CLIENT_EVENT_TYPES, AnyClientEvent
 from protocol.errors import ProtocolError
@@ -70,41 +73,89 @@ class FrameDecoder:
         try:
             event = self._typed.decode(frame)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            raise self._diagnose(frame) from None
+            return self._decode_slowly(frame)
         # Media payloads stay base64 here: the session decodes them exactly once,
         # with the same invalid_audio error this gate would give.
         return event
 
-    def _diagnose(self, frame: str | bytes) -> ProtocolError:
-        """Slow path: say exactly why a frame did not decode."""
+    def _decode_slowly(self, frame: str | bytes) -> AnyClientEvent:
+        """Slow path: a frame with nulls for optional fields decodes without
+        them; anything else raises a ProtocolError saying exactly why."""
         try:
             raw = msgspec.json.decode(frame)
         except msgspec.DecodeError as exc:
-            return ProtocolError("invalid_json", f"frame is not valid JSON: {exc}")
+            raise ProtocolError("invalid_json", f"frame is not valid JSON: {exc}") from None
         event_id = _event_id_of(raw)
         if not isinstance(raw, dict):
-            return ProtocolError("invalid_event", "frame must be a JSON object", param="type")
+            raise ProtocolError("invalid_event", "frame must be a JSON object", param="type")
         event_type = raw.get("type")
         if not isinstance(event_type, str):
-            return ProtocolError(
+            raise ProtocolError(
                 "invalid_event", "missing string field 'type'", param="type", event_id=event_id
             )
         cls = CLIENT_EVENT_TYPES.get(event_type)
         if cls is None:
-            return ProtocolError(
+            raise ProtocolError(
                 "unknown_event_type", f"unknown event type {event_type!r}", event_id=event_id
             )
         try:
-            msgspec.convert(raw, cls)
+            event: AnyClientEvent = msgspec.convert(drop_optional_nulls(raw, cls), cls)
         except msgspec.ValidationError as exc:
             message = str(exc)
-            return ProtocolError(
+            raise ProtocolError(
                 "invalid_event",
                 f"{event_type}: {message}",
                 param=_param_from(message),
                 event_id=event_id,
-            )
-        return ProtocolError("invalid_event", f"{event_type}: malformed", event_id=event_id)
+            ) from None
+        return event
+
+
+def drop_optional_nulls(raw: Any, cls: type[msgspec.Struct]) -> Any:
+    """``raw`` without the ``null``s sent for optional fields that take no null.
+
+    OpenAI's clients send ``null`` for "not given" (``"instructions": null``);
+    our structs spell that as absent. Where ``null`` means something of its own
+    (``turn_detection: null``) the field's type takes ``None`` and it stays.
+    Only the schema's own depth is walked, never the input's."""
+    return _strip(raw, _struct_info(cls))
+
+
+@functools.cache
+def _struct_info(cls: type[msgspec.Struct]) -> mi.StructType:
+    info = mi.type_info(cls)
+    assert isinstance(info, mi.StructType)
+    return info
+
+
+def _strip(raw: Any, info: mi.StructType) -> Any:
+    if not isinstance(raw, dict):
+        return raw
+    out = dict(raw)
+    for field in info.fields:
+        if field.encode_name not in out:
+            continue
+        value = out[field.encode_name]
+        if value is None and not field.required and not _takes_none(field.type):
+            del out[field.encode_name]
+        elif value is not None:
+            out[field.encode_name] = _strip_typed(value, field.type)
+    return out
+
+
+def _strip_typed(value: Any, kind: mi.Type) -> Any:
+    members = kind.types if isinstance(kind, mi.UnionType) else (kind,)
+    for member in members:
+        if isinstance(member, mi.StructType) and isinstance(value, dict):
+            return _strip(value, member)
+        if isinstance(member, mi.ListType) and isinstance(value, list):
+            return [_strip_typed(item, member.item_type) for item in value]
+    return value
+
+
+def _takes_none(kind: mi.Type) -> bool:
+    members = kind.types if isinstance(kind, mi.UnionType) else (kind,)
+    return any(isinstance(member, mi.NoneType) for member in members)
 
 
 _encoder = msgspec.json.Encoder()

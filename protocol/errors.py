@@ -16,6 +16,7 @@ ERROR_CLASS: dict[str, str] = {
     "unknown_event_type": INVALID_REQUEST,
     "invalid_event": INVALID_REQUEST,
     "invalid_audio": INVALID_REQUEST,
+    "invalid_value": INVALID_REQUEST,
     "input_audio_buffer_empty": INVALID_REQUEST,
     "input_audio_buffer_full": INVALID_REQUEST,
     "response_create_without_input": INVALID_REQUEST,

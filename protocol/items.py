@@ -13,7 +13,10 @@ ItemStatus = Literal["completed", "in_progress", "incomplete"]
 
 
 class ContentPart(msgspec.Struct, omit_defaults=True):
-    type: str  # input_text | input_audio | text | audio | output_text | output_audio
+    # The server sends GA spellings (input_text | input_audio | output_text |
+    # output_audio); beta connections get text | audio (protocol.dialect).
+    # Clients may send either.
+    type: str
     text: str | UnsetType = UNSET
     audio: str | UnsetType = UNSET  # base64, only when a client sends audio content
     transcript: str | None | UnsetType = UNSET
@@ -30,3 +33,9 @@ class ConversationItem(msgspec.Struct, omit_defaults=True):
     name: str | UnsetType = UNSET
     arguments: str | UnsetType = UNSET
     output: str | UnsetType = UNSET
+
+
+class ServerItem(ConversationItem, omit_defaults=False):
+    """An item as the server sends it: ``type`` and ``object`` always present
+    (OpenAI's item models require ``type``; omitting defaults dropped both).
+    Unset optional fields are still left out."""

@@ -6,13 +6,13 @@ GA class with its own tag: the server emits both, side by side.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Literal, Union
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
 from protocol.errors import ErrorBody
-from protocol.items import ContentPart, ConversationItem
+from protocol.items import ContentPart, ServerItem
 from protocol.session_config import InputTranscription, Tool, TurnDetection
 
 
@@ -42,13 +42,13 @@ class AudioFormatDescription(msgspec.Struct):
 
 
 class SessionAudioInput(msgspec.Struct):
-    format: AudioFormatDescription
+    format: AudioFormatDescription | None  # None where OpenAI has no spelling for it
     turn_detection: TurnDetection | None
     transcription: InputTranscription | None
 
 
 class SessionAudioOutput(msgspec.Struct):
-    format: AudioFormatDescription
+    format: AudioFormatDescription | None
     voice: str
     speed: float
 
@@ -64,6 +64,15 @@ class SessionExtraBody(msgspec.Struct):
     chunk_delay_ms: float
 
 
+class SessionDuplex(msgspec.Struct):
+    """The session's true audio formats, in our names (``pcm_f32le``, ``opus``,
+    any rate): OpenAI's format fields can only say pcm16 at 24 kHz and G.711,
+    so they are null for anything else."""
+
+    input_format: AudioFormatDescription
+    output_format: AudioFormatDescription
+
+
 class SessionObject(msgspec.Struct):
     """Effective configuration plus live state, as announced to clients."""
 
@@ -73,8 +82,8 @@ class SessionObject(msgspec.Struct):
     output_modalities: list[str]
     instructions: str
     voice: str
-    input_audio_format: str
-    output_audio_format: str
+    input_audio_format: str | None
+    output_audio_format: str | None
     audio: SessionAudio
     turn_detection: TurnDetection | None
     input_audio_transcription: InputTranscription | None
@@ -95,22 +104,49 @@ class SessionObject(msgspec.Struct):
     active_item_id: str | None
     playback: PlaybackLedger
     capabilities: Capabilities
+    duplex: SessionDuplex | None = None
     object: str = "realtime.session"
+    type: str = "realtime"  # GA's session kind; beta clients ignore it
+
+
+OpenAIStatusReason = Literal[
+    "turn_detected", "client_cancelled", "max_output_tokens", "content_filter"
+]
+
+
+class StatusError(msgspec.Struct):
+    type: str
+    code: str
 
 
 class ResponseStatusDetails(msgspec.Struct, omit_defaults=True):
+    """OpenAI's shape: ``reason`` only from OpenAI's set; a failure's cause in
+    ``error``. The server's finer cause is ``ResponseObject.duplex.reason``."""
+
     type: str
-    reason: str | UnsetType = UNSET
+    reason: OpenAIStatusReason | UnsetType = UNSET
+    error: StatusError | UnsetType = UNSET
+
+
+class ResponseDuplex(msgspec.Struct):
+    """The server's own bookkeeping of a response: an extension object beside
+    OpenAI's fields (``metadata`` belongs to the client)."""
+
+    epoch: int
+    turn_id: int
+    playback: PlaybackLedger
+    reason: str | None = None  # barge_in, new_response, server_restart, engine_error, ...
 
 
 class ResponseObject(msgspec.Struct):
     id: str
     status: Literal["in_progress", "completed", "cancelled", "failed", "incomplete"]
     status_details: ResponseStatusDetails | None
-    output: list[ConversationItem]
+    output: list[ServerItem]
     modalities: list[str]
     output_modalities: list[str]
-    metadata: dict[str, Any] | None
+    metadata: dict[str, str] | None
+    duplex: ResponseDuplex | None = None
     usage: dict[str, int] | None = None
     object: str = "realtime.response"
 
@@ -171,12 +207,12 @@ class SessionResyncRequired(ServerEvent, tag="session.resync_required"):
 
 
 class SpeechStarted(ServerEvent, tag="input_audio_buffer.speech_started"):
-    audio_start_ms: float = 0.0
+    audio_start_ms: int = 0  # whole ms, as OpenAI defines it
     item_id: str = ""
 
 
 class SpeechStopped(ServerEvent, tag="input_audio_buffer.speech_stopped"):
-    audio_end_ms: float = 0.0
+    audio_end_ms: int = 0
     item_id: str = ""
 
 
@@ -202,7 +238,7 @@ class InputCleared(ServerEvent, tag="input_audio_buffer.cleared"):
 
 
 class ItemAdded(ServerEvent, tag="conversation.item.added"):
-    item: ConversationItem | None = None
+    item: ServerItem | None = None
     previous_item_id: str | None = None
 
 
@@ -211,12 +247,12 @@ class ItemCreated(ItemAdded, tag="conversation.item.created"):
 
 
 class ItemDone(ServerEvent, tag="conversation.item.done"):
-    item: ConversationItem | None = None
+    item: ServerItem | None = None
     previous_item_id: str | None = None
 
 
 class ItemRetrieved(ServerEvent, tag="conversation.item.retrieved"):
-    item: ConversationItem | None = None
+    item: ServerItem | None = None
 
 
 class ItemDeleted(ServerEvent, tag="conversation.item.deleted"):
@@ -226,7 +262,14 @@ class ItemDeleted(ServerEvent, tag="conversation.item.deleted"):
 class ItemTruncated(ServerEvent, tag="conversation.item.truncated"):
     item_id: str = ""
     content_index: int = 0
-    audio_end_ms: float = 0.0
+    audio_end_ms: int = 0  # whole ms, as OpenAI defines it
+
+
+class TranscriptionUsage(msgspec.Struct, frozen=True):
+    """OpenAI's duration-billed usage: the seconds of audio transcribed."""
+
+    seconds: float
+    type: Literal["duration"] = "duration"
 
 
 class InputTranscriptionCompleted(
@@ -235,6 +278,7 @@ class InputTranscriptionCompleted(
     item_id: str = ""
     content_index: int = 0
     transcript: str = ""
+    usage: TranscriptionUsage = TranscriptionUsage(seconds=0.0)
 
 
 class InputTranscriptionDelta(ServerEvent, tag="conversation.item.input_audio_transcription.delta"):
@@ -259,13 +303,13 @@ class ResponseDone(ServerEvent, tag="response.done"):
 class OutputItemAdded(ServerEvent, tag="response.output_item.added"):
     response_id: str = ""
     output_index: int = 0
-    item: ConversationItem | None = None
+    item: ServerItem | None = None
 
 
 class OutputItemDone(ServerEvent, tag="response.output_item.done"):
     response_id: str = ""
     output_index: int = 0
-    item: ConversationItem | None = None
+    item: ServerItem | None = None
 
 
 class ContentPartAdded(ServerEvent, tag="response.content_part.added"):

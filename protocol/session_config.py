@@ -22,13 +22,20 @@ NonNegInt = Annotated[int, Meta(ge=0)]
 PositiveFloat = Annotated[float, Meta(gt=0.0)]
 
 
+Eagerness = Literal["low", "medium", "high", "auto"]
+
+
 class TurnDetection(msgspec.Struct, omit_defaults=True):
+    """``server_vad``, or OpenAI's ``semantic_vad`` (served by the same VAD,
+    its ``eagerness`` setting the silence that ends a turn)."""
+
     type: str = "server_vad"
     threshold: Unit | UnsetType = UNSET
     prefix_padding_ms: NonNegInt | UnsetType = UNSET
     silence_duration_ms: NonNegInt | UnsetType = UNSET
     create_response: bool | UnsetType = UNSET
     interrupt_response: bool | UnsetType = UNSET
+    eagerness: Eagerness | UnsetType = UNSET
 
 
 class AudioFormatObject(msgspec.Struct, omit_defaults=True):
@@ -47,14 +54,19 @@ class InputTranscription(msgspec.Struct, omit_defaults=True):
     prompt: str | UnsetType = UNSET
 
 
+Rate = Annotated[int, Meta(gt=0)]
+
+
 class AudioInputConfig(msgspec.Struct, omit_defaults=True):
     format: AudioFormatSpec | UnsetType = UNSET
+    sample_rate_hz: Rate | UnsetType = UNSET  # vLLM-Omni's spelling of format.rate
     turn_detection: TurnDetection | None | UnsetType = UNSET
     transcription: InputTranscription | None | UnsetType = UNSET
 
 
 class AudioOutputConfig(msgspec.Struct, omit_defaults=True):
     format: AudioFormatSpec | UnsetType = UNSET
+    sample_rate_hz: Rate | UnsetType = UNSET  # vLLM-Omni's spelling of format.rate
     voice: str | UnsetType = UNSET
     speed: PositiveFloat | UnsetType = UNSET
 
@@ -90,8 +102,10 @@ class SessionUpdate(msgspec.Struct, omit_defaults=True):
     voice: str | UnsetType = UNSET
     input_audio_format: AudioFormatSpec | UnsetType = UNSET
     output_audio_format: AudioFormatSpec | UnsetType = UNSET
-    input_sample_rate_hz: Annotated[int, Meta(gt=0)] | UnsetType = UNSET
-    output_sample_rate_hz: Annotated[int, Meta(gt=0)] | UnsetType = UNSET
+    input_sample_rate_hz: Rate | UnsetType = UNSET
+    output_sample_rate_hz: Rate | UnsetType = UNSET
+    # vLLM-Omni: the input rate, top level
+    sample_rate_hz: Rate | UnsetType = UNSET
     audio: AudioConfig | UnsetType = UNSET
     turn_detection: TurnDetection | None | UnsetType = UNSET
     input_audio_transcription: InputTranscription | None | UnsetType = UNSET

@@ -16,6 +16,7 @@ from duplex_server.app import create_app
 from duplex_server.config import ServerConfig
 from duplex_server.sessions.manager import SessionManager
 from duplex_server.sessions.state import SessionState, fold, initial_state
+from tests import openai_conformance
 from tests.redisproc import RedisServer
 from tests.wsclient import WsClient
 
@@ -38,7 +39,9 @@ class RunningServer:
 
     @property
     def ws_url(self) -> str:
-        return f"ws://{self.base}/v1/realtime?duplex=1"
+        # events=both: the raw test clients see the journal as it is, both
+        # spellings (tests/e2e/test_dialects.py covers the GA and beta projections)
+        return f"ws://{self.base}/v1/realtime?duplex=1&events=both"
 
     @property
     def http_url(self) -> str:
@@ -148,6 +151,20 @@ def redis_server(tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(autouse=True)
+def openai_conformance_check():
+    """Fail any test that received a server event the openai SDK's models reject
+    (tests/openai_conformance.py); torn down last, so teardown traffic counts too."""
+    openai_conformance.install()
+    openai_conformance.violations.clear()
+    yield
+    found = list(openai_conformance.violations)
+    openai_conformance.violations.clear()
+    assert not found, f"{len(found)} server events fail the openai SDK's models:\n" + "\n".join(
+        str(v) for v in found[:5]
+    )
 
 
 def pytest_configure(config) -> None:

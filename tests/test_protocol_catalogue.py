@@ -18,9 +18,14 @@ PROTOCOL_FILES = [
     p for p in (ROOT / "docs" / "PROTOCOL.md", ROOT.parent / "shared" / "PROTOCOL.md") if p.exists()
 ]
 
+# Backticked dotted names in PROTOCOL.md that are fields, not event types.
 NOT_EVENTS = {
     "audio.input.format",
     "audio.output.format",
+    "audio.input.sample_rate_hz",
+    "audio.output.sample_rate_hz",
+    "response.metadata",
+    "vllm_omni.stage_metrics",
     "capabilities.supports_barge_in",
     "error.error.event_id",
     "metadata.overlap_ms",

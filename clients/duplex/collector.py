@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from protocol import server_events as se
 
 
@@ -49,7 +51,8 @@ class EventCollector:
         for mark in self.events:
             if isinstance(mark.event, se.ResponseDone) and mark.event.response is not None:
                 response = mark.event.response
-                playback = (response.metadata or {}).get("playback", {})
+                duplex = response.duplex
+                playback = msgspec.to_builtins(duplex.playback) if duplex is not None else {}
                 responses[response.id] = {"status": response.status, **playback}
         return {
             "first_text_ms": None

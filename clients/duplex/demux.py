@@ -117,8 +117,13 @@ class Demux:
         elif isinstance(event, se.ResponseDone) and event.response is not None:
             view = self._view(event.response.id)
             view.status = event.response.status
-            details = event.response.status_details
-            view.reason = details.reason if details and details.reason else None
+            # The server's own cause (barge_in, new_response, ...) is finer
+            # than OpenAI's status_details.reason; fall back to the latter.
+            duplex, details = event.response.duplex, event.response.status_details
+            if duplex is not None and duplex.reason:
+                view.reason = duplex.reason
+            else:
+                view.reason = details.reason if details and details.reason else None
         elif (
             isinstance(event, se.PlaybackAcknowledged)
             and event.response_id

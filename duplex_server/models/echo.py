@@ -95,6 +95,10 @@ class EchoModel:
         item = _last_user_item(history)
         return item is not None and any(p.audio_ms or p.text or p.transcript for p in item.parts)
 
+    def accepts_voice(self, voice: str) -> bool:
+        """It speaks with the user's own voice: any name is as good as another."""
+        return True
+
     def stream(self, request: ResponseRequest) -> AsyncIterator[ModelChunk]:
         item = _last_user_item(request.history)
         pcm = request.audio.get(item.id, b"") if item else b""

@@ -27,7 +27,9 @@ from duplex_server.sessions.commands import (
     Effects,
     audio_append,
     audio_commit,
+    check_session_patch,
 )
+from duplex_server.sessions.config import response_config
 from duplex_server.sessions.hearing import Hearing
 from duplex_server.sessions.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
 from duplex_server.sessions.log import (
@@ -154,15 +156,22 @@ class SessionActor:
 
     # --- lifecycle (called by the manager) ---------------------------------
 
-    async def open(self, attachment: Attachment, patch: SessionUpdate, handshake: bool) -> None:
+    async def open(
+        self,
+        attachment: Attachment,
+        patch: SessionUpdate,
+        handshake: bool,
+        openai_semantics: bool = False,
+    ) -> None:
         """Create the log, take the lease, announce ``session.created`` to the socket."""
+        check_session_patch(patch, self.model, None)
         await self._log.create(self.session_id)
         self.fence = await self._log.acquire_lease(self.session_id, self.settings.owner)
         self.holds_lease = True
         token = new_resume_token()
         batch = self.new_batch()
         self._lease_fact(batch, "attach", 1, token)
-        batch.fact(ConfigBody(patch=patch))
+        batch.fact(ConfigBody(patch=patch, openai_semantics=openai_semantics))
         if handshake:
             batch.emit(SessionUpdated(session=self._snapshot()))
         if not await self.commit_batch(batch):
@@ -568,7 +577,7 @@ class SessionActor:
                 epoch=response.epoch,
                 modalities=list(response.modalities),
                 history=list(self.state.items),
-                config=self.state.config,
+                config=response_config(self.state.config, response.overrides),
                 audio=dict(self.turn_audio),
             )
         )

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from duplex_server.sessions.journal import Journal, JournalGap
+from protocol.dialect import Dialect, present
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +29,25 @@ class TransportClosed(Exception):
 
 
 class Attachment:
-    def __init__(self, transport: Transport, generation: int = 0) -> None:
+    """``dialect``: which spelling of OpenAI's events this socket gets; the
+    journal holds them all and the sender projects (protocol.dialect)."""
+
+    def __init__(
+        self, transport: Transport, generation: int = 0, dialect: Dialect = Dialect.GA
+    ) -> None:
         self.transport = transport
         self.generation = generation
+        self.dialect = dialect
         self.cursor = 0
         self._sender: asyncio.Task[None] | None = None
 
     async def send_now(self, payload: bytes) -> bool:
         """Send an attachment-scoped event (not journaled); False if the peer is gone."""
+        shown = present(payload, self.dialect)
+        if shown is None:
+            return True
         try:
-            await self.transport.send(payload)
+            await self.transport.send(shown)
         except TransportClosed:
             return False
         return True
@@ -66,10 +76,12 @@ class Attachment:
                 self.cursor = journal.last_seq
                 continue
             for seq, payload in entries:
-                try:
-                    await self.transport.send(payload)
-                except TransportClosed:
-                    return
+                shown = present(payload, self.dialect)
+                if shown is not None:
+                    try:
+                        await self.transport.send(shown)
+                    except TransportClosed:
+                        return
                 self.cursor = seq
 
     async def drained(self, seq: int, timeout_s: float) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import msgspec
 from msgspec import UNSET
 
 from duplex_server.audio import AudioDecodeError, decode_to_pcm16, pcm16_duration_ms
@@ -65,7 +64,9 @@ from protocol.server_events import (
     SessionUpdated,
     SpeechStarted,
     SpeechStopped,
+    TranscriptionUsage,
 )
+from protocol.session_config import SessionUpdate
 
 
 @dataclass
@@ -85,6 +86,25 @@ Handler = Callable[[Batch, ce.ClientEvent, ModelPort], Effects]
 # --- session ----------------------------------------------------------------
 
 
+def check_voice(voice: object, param: str, model: ModelPort, event_id: str | None) -> None:
+    """An unknown voice is refused when it is named, never at answer time."""
+    if isinstance(voice, str) and not model.accepts_voice(voice):
+        raise ProtocolError(
+            "invalid_value",
+            f"voice {voice!r} is unknown to model {model.name!r}",
+            param=param,
+            event_id=event_id,
+        )
+
+
+def check_session_patch(patch: SessionUpdate, model: ModelPort, event_id: str | None) -> None:
+    """What a session.update (or the opening patch) may not do, beyond the
+    config merge's own checks: name a voice the model cannot speak."""
+    check_voice(patch.voice, "session.voice", model, event_id)
+    if patch.audio is not UNSET and patch.audio.output is not UNSET:
+        check_voice(patch.audio.output.voice, "session.audio.output.voice", model, event_id)
+
+
 def session_update(batch: Batch, event: ce.SessionUpdateEvent, model: ModelPort) -> Effects:
     state = batch.state
     try:
@@ -92,6 +112,7 @@ def session_update(batch: Batch, event: ce.SessionUpdateEvent, model: ModelPort)
     except ProtocolError as err:
         err.event_id = event.event_id
         raise
+    check_session_patch(event.session, model, event.event_id)
     batch.fact(ConfigBody(patch=event.session))
     batch.emit(SessionUpdated(session=session_object(state, batch.capabilities)))
     return Effects()
@@ -234,9 +255,9 @@ def speech_transition(batch: Batch, transition: Transition) -> None:
         origin="server",
     )
     if transition.kind == "speech_started":
-        batch.emit(SpeechStarted(audio_start_ms=round(transition.at_ms, 3), item_id=item_id))
+        batch.emit(SpeechStarted(audio_start_ms=round(transition.at_ms), item_id=item_id))
     else:
-        batch.emit(SpeechStopped(audio_end_ms=round(transition.at_ms, 3), item_id=item_id))
+        batch.emit(SpeechStopped(audio_end_ms=round(transition.at_ms), item_id=item_id))
 
 
 def audio_commit(
@@ -290,7 +311,13 @@ def audio_commit(
     )
     transcript = item.parts[0].transcript
     if transcript:
-        batch.emit(InputTranscriptionCompleted(item_id=item_id, transcript=transcript))
+        batch.emit(
+            InputTranscriptionCompleted(
+                item_id=item_id,
+                transcript=transcript,
+                usage=TranscriptionUsage(seconds=round(item.parts[0].audio_ms / 1000, 3)),
+            )
+        )
     batch.emit(ItemDone(item=wire, previous_item_id=previous))
     effects = _maybe_respond(batch, model) if respond else Effects()
     if audio[1]:
@@ -309,14 +336,16 @@ def _maybe_respond(batch: Batch, model: ModelPort) -> Effects:
     return _supersede_and_start(batch, None)
 
 
-def _supersede_and_start(batch: Batch, overrides: ce.ResponseOverrides | None) -> Effects:
+def _supersede_and_start(
+    batch: Batch, overrides: ce.ResponseOverrides | None, requested: bool = False
+) -> Effects:
     """Start a response, cancelling the active one (``new_response``) first."""
     effects = Effects()
     if batch.state.response is not None:
         aborted = cancel_response(batch, "new_response")
         if aborted:
             effects.abort.append(aborted)
-    effects.start = start_response(batch, overrides)
+    effects.start = start_response(batch, overrides, requested)
     return effects
 
 
@@ -504,7 +533,9 @@ def item_truncate(batch: Batch, event: ce.ItemTruncate, model: ModelPort) -> Eff
     )
     batch.emit(
         ItemTruncated(
-            item_id=item.id, content_index=event.content_index, audio_end_ms=event.audio_end_ms
+            item_id=item.id,
+            content_index=event.content_index,
+            audio_end_ms=round(event.audio_end_ms),
         )
     )
     return Effects()
@@ -513,31 +544,60 @@ def item_truncate(batch: Batch, event: ce.ItemTruncate, model: ModelPort) -> Eff
 # --- response ---------------------------------------------------------------
 
 
+# Fields of response.create that tag a request rather than shape its answer:
+# they never make it a different response from the one already coming.
+_NOT_OVERRIDES = frozenset({"metadata", "conversation"})
+
+
 def _has_overrides(overrides: ce.ResponseOverrides | None) -> bool:
     return overrides is not None and any(
-        value is not UNSET for value in msgspec.structs.astuple(overrides)
+        getattr(overrides, name) is not UNSET
+        for name in overrides.__struct_fields__
+        if name not in _NOT_OVERRIDES
+    )
+
+
+def _answers_latest_input(state: SessionState, response: Response | None) -> bool:
+    """Whether ``response`` is the auto-response to the newest user input
+    (streaming still, or already done) and no response.create claimed it yet."""
+    if response is None or response.requested:
+        return False
+    index = next((i for i, it in enumerate(state.items) if it.id == response.item_id), None)
+    if index is None:
+        return False
+    return not any(
+        it.role == "user" or it.type == "function_call_output" for it in state.items[index + 1 :]
     )
 
 
 def response_create(batch: Batch, event: ce.ResponseCreate, model: ModelPort) -> Effects:
     state = batch.state
-    if not any(it.role == "user" or it.type == "function_call_output" for it in state.items):
+    if event.response is not None:
+        check_voice(event.response.voice, "response.voice", model, event.event_id)
+    has_input = any(it.role == "user" or it.type == "function_call_output" for it in state.items)
+    if not has_input and not state.config.openai_semantics:
         raise ProtocolError(
             "response_create_without_input",
             "response.create needs committed input: commit audio or create a user item first",
             event_id=event.event_id,
         )
+    if has_input and not _has_overrides(event.response):
+        for response in (state.response, state.last_response):
+            if _answers_latest_input(state, response):
+                # The auto-response already answers the latest input (still
+                # streaming or already done): one user turn, one answer, so a
+                # stock client's commit + response.create yields one response.
+                # A second response.create for the same input gets a new one.
+                batch.fact(
+                    SignalBody(
+                        signal="response.create",
+                        overrides=event.response,
+                        response_id=response.id,  # type: ignore[union-attr]
+                    )
+                )
+                return Effects()
     batch.fact(SignalBody(signal="response.create", overrides=event.response))
-    active = state.response
-    if (
-        active is not None
-        and not _has_overrides(event.response)
-        and (state.items and state.items[-1].id == active.item_id)
-    ):
-        # Already answering the latest input (auto_response): coalesce, so a
-        # stock client's commit + response.create yields one response.
-        return Effects()
-    return _supersede_and_start(batch, event.response)
+    return _supersede_and_start(batch, event.response, requested=True)
 
 
 def response_cancel(batch: Batch, event: ce.ResponseCancel, model: ModelPort) -> Effects:

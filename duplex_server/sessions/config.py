@@ -16,12 +16,22 @@ from protocol.audio_formats import (
     AudioFormat,
     resolve_format,
 )
+from protocol.client_events import ResponseOverrides
 from protocol.errors import ProtocolError
 from protocol.session_config import InputTranscription, SessionUpdate, Tool, TurnDetection
 
 TURN_DETECTION_DEFAULTS = TurnDetection(
     type="server_vad", threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500
 )
+# semantic_vad is served by the server's VAD: eagerness picks the silence that
+# ends a turn (OpenAI: "low" lets the user take their time, "high" answers soon).
+SEMANTIC_SILENCE_MS = {"low": 1200, "medium": 700, "auto": 700, "high": 350}
+SERVED_BY_SERVER_VAD = ("server_vad", "semantic_vad")
+
+
+def default_turn_detection(turn_detection_types: tuple[str, ...]) -> TurnDetection | None:
+    """OpenAI's default when a session names none: server VAD, where the model has it."""
+    return TURN_DETECTION_DEFAULTS if "server_vad" in turn_detection_types else None
 
 
 class EffectiveConfig(msgspec.Struct):
@@ -45,10 +55,18 @@ class EffectiveConfig(msgspec.Struct):
     auto_response: bool = True
     force_listen_count: int = 0
     chunk_delay_ms: float = 0.0
+    # Opened on the plain OpenAI endpoint (not ?duplex=1): OpenAI's semantics
+    # where the duplex wire differs, e.g. response.create with no input.
+    openai_semantics: bool = False
 
 
 def _set(value, fallback):
     return fallback if value is UNSET else value
+
+
+def _first_set(*values):
+    """The first of several spellings of one field that the client sent."""
+    return next((value for value in values if value is not UNSET), UNSET)
 
 
 def _turn_detection(
@@ -56,18 +74,27 @@ def _turn_detection(
 ) -> TurnDetection | None:
     if patch is None:
         return None
-    if patch.type not in allowed:
+    served = "server_vad" in allowed and patch.type in SERVED_BY_SERVER_VAD
+    if patch.type not in allowed and not served:
+        offered = [*allowed, "semantic_vad"] if "server_vad" in allowed else list(allowed)
         raise ProtocolError(
             "unsupported_turn_detection",
             f"turn_detection {patch.type!r} is not supported by this model; "
-            f"use null (model-owned) or one of: {', '.join(allowed) or 'none'}",
+            f"use null (model-owned) or one of: {', '.join(offered) or 'none'}",
             param="session.turn_detection.type",
         )
-    base = current if current is not None else TURN_DETECTION_DEFAULTS
-    merged = {f: getattr(base, f) for f in base.__struct_fields__}
+    base = current if current is not None and current.type == patch.type else None
+    merged = {f: getattr(TURN_DETECTION_DEFAULTS, f) for f in TurnDetection.__struct_fields__}
+    if base is not None:
+        merged.update({f: getattr(base, f) for f in base.__struct_fields__})
     merged.update(
         {f: getattr(patch, f) for f in patch.__struct_fields__ if getattr(patch, f) is not UNSET}
     )
+    if patch.type == "semantic_vad":
+        eagerness = merged["eagerness"] if merged["eagerness"] is not UNSET else "auto"
+        merged["eagerness"] = eagerness
+        if patch.silence_duration_ms is UNSET:
+            merged["silence_duration_ms"] = SEMANTIC_SILENCE_MS[eagerness]
     return TurnDetection(**merged)
 
 
@@ -88,6 +115,15 @@ def merge_config(
     transcription = patch.input_audio_transcription
     if transcription is UNSET and audio_in is not UNSET:
         transcription = audio_in.transcription
+    input_rate = _first_set(
+        patch.input_sample_rate_hz,
+        patch.sample_rate_hz,
+        audio_in.sample_rate_hz if audio_in is not UNSET else UNSET,
+    )
+    output_rate = _first_set(
+        patch.output_sample_rate_hz,
+        audio_out.sample_rate_hz if audio_out is not UNSET else UNSET,
+    )
     voice = _set(patch.voice, UNSET)
     speed = _set(patch.speed, UNSET)
     if audio_out is not UNSET:
@@ -102,14 +138,14 @@ def merge_config(
         voice=_set(voice, config.voice),
         input_format=_format(
             input_spec,
-            patch.input_sample_rate_hz,
+            input_rate,
             config.input_format,
             "session.input_audio_format",
             SUPPORTED_INPUT,
         ),
         output_format=_format(
             output_spec,
-            patch.output_sample_rate_hz,
+            output_rate,
             config.output_format,
             "session.output_audio_format",
             SUPPORTED_OUTPUT,
@@ -141,6 +177,27 @@ def merge_config(
         chunk_delay_ms=config.chunk_delay_ms
         if extra is UNSET
         else _set(extra.chunk_delay_ms, config.chunk_delay_ms),
+    )
+
+
+def response_config(
+    config: EffectiveConfig, overrides: ResponseOverrides | None
+) -> EffectiveConfig:
+    """The configuration one response is generated under: the session's, with
+    that response.create's overrides (voice, instructions, sampling, tools)."""
+    if overrides is None:
+        return config
+    return msgspec.structs.replace(
+        config,
+        voice=_set(overrides.voice, config.voice),
+        instructions=_set(overrides.instructions, config.instructions),
+        temperature=_set(overrides.temperature, config.temperature),
+        max_output_tokens=_set(
+            overrides.max_output_tokens,
+            _set(overrides.max_response_output_tokens, config.max_output_tokens),
+        ),
+        tools=list(_set(overrides.tools, config.tools)),
+        tool_choice=_set(overrides.tool_choice, config.tool_choice),
     )
 
 

@@ -24,6 +24,7 @@ from duplex_server.sessions.commands import (
     respond_to_input,
     speech_transition,
 )
+from duplex_server.sessions.config import SERVED_BY_SERVER_VAD
 from duplex_server.sessions.model_port import Listening, ModelPort, TranscriptionError
 from duplex_server.sessions.records import AudioBody, DecisionBody
 from duplex_server.sessions.state import SessionState
@@ -85,7 +86,7 @@ class Hearing:
         stops, and commit the turn when the speech stopped."""
         detection = self._core.state.config.turn_detection
         listening = self._core.model.listening
-        if listening is None or detection is None or detection.type != "server_vad":
+        if listening is None or detection is None or detection.type not in SERVED_BY_SERVER_VAD:
             self._vad = None
             return
         audio = next((r.body for r in batch.records if isinstance(r.body, AudioBody)), None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import msgspec
 from msgspec import UNSET
 
-from protocol.items import ContentPart, ConversationItem
+from protocol.items import ContentPart, ServerItem
 
 
 class Part(msgspec.Struct):
@@ -50,19 +50,25 @@ def transcript_at(marks: list[tuple[float, int]], transcript: str, end_ms: float
     return transcript[:cut]
 
 
-def _wire_part(part: Part) -> ContentPart:
+# Assistant content in GA spelling; beta connections get the short names back
+# (protocol.dialect). Inside the session an assistant part stays audio | text.
+_ASSISTANT_PART = {"audio": "output_audio", "text": "output_text"}
+
+
+def _wire_part(part: Part, role: str | None) -> ContentPart:
+    kind = _ASSISTANT_PART.get(part.type, part.type) if role == "assistant" else part.type
     if part.type in ("input_text", "text", "output_text"):
-        return ContentPart(type=part.type, text=part.text)
-    return ContentPart(type=part.type, transcript=part.transcript)
+        return ContentPart(type=kind, text=part.text)
+    return ContentPart(type=kind, transcript=part.transcript)
 
 
-def to_wire(item: Item) -> ConversationItem:
-    return ConversationItem(
+def to_wire(item: Item) -> ServerItem:
+    return ServerItem(
         type=item.type,  # type: ignore[arg-type]
         id=item.id,
         role=item.role if item.role is not None else UNSET,  # type: ignore[arg-type]
         status=item.status,  # type: ignore[arg-type]
-        content=[_wire_part(part) for part in item.parts],
+        content=[_wire_part(part, item.role) for part in item.parts],
         call_id=item.call_id if item.call_id is not None else UNSET,
         name=item.name if item.name is not None else UNSET,
         arguments=item.arguments if item.arguments is not None else UNSET,

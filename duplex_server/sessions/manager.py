@@ -84,7 +84,11 @@ class SessionManager:
         return settings
 
     async def open(
-        self, attachment: Attachment, patch: SessionUpdate, handshake: bool
+        self,
+        attachment: Attachment,
+        patch: SessionUpdate,
+        handshake: bool,
+        openai_semantics: bool = False,
     ) -> SessionActor:
         if len(self.actors) >= self.settings.max_sessions:
             raise ProtocolError(
@@ -95,7 +99,7 @@ class SessionManager:
         actor = SessionActor(session_id, self.log, self.model, self._actor_settings(), self._closed)
         self.actors[session_id] = actor
         try:
-            await actor.open(attachment, patch, handshake)
+            await actor.open(attachment, patch, handshake, openai_semantics)
         except LogError as exc:
             self.actors.pop(session_id, None)
             raise ProtocolError(

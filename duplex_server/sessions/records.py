@@ -24,9 +24,14 @@ class Body(msgspec.Struct, tag_field="kind", omit_defaults=True, gc=False):
 
 
 class ConfigBody(Body, tag="config"):
-    """A ``session.update`` patch (or the route's opening defaults)."""
+    """A ``session.update`` patch (or the route's opening defaults).
+
+    ``openai_semantics`` is set by the opening record only: True for a plain
+    ``/v1/realtime`` socket, which gets OpenAI's behaviour where ``?duplex=1``
+    differs (PROTOCOL.md's table)."""
 
     patch: SessionUpdate
+    openai_semantics: bool | None = None
 
 
 class AudioBody(Body, tag="audio"):

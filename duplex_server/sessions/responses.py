@@ -32,6 +32,7 @@ from protocol.server_events import (
     ItemAdded,
     ItemCreated,
     ItemDone,
+    OpenAIStatusReason,
     OutputAudioDelta,
     OutputAudioDone,
     OutputAudioTranscriptDelta,
@@ -44,19 +45,24 @@ from protocol.server_events import (
     RateLimitsUpdated,
     ResponseCreated,
     ResponseDone,
+    ResponseDuplex,
     ResponseListen,
     ResponseObject,
     ResponseSpeak,
     ResponseStatusDetails,
+    StatusError,
     TextDelta,
     TextDone,
 )
 
-_STATUS_TYPE = {
-    "completed": "completed",
-    "cancelled": "cancelled",
-    "failed": "failed",
-    "incomplete": "incomplete",
+# Our finer cause of a response's end -> the nearest reason OpenAI defines
+# (absent where none fits; the cause itself is in the ``duplex`` extension).
+_OPENAI_REASON: dict[str, OpenAIStatusReason] = {
+    "barge_in": "turn_detected",
+    "client_cancelled": "client_cancelled",
+    "output_cleared": "client_cancelled",
+    "input_cancelled": "client_cancelled",
+    "new_response": "client_cancelled",
 }
 
 
@@ -67,25 +73,34 @@ def _is_audio(response: Response) -> bool:
 def response_object(batch: Batch, response: Response) -> ResponseObject:
     state = batch.state
     item = state.find_item(response.item_id)
-    details = None
-    if response.status != "in_progress":
-        details = ResponseStatusDetails(
-            type=_STATUS_TYPE[response.status],
-            reason=response.reason or msgspec.UNSET,
-        )
     return ResponseObject(
         id=response.id,
         status=response.status,  # type: ignore[arg-type]
-        status_details=details,
+        status_details=status_details(response),
         output=[to_wire(item)] if item is not None else [],
         modalities=list(response.modalities),
         output_modalities=list(response.modalities),
-        metadata={
-            "epoch": response.epoch,
-            "turn_id": state.turn_id,
-            "playback": msgspec.to_builtins(ledger(response.playback)),
-        },
+        metadata=response.metadata,
+        duplex=ResponseDuplex(
+            epoch=response.epoch,
+            turn_id=state.turn_id,
+            playback=ledger(response.playback),
+            reason=response.reason or None,
+        ),
     )
+
+
+def status_details(response: Response) -> ResponseStatusDetails | None:
+    """OpenAI's status details: a reason from OpenAI's set, a failure as an error."""
+    if response.status == "in_progress":
+        return None
+    if response.status == "failed":
+        return ResponseStatusDetails(
+            type="failed",
+            error=StatusError(type="server_error", code=response.reason or "server_error"),
+        )
+    reason = _OPENAI_REASON.get(response.reason)
+    return ResponseStatusDetails(type=response.status, reason=reason or msgspec.UNSET)
 
 
 def resolve_modalities(
@@ -98,7 +113,13 @@ def resolve_modalities(
     return list(config_modalities)
 
 
-def start_response(batch: Batch, overrides: ResponseOverrides | None = None) -> Response:
+REQUESTED = "response.create"  # the speak decision's reason when the client asked
+
+
+def start_response(
+    batch: Batch, overrides: ResponseOverrides | None = None, requested: bool = False
+) -> Response:
+    """``requested``: the client's response.create started it (not auto_response)."""
     state = batch.state
     response_id = f"resp_{state.session_id[-10:]}_{state.response_count + 1}"
     item_id = f"item_{response_id}"
@@ -110,6 +131,7 @@ def start_response(batch: Batch, overrides: ResponseOverrides | None = None) -> 
             item_id=item_id,
             modalities=modalities,
             overrides=overrides,
+            reason=REQUESTED if requested else "",
         ),
         origin="server",
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from duplex_server.sessions.state import SessionState
-from protocol.audio_formats import ga_type
+from protocol.audio_formats import AudioFormat, ga_type
 from protocol.server_events import (
     AudioFormatDescription,
     Capabilities,
@@ -11,6 +11,7 @@ from protocol.server_events import (
     SessionAudio,
     SessionAudioInput,
     SessionAudioOutput,
+    SessionDuplex,
     SessionExtraBody,
     SessionObject,
 )
@@ -28,6 +29,18 @@ def ledger(playback: PlaybackLedger | None) -> PlaybackLedger:
     )
 
 
+# OpenAI's session describes only these: pcm16 at 24 kHz and G.711.
+_OPENAI_RATE = {"pcm16": 24_000, "g711_ulaw": None, "g711_alaw": None}
+
+
+def openai_format(fmt: AudioFormat) -> tuple[str | None, AudioFormatDescription | None]:
+    """The beta string and the GA object for ``fmt``, or (None, None) where
+    OpenAI's schema has no spelling for it (the truth is in ``duplex``)."""
+    if fmt.name not in _OPENAI_RATE or _OPENAI_RATE[fmt.name] not in (None, fmt.sample_rate_hz):
+        return None, None
+    return fmt.name, AudioFormatDescription(ga_type(fmt.name), fmt.sample_rate_hz)
+
+
 def turn_state(state: SessionState) -> str:
     if state.closed_reason is not None:
         return "closed"
@@ -38,6 +51,8 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
     cfg = state.config
     response = state.response or state.last_response
     in_fmt, out_fmt = cfg.input_format, cfg.output_format
+    in_name, in_ga = openai_format(in_fmt)
+    out_name, out_ga = openai_format(out_fmt)
     return SessionObject(
         id=state.session_id,
         model=cfg.model,
@@ -45,16 +60,16 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
         output_modalities=list(cfg.modalities),
         instructions=cfg.instructions,
         voice=cfg.voice,
-        input_audio_format=in_fmt.name,
-        output_audio_format=out_fmt.name,
+        input_audio_format=in_name,
+        output_audio_format=out_name,
         audio=SessionAudio(
             input=SessionAudioInput(
-                format=AudioFormatDescription(ga_type(in_fmt.name), in_fmt.sample_rate_hz),
+                format=in_ga,
                 turn_detection=cfg.turn_detection,
                 transcription=cfg.input_audio_transcription,
             ),
             output=SessionAudioOutput(
-                format=AudioFormatDescription(ga_type(out_fmt.name), out_fmt.sample_rate_hz),
+                format=out_ga,
                 voice=cfg.voice,
                 speed=cfg.speed,
             ),
@@ -73,6 +88,10 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
             auto_response=cfg.auto_response,
             force_listen_count=cfg.force_listen_count,
             chunk_delay_ms=cfg.chunk_delay_ms,
+        ),
+        duplex=SessionDuplex(
+            input_format=AudioFormatDescription(in_fmt.name, in_fmt.sample_rate_hz),
+            output_format=AudioFormatDescription(out_fmt.name, out_fmt.sample_rate_hz),
         ),
         state="closed" if state.closed_reason is not None else "open",
         turn_state=turn_state(state),

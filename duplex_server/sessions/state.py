@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from duplex_server.sessions.config import EffectiveConfig, merge_config
+from duplex_server.sessions.config import EffectiveConfig, default_turn_detection, merge_config
 from duplex_server.sessions.items import Item, Part, transcript_at
 from duplex_server.sessions.records import (
     AckBody,
@@ -29,6 +29,7 @@ from duplex_server.sessions.records import (
     SignalBody,
     TextBody,
 )
+from protocol.client_events import ResponseOverrides
 from protocol.server_events import PlaybackLedger
 
 RECENT_EVENT_IDS = 256
@@ -43,6 +44,9 @@ class Response(msgspec.Struct):
     reason: str = ""
     playback: PlaybackLedger = msgspec.field(default_factory=PlaybackLedger)
     transcript: str = ""
+    metadata: dict[str, str] | None = None  # the client's, echoed back as OpenAI does
+    requested: bool = False  # a response.create asked for it (or was folded into it)
+    overrides: ResponseOverrides | None = None  # that response.create's, if any
 
 
 class InputBuffer(msgspec.Struct):
@@ -104,7 +108,9 @@ def initial_state(
 ) -> SessionState:
     return SessionState(
         session_id=session_id,
-        config=EffectiveConfig(model=model),
+        config=EffectiveConfig(
+            model=model, turn_detection=default_turn_detection(turn_detection_types)
+        ),
         turn_detection_types=turn_detection_types,
     )
 
@@ -125,6 +131,8 @@ def apply(state: SessionState, record: Record) -> None:
 
 def _config(state: SessionState, body: ConfigBody, seq: int) -> None:
     state.config = merge_config(state.config, body.patch, state.turn_detection_types)
+    if body.openai_semantics is not None:
+        state.config.openai_semantics = body.openai_semantics
 
 
 def _audio(state: SessionState, body: AudioBody, seq: int) -> None:
@@ -228,6 +236,14 @@ def _signal(state: SessionState, body: SignalBody, seq: int) -> None:
     """Most signals are audit facts whose effects are fences and decisions."""
     if body.signal in ("input.clear", "input.cancel"):
         state.input = InputBuffer(end_ms=state.input.end_ms)
+    elif body.signal == "response.create" and body.response_id is not None:
+        # folded into the auto-response that already answers the same input
+        response = state.find_response(body.response_id)
+        if response is not None:
+            response.requested = True
+            metadata = body.overrides.metadata if body.overrides is not None else msgspec.UNSET
+            if response.status == "in_progress" and metadata is not msgspec.UNSET:
+                response.metadata = dict(metadata)  # echoed in its response.done
 
 
 def _fence(state: SessionState, body: FenceBody, seq: int) -> None:
@@ -271,8 +287,19 @@ def _start_response(state: SessionState, body: DecisionBody) -> None:
     )
     state.item_count += 1
     state.response_count += 1
+    overrides = body.overrides
     state.response = Response(
-        id=body.response_id, item_id=body.item_id, epoch=state.epoch, modalities=body.modalities
+        id=body.response_id,
+        item_id=body.item_id,
+        epoch=state.epoch,
+        modalities=body.modalities,
+        requested=body.reason == "response.create",
+        overrides=overrides,
+        metadata=(
+            dict(overrides.metadata)
+            if overrides is not None and overrides.metadata is not msgspec.UNSET
+            else None
+        ),
     )
 
 

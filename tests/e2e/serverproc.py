@@ -26,7 +26,8 @@ class ServerProcess:
 
     @property
     def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/realtime?duplex=1"
+        # events=both: the raw test clients see the journal as it is, both spellings
+        return f"ws://127.0.0.1:{self.port}/v1/realtime?duplex=1&events=both"
 
     @property
     def http_url(self) -> str:

@@ -21,7 +21,7 @@ def test_talk_resume_test_and_trace(tmp_path):
     write_pcm16_wav(str(question), tone_pcm16(500, rate=16000), 16000)
     server = ServerProcess("memory").start()
     try:
-        url = server.ws_url.replace("/v1/realtime?duplex=1", "/v1/duplex")
+        url = f"ws://127.0.0.1:{server.port}/v1/duplex"
         answer, trace = tmp_path / "a.wav", tmp_path / "t.json"
         talk = client_cli(
             "talk", str(question), "--url", url, "--out", str(answer), "--trace", str(trace)

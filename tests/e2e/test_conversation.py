@@ -71,7 +71,7 @@ async def test_created_user_item_can_be_answered(server):
     await client.recv_until("conversation.item.done")
     await client.send({"type": "response.create"})
     events = await client.recv_until("rate_limits.updated")
-    assert events[-2]["response"]["metadata"]["playback"]["generated_ms"] == 200.0
+    assert events[-2]["response"]["duplex"]["playback"]["generated_ms"] == 200.0
 
 
 async def test_function_call_output_item(server):
@@ -241,7 +241,7 @@ async def test_formats_in_and_out_keep_the_tone(server, in_fmt, in_rate, encode,
         }
     )
     updated = await client.expect("session.updated")
-    assert updated["session"]["input_audio_format"] == in_fmt
+    assert updated["session"]["duplex"]["input_format"] == {"type": in_fmt, "rate": in_rate}
     source = tone_pcm16(500, rate=24000, freq=600)
     wire = encode_from_pcm16(source, 24000, AudioFormat(in_fmt, in_rate))
     await client.send({"type": "input_audio_buffer.append", "audio": b64(wire)})

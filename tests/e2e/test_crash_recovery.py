@@ -85,7 +85,7 @@ async def crash_and_resume(tmp_path, seed: int, durability: str) -> None:
         if committed:
             assert len(done) == 1
             status = done[0]["response"]["status"]
-            details = done[0]["response"]["status_details"]
+            details = done[0]["response"]["duplex"]
             assert status == "completed" or (status, details["reason"]) == (
                 "incomplete",
                 "server_restart",

@@ -59,7 +59,7 @@ async def test_full_turn_in_documented_order(server):
     done = events[-2]["response"]
     assert done["status"] == "completed"
     assert done["output"][0]["id"] == f"item_{done['id']}"
-    assert done["metadata"]["playback"]["generated_ms"] == 300.0
+    assert done["duplex"]["playback"]["generated_ms"] == 300.0
 
 
 async def test_text_input_becomes_transcript_and_answer(server):
@@ -145,9 +145,10 @@ async def test_response_create_with_overrides_supersedes(server):
     done = next(e for e in events if e["type"] == "response.done")["response"]
     assert done["id"] == first["id"]
     assert done["status"] == "cancelled"
-    assert done["status_details"] == {"type": "cancelled", "reason": "new_response"}
+    assert done["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
+    assert done["duplex"]["reason"] == "new_response"
     second = events[-1]["response"]
-    assert second["id"] != first["id"] and second["metadata"]["epoch"] == 1
+    assert second["id"] != first["id"] and second["duplex"]["epoch"] == 1
 
 
 async def test_response_cancel_fences_stale_output(server):
@@ -159,7 +160,7 @@ async def test_response_cancel_fences_stale_output(server):
     assert tail == RESPONSE_CLOSE
     done = events[-2]["response"]
     assert done["id"] == response["id"]
-    assert done["status"] == "cancelled" and done["status_details"]["reason"] == "client_cancelled"
+    assert done["status"] == "cancelled" and done["duplex"]["reason"] == "client_cancelled"
     assert done["output"][0]["status"] == "incomplete"
     quiet = await assert_quiet(client)
     assert types_of(quiet) == ["session.heartbeat_ack"]
@@ -181,7 +182,7 @@ async def test_output_audio_buffer_clear(server):
     await client.send({"type": "output_audio_buffer.clear"})
     events = await client.recv_until("output_audio_buffer.cleared")
     done = next(e for e in events if e["type"] == "response.done")["response"]
-    assert done["status_details"]["reason"] == "output_cleared"
+    assert done["duplex"]["reason"] == "output_cleared"
     assert events[-1]["response_id"] == response["id"] and events[-1]["epoch"] == 1
     assert types_of(await assert_quiet(client)) == ["session.heartbeat_ack"]
 
@@ -196,7 +197,7 @@ async def test_barge_in_both_spellings(server):
         events = await client.recv_until("output_audio_buffer.cleared")
         done = next(e for e in events if e["type"] == "response.done")["response"]
         assert done["status"] == "cancelled"
-        assert done["status_details"]["reason"] == "barge_in"
+        assert done["duplex"]["reason"] == "barge_in"
         assert events[-1]["epoch"] == epoch
         assert types_of(await assert_quiet(client)) == ["session.heartbeat_ack"]
 
@@ -231,7 +232,7 @@ async def test_commit_while_speaking_starts_a_new_response(server):
     await client.send({"type": "input_audio_buffer.commit"})
     events = await client.recv_until("response.created")
     done = next(e for e in events if e["type"] == "response.done")["response"]
-    assert done["id"] == first["id"] and done["status_details"]["reason"] == "new_response"
+    assert done["id"] == first["id"] and done["duplex"]["reason"] == "new_response"
     events = await client.recv_until("response.done")
     assert events[-1]["response"]["status"] == "completed"
 
@@ -252,7 +253,7 @@ async def test_a_failing_model_fails_the_response_not_the_session(server, monkey
     error = next(e for e in events if e["type"] == "error")
     assert error["error"]["code"] == "engine_error" and "adapter bug" in error["error"]["message"]
     done = next(e for e in events if e["type"] == "response.done")["response"]
-    assert (done["status"], done["status_details"]["reason"]) == ("failed", "engine_error")
+    assert (done["status"], done["duplex"]["reason"]) == ("failed", "engine_error")
     monkeypatch.undo()
     await client.append(tone_pcm16(100))
     await client.send({"type": "input_audio_buffer.commit"})

@@ -107,7 +107,7 @@ async def test_kill9_owner_mid_response_client_resumes_on_the_other_replica(redi
         response = done[0]["response"]
         assert response["status"] == "completed" or (
             response["status"],
-            response["status_details"]["reason"],
+            response["duplex"]["reason"],
         ) == ("incomplete", "server_restart")
 
         turn = await next_turn(again)
@@ -268,7 +268,7 @@ async def test_redis_restart_during_traffic(tmp_path):
         after = await client.recv_until("session.heartbeat_ack")
         # The response the outage interrupted ends, as failed, before anything else.
         done = [e for e in after if e["type"] == "response.done"]
-        assert [d["response"]["status_details"]["reason"] for d in done] == ["storage_unavailable"]
+        assert [d["response"]["duplex"]["reason"] for d in done] == ["storage_unavailable"]
         turn = await next_turn(client)
         assert turn[-2]["response"]["status"] == "completed"
         lines = log_lines(server, session_id)
@@ -313,7 +313,7 @@ async def test_duplex_client_resumes_on_another_replica_by_itself(redis_server):
             # In order, none twice (the client shows one spelling of each event).
             assert seqs == sorted(set(seqs))
             assert event.response.status == "completed" or (
-                event.response.status_details.reason == "server_restart"
+                event.response.duplex.reason == "server_restart"
             )
             await client.append_audio(tone_pcm16(300))
             committed = await client.commit()

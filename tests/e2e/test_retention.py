@@ -32,7 +32,7 @@ async def test_acknowledged_turn_audio_is_compacted(server):
     # equal the live state although the first turn's samples are gone.
     await client.send({"type": "input_audio_buffer.commit"})
     events = await client.recv_until("response.done")
-    assert events[-1]["response"]["metadata"]["playback"]["generated_ms"] == 100.0
+    assert events[-1]["response"]["duplex"]["playback"]["generated_ms"] == 100.0
 
 
 async def test_audio_is_kept_by_default(server):

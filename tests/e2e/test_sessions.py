@@ -73,7 +73,9 @@ async def test_session_update_accepts_both_spellings(server):
     assert session["modalities"] == ["text"]
     assert session["input_audio_format"] == "g711_ulaw"
     assert session["audio"]["input"]["format"] == {"type": "audio/pcmu", "rate": 8000}
-    assert session["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 16000}
+    # OpenAI's format object says pcm only at 24 kHz: the true format is in duplex
+    assert session["audio"]["output"]["format"] is None
+    assert session["duplex"]["output_format"] == {"type": "pcm16", "rate": 16000}
     assert (session["voice"], session["speed"]) == ("v2", 1.25)
     assert session["overlap_policy"] == "listen_only" and session["idle_timeout_s"] == 60
 
@@ -231,4 +233,4 @@ async def test_expiry_cuts_a_streaming_answer_as_session_ended(server):
     await client.send({"type": "input_audio_buffer.commit"})
     events = await client.recv_until("session.expired")
     done = next(e for e in events if e["type"] == "response.done")["response"]
-    assert (done["status"], done["status_details"]["reason"]) == ("incomplete", "session_ended")
+    assert (done["status"], done["duplex"]["reason"]) == ("incomplete", "session_ended")

@@ -48,6 +48,15 @@ def answer_pcm(events: list[dict]) -> bytes:
     )
 
 
+async def client_commit_session(server) -> WsClient:
+    """A session without turn detection (``turn_detection: null``): the client
+    commits. Absent, the cascade would use server VAD, OpenAI's default."""
+    client, _ = await server.open()
+    await client.send({"type": "session.update", "session": {"turn_detection": None}})
+    assert (await client.expect("session.updated"))["session"]["turn_detection"] is None
+    return client
+
+
 async def vad_session(server) -> WsClient:
     client, _ = await server.open()
     await client.send(
@@ -99,7 +108,7 @@ async def test_several_sessions_share_the_stages(voice_server):
 
 
 async def test_without_turn_detection_the_client_commits(voice_server):
-    client, _ = await voice_server.open()
+    client = await client_commit_session(voice_server)
     await stream_paced(client, silence(300) + speak(PHRASES[3]) + silence(300))
     await client.send({"type": "input_audio_buffer.commit"})
     events = await client.recv_until("response.done", timeout=20)
@@ -144,7 +153,7 @@ async def test_speech_over_the_answer_barges_in(voice_server):
     assert decision["metadata"]["overlap_ms"] >= 400
     done = [e for e in events if e["type"] == "response.done"]
     assert done[0]["response"]["id"] == response_id
-    assert (done[0]["response"]["status"], done[0]["response"]["status_details"]["reason"]) == (
+    assert (done[0]["response"]["status"], done[0]["response"]["duplex"]["reason"]) == (
         "cancelled",
         "barge_in",
     )
@@ -212,7 +221,7 @@ async def test_silence_only_keeps_a_bounded_buffer(voice_server):
 async def test_a_monologue_is_bounded_with_a_clear_error(voice_server):
     from duplex_server.sessions.commands import MAX_INPUT_MS
 
-    client, _ = await voice_server.open()  # turn_detection null: the client commits
+    client = await client_commit_session(voice_server)
     chunk = silence(60_000)  # a minute a frame
     for index in range(int(MAX_INPUT_MS // 60_000)):
         await client.append(chunk, event_id=f"m{index}")
@@ -318,7 +327,7 @@ async def test_cascade_on_local_whisper_and_vits_checkpoints(tmp_path):
     )
     speech = silence(300) + speak(PHRASES[3]) + silence(300)
     async with running_server(config) as server:
-        client, _ = await server.open()
+        client = await client_commit_session(server)
         await stream_paced(client, speech)
         await client.send({"type": "input_audio_buffer.commit"})
         events = await client.recv_until("response.done", timeout=30)
@@ -331,18 +340,19 @@ async def test_cascade_on_local_whisper_and_vits_checkpoints(tmp_path):
     assert len(audio) > RATE // 10  # VITS spoke the answer, resampled to 24 kHz
 
 
-async def test_an_unknown_voice_fails_the_answer_clearly(voice_server):
-    client, _ = await voice_server.open()
-    await client.send({"type": "session.update", "session": {"voice": "no-such-voice"}})
-    await client.expect("session.updated")
-    await client.append(speak(PHRASES[2]))
-    await client.send({"type": "input_audio_buffer.commit"})
-    events = await client.recv_until("response.done", timeout=20)
-    error = first(events, "error")
-    assert error["error"]["code"] == "engine_error" and "no-such-voice" in error["error"]["message"]
-    assert events[-1]["response"]["status"] == "failed"
-    await client.send({"type": "session.update", "session": {"voice": "alloy"}})
-    await client.recv_until("session.updated")
+async def test_an_unknown_voice_is_refused_when_named(voice_server):
+    client = await client_commit_session(voice_server)
+    for session in ({"voice": "no-such-voice"}, {"audio": {"output": {"voice": "en-us+zz9"}}}):
+        await client.send({"type": "session.update", "event_id": "v", "session": session})
+        error = (await client.expect("error"))["error"]
+        assert (error["code"], error["event_id"]) == ("invalid_value", "v")
+        assert error["param"] in ("session.voice", "session.audio.output.voice")
+    await client.send({"type": "response.create", "response": {"voice": "nope"}})
+    error = (await client.expect("error"))["error"]
+    assert (error["code"], error["param"]) == ("invalid_value", "response.voice")
+    for voice in ("marin", "cedar", "en-gb+m3"):  # OpenAI's names and eSpeak's own
+        await client.send({"type": "session.update", "session": {"voice": voice}})
+        assert (await client.expect("session.updated"))["session"]["voice"] == voice
     await client.append(speak(PHRASES[2]))
     await client.send({"type": "input_audio_buffer.commit"})
     assert (await client.recv_until("response.done", timeout=20))[-1]["response"][
@@ -357,7 +367,7 @@ async def test_a_failing_recogniser_costs_the_transcript_not_the_session(voice_s
         raise RuntimeError("decoder exploded")
 
     stages.asr.transcribe = broken
-    client, _ = await voice_server.open()
+    client = await client_commit_session(voice_server)
     await client.append(speak(PHRASES[1]))
     await client.send({"type": "input_audio_buffer.commit"})
     events = await client.recv_until("response.done", timeout=20)
@@ -370,3 +380,29 @@ async def test_a_failing_recogniser_costs_the_transcript_not_the_session(voice_s
     assert events[-1]["response"]["status"] == "completed"  # "please say it again"
     await client.send({"type": "session.heartbeat"})
     await client.recv_until("session.heartbeat_ack")
+
+
+async def test_server_vad_by_default_and_semantic_vad_served_by_it(voice_server):
+    """OpenAI's defaults: a session that names no turn detection gets server
+    VAD; ``semantic_vad`` is served by the same VAD, eagerness setting the
+    silence that ends a turn."""
+    client, created = await voice_server.open()
+    assert created["session"]["turn_detection"]["type"] == "server_vad"
+    await client.send(
+        {
+            "type": "session.update",
+            "session": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}},
+        }
+    )
+    detection = (await client.expect("session.updated"))["session"]["turn_detection"]
+    assert (detection["type"], detection["eagerness"], detection["silence_duration_ms"]) == (
+        "semantic_vad",
+        "high",
+        350,
+    )
+    await stream_paced(client, silence(LEAD_MS) + speak(PHRASES[0], RATE) + silence(1200))
+    events = await client.recv_until("response.done", timeout=20)
+    assert first(events, "input_audio_buffer.speech_stopped")
+    heard = first(events, "conversation.item.input_audio_transcription.completed")
+    assert heard["transcript"] == PHRASES[0] and heard["usage"]["type"] == "duration"
+    assert events[-1]["response"]["status"] == "completed"

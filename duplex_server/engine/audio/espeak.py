@@ -75,12 +75,22 @@ class Espeak:
             ctypes.c_void_p,
         ]
         self.voices = self._voice_names(data)
+        self._variants = frozenset(p.name for p in (data / "voices" / "!v").iterdir())
         self._voice: str | None = None
 
     @staticmethod
     def _voice_names(data: Path) -> frozenset[str]:
-        """Languages with a dictionary: the names ``espeak_SetVoiceByName`` accepts."""
-        return frozenset(p.name.removesuffix("_dict") for p in data.glob("*_dict"))
+        """Languages with a dictionary, and the language files (``en-us``): the
+        names ``espeak_SetVoiceByName`` accepts, lower-cased."""
+        dictionaries = {p.name.removesuffix("_dict") for p in data.glob("*_dict")}
+        languages = {p.name.lower() for p in (data / "lang").rglob("*") if p.is_file()}
+        return frozenset(dictionaries | languages)
+
+    def knows_voice(self, voice: str) -> bool:
+        """Whether ``voice`` (``language[+variant]``) names a voice we ship,
+        checked from the data files so that no synthesis is disturbed."""
+        language, _, variant = voice.partition("+")
+        return language.lower() in self.voices and (not variant or variant in self._variants)
 
     def _collect(self, wav, count: int, _events) -> int:
         if count > 0 and wav:

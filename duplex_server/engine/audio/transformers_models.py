@@ -67,6 +67,10 @@ class VitsTts:
         self._model = transformers.VitsModel.from_pretrained(directory).eval()
         self.sample_rate_hz = int(self._model.config.sampling_rate)
 
+    def knows_voice(self, voice: str) -> bool:
+        """One speaker per checkpoint: every voice name maps onto it."""
+        return True
+
     def synthesize(self, text: str, voice: str = "", speed: float = 1.0) -> bytes:
         """pcm16 of ``text``; ``voice`` is ignored (one speaker per checkpoint)."""
         inputs = self._tokenizer(text, return_tensors="pt")

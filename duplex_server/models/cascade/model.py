@@ -42,6 +42,8 @@ VOICES = {
     "sage": "en-gb+f3",
     "shimmer": "en-us+f4",
     "verse": "en-us+m2",
+    "marin": "en-us+f5",
+    "cedar": "en-gb+m3",
 }
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 # Audio leaves at the pace it plays, this far ahead: the answer stays "being
@@ -122,6 +124,10 @@ class CascadeModel:
 
     def wants_to_speak(self, history: list[Item], config: EffectiveConfig) -> bool:
         return any(item.role == "user" for item in history)
+
+    def accepts_voice(self, voice: str) -> bool:
+        """OpenAI's voice names and the synthesiser's own (eSpeak ``en-us+f3``)."""
+        return self.listening.tts.knows_voice(VOICES.get(voice, voice))
 
     def stream(self, request: ResponseRequest) -> AsyncIterator[ModelChunk]:
         config = request.config

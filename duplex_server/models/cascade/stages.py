@@ -43,6 +43,10 @@ class Recogniser(Protocol):
 class Synthesiser(Protocol):
     sample_rate_hz: int
 
+    def knows_voice(self, voice: str) -> bool:
+        """Whether ``voice`` (after the OpenAI-name mapping) can be spoken."""
+        ...
+
     def synthesize(self, text: str, voice: str, speed: float) -> bytes: ...
 
 

@@ -1,0 +1,198 @@
+"""OpenAI's session semantics on the OpenAI endpoint, and one dialect per socket.
+
+Every event these tests receive is also checked against the openai SDK's
+models by tests/openai_conformance.py (GA models on GA sockets, beta on beta).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.wsclient import WsClient, tone_pcm16, types_of
+
+BETA_ONLY = {
+    "response.audio.delta",
+    "response.audio.done",
+    "response.audio_transcript.delta",
+    "response.audio_transcript.done",
+    "response.text.delta",
+    "response.text.done",
+    "conversation.item.created",
+}
+GA_ONLY = {
+    "response.output_audio.delta",
+    "response.output_audio.done",
+    "response.output_audio_transcript.delta",
+    "response.output_audio_transcript.done",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "conversation.item.added",
+    "conversation.item.done",
+}
+
+
+async def openai_socket(server, query: str = "", **kwargs) -> WsClient:
+    """A stock OpenAI client's socket: plain ``/v1/realtime``, no ``duplex``."""
+    client = await WsClient.connect(f"ws://{server.base}/v1/realtime{query}", **kwargs)
+    await client.expect("session.created")
+    return client
+
+
+async def spoken_turn(client: WsClient) -> list[dict]:
+    await client.append(tone_pcm16(300))
+    await client.send({"type": "input_audio_buffer.commit"})
+    return await client.recv_until("response.done")
+
+
+def assistant_part_types(events: list[dict]) -> set[str]:
+    done = [e for e in events if e["type"] == "response.done"][-1]
+    return {part["type"] for item in done["response"]["output"] for part in item["content"]}
+
+
+async def test_a_ga_socket_gets_ga_names_only(server):
+    client = await openai_socket(server)
+    events = await spoken_turn(client)
+    names = set(types_of(events))
+    assert not names & BETA_ONLY
+    assert {"conversation.item.added", "response.output_audio.delta"} <= names
+    assert assistant_part_types(events) == {"output_audio"}
+    # items always carry type and object (omit_defaults once dropped both)
+    added = next(e for e in events if e["type"] == "conversation.item.added")
+    assert (added["item"]["type"], added["item"]["object"]) == ("message", "realtime.item")
+    await client.close()
+
+
+@pytest.mark.parametrize("how", ["header", "query"])
+async def test_a_beta_socket_gets_beta_names_only(server, how):
+    if how == "header":
+        client = await openai_socket(server, additional_headers={"OpenAI-Beta": "realtime=v1"})
+    else:
+        client = await openai_socket(server, "?events=beta")
+    events = await spoken_turn(client)
+    names = set(types_of(events))
+    assert not names & GA_ONLY
+    assert {"conversation.item.created", "response.audio.delta"} <= names
+    assert assistant_part_types(events) == {"audio"}
+    await client.close()
+
+
+async def test_response_create_with_no_input(server):
+    """OpenAI answers it (agents greet this way); the duplex wire refuses it."""
+    client = await openai_socket(server)
+    await client.send({"type": "response.create", "event_id": "greet"})
+    events = await client.recv_until("response.done")
+    assert events[-1]["response"]["status"] == "completed"
+    assert not [e for e in events if e["type"] == "error"]
+    await client.close()
+
+    duplex, _ = await server.open()
+    await duplex.send({"type": "response.create", "event_id": "greet"})
+    error = (await duplex.expect("error"))["error"]
+    assert (error["code"], error["event_id"]) == ("response_create_without_input", "greet")
+
+
+async def test_nulls_for_optional_fields_are_not_given(server):
+    client = await openai_socket(server)
+    await client.send(
+        {
+            "type": "session.update",
+            "session": {"instructions": None, "voice": None, "turn_detection": None},
+        }
+    )
+    updated = await client.expect("session.updated")
+    assert updated["session"]["instructions"] == "" and updated["session"]["turn_detection"] is None
+    await client.append(tone_pcm16(200))
+    await client.send({"type": "input_audio_buffer.commit", "response_create": False})
+    await client.recv_until("conversation.item.done")
+    await client.send(
+        {"type": "response.create", "response": {"instructions": None, "metadata": None}}
+    )
+    events = await client.recv_until("response.done")
+    assert events[-1]["response"]["status"] == "completed"
+    assert not [e for e in events if e["type"] == "error"]
+    await client.close()
+
+
+async def test_metadata_is_the_clients_and_echoed(server):
+    client, _ = await server.open()
+    await client.send(
+        {"type": "session.update", "session": {"extra_body": {"auto_response": False}}}
+    )
+    await client.expect("session.updated")
+    await client.append(tone_pcm16(200))
+    await client.send({"type": "input_audio_buffer.commit"})
+    await client.recv_until("conversation.item.done")
+    await client.send({"type": "response.create", "response": {"metadata": {"req": "r1"}}})
+    events = await client.recv_until("response.done")
+    created = next(e for e in events if e["type"] == "response.created")
+    assert created["response"]["metadata"] == {"req": "r1"}
+    assert events[-1]["response"]["metadata"] == {"req": "r1"}
+    duplex = events[-1]["response"]["duplex"]
+    assert duplex["epoch"] == 0 and duplex["playback"]["generated_ms"] > 0
+
+
+async def test_one_user_turn_gets_one_answer(server):
+    """Commit (auto-response) then response.create, whatever arrives first."""
+    client, _ = await server.open()
+    # the auto-response is done before response.create arrives
+    await spoken_turn(client)
+    await asyncio.sleep(0.3)
+    await client.send({"type": "response.create", "event_id": "late"})
+    await client.send({"type": "session.heartbeat"})
+    events = await client.recv_until("session.heartbeat_ack")
+    assert "response.created" not in types_of(events)
+    # the auto-response is streaming when response.create (with metadata) arrives
+    await client.send({"type": "session.update", "session": {"extra_body": {"chunk_delay_ms": 50}}})
+    await client.expect("session.updated")
+    await client.append(tone_pcm16(1000))
+    await client.send({"type": "input_audio_buffer.commit"})
+    await client.recv_until("response.created")
+    await client.send({"type": "response.create", "response": {"metadata": {"req": "r2"}}})
+    events = await client.recv_until("response.done")
+    assert types_of(events).count("response.created") == 0
+    assert events[-1]["response"]["status"] == "completed"  # not cancelled by the create
+    assert events[-1]["response"]["metadata"] == {"req": "r2"}
+    # a second response.create for the same input is a new request: a new answer
+    await client.send({"type": "response.create"})
+    events = await client.recv_until("response.done")
+    assert types_of(events).count("response.created") == 1
+
+
+async def test_cancel_reasons_stay_in_openais_set(server):
+    client, _ = await server.open()
+    await client.send({"type": "session.update", "session": {"extra_body": {"chunk_delay_ms": 50}}})
+    await client.expect("session.updated")
+    await client.append(tone_pcm16(2000))
+    await client.send({"type": "input_audio_buffer.commit"})
+    await client.recv_until("response.output_audio.delta")
+    await client.send({"type": "barge_in"})
+    events = await client.recv_until("response.done")
+    response = events[-1]["response"]
+    assert response["status"] == "cancelled"
+    assert response["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
+    assert response["duplex"]["reason"] == "barge_in"
+
+
+async def test_turn_detection_defaults_to_none_without_a_vad(server):
+    """The echo model has no VAD: absent turn detection stays client commits."""
+    client = await openai_socket(server)
+    await client.send({"type": "session.update", "session": {"instructions": "hi"}})
+    assert (await client.expect("session.updated"))["session"]["turn_detection"] is None
+    await client.send(
+        {
+            "type": "session.update",
+            "event_id": "sv",
+            "session": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}},
+        }
+    )
+    error = (await client.expect("error"))["error"]
+    assert (error["code"], error["param"], error["event_id"]) == (
+        "unsupported_turn_detection",
+        "session.turn_detection.type",
+        "sv",
+    )
+    await client.send({"type": "session.heartbeat"})
+    await client.expect("session.heartbeat_ack")  # the session keeps serving
+    await client.close()
