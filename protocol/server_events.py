@@ -13,7 +13,7 @@ from msgspec import UNSET, UnsetType
 
 from protocol.errors import ErrorBody
 from protocol.items import ContentPart, ServerItem
-from protocol.session_config import InputTranscription, Tool, TurnDetection
+from protocol.session_config import InputTranscription, ServerTurnDetection, Tool
 
 
 class Capabilities(msgspec.Struct):
@@ -43,7 +43,7 @@ class AudioFormatDescription(msgspec.Struct):
 
 class SessionAudioInput(msgspec.Struct):
     format: AudioFormatDescription | None  # None where OpenAI has no spelling for it
-    turn_detection: TurnDetection | None
+    turn_detection: ServerTurnDetection | None
     transcription: InputTranscription | None
 
 
@@ -85,7 +85,7 @@ class SessionObject(msgspec.Struct):
     input_audio_format: str | None
     output_audio_format: str | None
     audio: SessionAudio
-    turn_detection: TurnDetection | None
+    turn_detection: ServerTurnDetection | None
     input_audio_transcription: InputTranscription | None
     tools: list[Tool]
     tool_choice: str

@@ -38,6 +38,11 @@ class TurnDetection(msgspec.Struct, omit_defaults=True):
     eagerness: Eagerness | UnsetType = UNSET
 
 
+class ServerTurnDetection(TurnDetection, omit_defaults=False):
+    """Turn detection as the server announces it: ``type`` always present
+    (OpenAI's models tell server_vad from semantic_vad by it)."""
+
+
 class AudioFormatObject(msgspec.Struct, omit_defaults=True):
     """GA spelling: ``{"type": "audio/pcm", "rate": 24000}``."""
 

@@ -48,3 +48,17 @@ def test_silero_finds_the_speech_bounds():
     assert abs(voiced[0] - 32 - 1000) <= 100
     assert abs(voiced[-1] - true_end) <= 100
     assert all(p < 0.5 for end_ms, p in scores if end_ms < 900)
+
+
+def test_every_openai_voice_name_is_an_espeak_voice_that_speaks():
+    """OpenAI's voice names map onto eSpeak voices that exist (two of them
+    once named ``en-gb``, which eSpeak does not know, and failed mid-answer)."""
+    from duplex_server.models.cascade.model import VOICES
+
+    tts = Espeak.shared()
+    openai_names = {"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse"}
+    assert openai_names | {"marin", "cedar"} <= set(VOICES)
+    for name, voice in VOICES.items():
+        assert tts.knows_voice(voice), name
+        assert len(tts.synthesize("hello", voice)) > 0, name
+    assert not tts.knows_voice("en-gb+m3") and not tts.knows_voice("en-us+zz9")

@@ -275,6 +275,7 @@ def audio_commit(
         raise ProtocolError(
             "input_audio_buffer_empty",
             "nothing to commit: the input buffer is empty",
+            param="type",
             event_id=event.event_id,
         )
     respond = (
@@ -367,6 +368,7 @@ def text_append(batch: Batch, event: ce.InputTextAppend, model: ModelPort) -> Ef
         raise ProtocolError(
             "native_text_append_unsupported",
             f"model {model.name!r} does not take text input",
+            param="type",
             event_id=event.event_id,
         )
     _check_epoch(batch.state, event)
@@ -493,12 +495,18 @@ def item_delete(batch: Batch, event: ce.ItemDelete, model: ModelPort) -> Effects
     return Effects()
 
 
+# Clients count whole milliseconds of what they played (Pipecat sends the
+# rounded-up duration of a finished answer): that much past the end is the end.
+TRUNCATE_SLACK_MS = 1.0
+
+
 def item_truncate(batch: Batch, event: ce.ItemTruncate, model: ModelPort) -> Effects:
     item = _existing_item(batch.state, event, event.item_id)
     if not model.capabilities.supports_audio_truncate:
         raise ProtocolError(
             "capability_unsupported",
             "this model does not support truncation",
+            param="type",
             event_id=event.event_id,
         )
     if (
@@ -516,26 +524,27 @@ def item_truncate(batch: Batch, event: ce.ItemTruncate, model: ModelPort) -> Eff
     active = batch.state.response
     if active is not None and active.item_id == item.id:
         audio_ms = active.playback.generated_ms
-    if event.audio_end_ms > audio_ms + 1e-6:
+    if event.audio_end_ms > audio_ms + TRUNCATE_SLACK_MS:
         raise ProtocolError(
             "invalid_event",
             f"audio_end_ms {event.audio_end_ms} is past the item's {audio_ms:.1f} ms of audio",
             param="audio_end_ms",
             event_id=event.event_id,
         )
+    end_ms = min(event.audio_end_ms, audio_ms)
     batch.fact(
         ItemBody(
             op="truncate",
             item_id=item.id,
             content_index=event.content_index,
-            audio_end_ms=event.audio_end_ms,
+            audio_end_ms=end_ms,
         )
     )
     batch.emit(
         ItemTruncated(
             item_id=item.id,
             content_index=event.content_index,
-            audio_end_ms=round(event.audio_end_ms),
+            audio_end_ms=round(end_ms),
         )
     )
     return Effects()
@@ -579,6 +588,7 @@ def response_create(batch: Batch, event: ce.ResponseCreate, model: ModelPort) ->
         raise ProtocolError(
             "response_create_without_input",
             "response.create needs committed input: commit audio or create a user item first",
+            param="type",
             event_id=event.event_id,
         )
     if has_input and not _has_overrides(event.response):
@@ -607,7 +617,7 @@ def response_cancel(batch: Batch, event: ce.ResponseCancel, model: ModelPort) ->
         raise ProtocolError(
             "response_not_found",
             f"no {which} to cancel",
-            param="response_id" if event.response_id else None,
+            param="response_id" if event.response_id else "type",
             event_id=event.event_id,
         )
     batch.fact(SignalBody(signal="response.cancel", response_id=active.id))
@@ -664,6 +674,7 @@ def barge_in(batch: Batch, event: ce.ClientEvent, model: ModelPort) -> Effects:
         raise ProtocolError(
             "capability_unsupported",
             f"model {model.name!r} does not support barge_in",
+            param="type",
             event_id=event.event_id,
         )
     return _stop_output(batch, "barge_in", "barge_in")

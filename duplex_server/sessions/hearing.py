@@ -156,23 +156,39 @@ class Hearing:
         if transition.kind == "speech_started":
             batch = self._core.new_batch()
             speech_transition(batch, transition)
-            if self._core.state.response is not None:
-                self._overlap = Overlap(transition.at_ms, self._core.state.response.id)
-            await self._core.commit_batch(batch)
+            response, effects = self._core.state.response, None
+            if response is not None:
+                self._overlap = Overlap(transition.at_ms, response.id)
+                if self._interrupts_at_speech_start(detection):
+                    self._overlap.action = "barge_in"
+                    effects = overlap_decision(batch, "barge_in", 0.0, response.id)
+            if await self._core.commit_batch(batch) and effects is not None:
+                await self._core.apply_effects(effects)
         elif transition.kind == "speech_sustained":
             await self._resolve_overlap(transition)
         else:
             await self._end_of_speech(transition, detection)
 
+    def _may_barge_in(self, detection: TurnDetection) -> bool:
+        return (
+            self._core.state.config.overlap_policy == "barge_in_on_speech"
+            and detection.interrupt_response is not False
+            and self._core.model.capabilities.supports_barge_in
+        )
+
+    def _interrupts_at_speech_start(self, detection: TurnDetection) -> bool:
+        """OpenAI's endpoint cuts the answer when speech starts, as OpenAI does
+        and its clients expect (Pipecat stops playing at ``speech_started``);
+        the duplex wire waits for sustained speech and drops short remarks."""
+        return self._core.state.config.openai_semantics and self._may_barge_in(detection)
+
     async def _resolve_overlap(self, transition: Transition) -> None:
         """Speech over the answer lasted the barge-in threshold: act on the policy."""
         overlap = self._overlap
-        if overlap is None or overlap.action is not None:
+        detection = self._core.state.config.turn_detection
+        if overlap is None or overlap.action is not None or detection is None:
             return
-        barge = (
-            self._core.state.config.overlap_policy == "barge_in_on_speech"
-            and self._core.model.capabilities.supports_barge_in
-        )
+        barge = self._may_barge_in(detection)
         overlap.action = "barge_in" if barge else "listen"
         batch = self._core.new_batch()
         effects = overlap_decision(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from duplex_server.sessions.state import SessionState
 from protocol.audio_formats import AudioFormat, ga_type
 from protocol.server_events import (
@@ -15,6 +17,7 @@ from protocol.server_events import (
     SessionExtraBody,
     SessionObject,
 )
+from protocol.session_config import ServerTurnDetection
 
 
 def ledger(playback: PlaybackLedger | None) -> PlaybackLedger:
@@ -51,6 +54,11 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
     cfg = state.config
     response = state.response or state.last_response
     in_fmt, out_fmt = cfg.input_format, cfg.output_format
+    detection = (
+        None
+        if cfg.turn_detection is None
+        else ServerTurnDetection(**msgspec.structs.asdict(cfg.turn_detection))
+    )
     in_name, in_ga = openai_format(in_fmt)
     out_name, out_ga = openai_format(out_fmt)
     return SessionObject(
@@ -65,7 +73,7 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
         audio=SessionAudio(
             input=SessionAudioInput(
                 format=in_ga,
-                turn_detection=cfg.turn_detection,
+                turn_detection=detection,
                 transcription=cfg.input_audio_transcription,
             ),
             output=SessionAudioOutput(
@@ -74,7 +82,7 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
                 speed=cfg.speed,
             ),
         ),
-        turn_detection=cfg.turn_detection,
+        turn_detection=detection,
         input_audio_transcription=cfg.input_audio_transcription,
         tools=list(cfg.tools),
         tool_choice=cfg.tool_choice,

@@ -90,7 +90,11 @@ async def test_response_create_with_no_input(server):
     duplex, _ = await server.open()
     await duplex.send({"type": "response.create", "event_id": "greet"})
     error = (await duplex.expect("error"))["error"]
-    assert (error["code"], error["event_id"]) == ("response_create_without_input", "greet")
+    assert (error["code"], error["event_id"], error["param"]) == (
+        "response_create_without_input",
+        "greet",
+        "type",
+    )
 
 
 async def test_nulls_for_optional_fields_are_not_given(server):

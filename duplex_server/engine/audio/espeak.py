@@ -80,11 +80,11 @@ class Espeak:
 
     @staticmethod
     def _voice_names(data: Path) -> frozenset[str]:
-        """Languages with a dictionary, and the language files (``en-us``): the
-        names ``espeak_SetVoiceByName`` accepts, lower-cased."""
+        """The language files (``en``, ``en-us``, ``en-gb-x-rp``) whose
+        dictionary ships: the names ``espeak_SetVoiceByName`` speaks, lower-cased."""
         dictionaries = {p.name.removesuffix("_dict") for p in data.glob("*_dict")}
-        languages = {p.name.lower() for p in (data / "lang").rglob("*") if p.is_file()}
-        return frozenset(dictionaries | languages)
+        languages = (p.name.lower() for p in (data / "lang").rglob("*") if p.is_file())
+        return frozenset(name for name in languages if name.split("-")[0] in dictionaries)
 
     def knows_voice(self, voice: str) -> bool:
         """Whether ``voice`` (``language[+variant]``) names a voice we ship,

@@ -36,14 +36,14 @@ VOICES = {
     "default": DEFAULT_VOICE,
     "alloy": "en-us+f3",
     "ash": "en-us+m3",
-    "ballad": "en-gb+m1",
+    "ballad": "en+m1",
     "coral": "en-us+f2",
     "echo": "en-us+m1",
-    "sage": "en-gb+f3",
+    "sage": "en+f3",
     "shimmer": "en-us+f4",
     "verse": "en-us+m2",
     "marin": "en-us+f5",
-    "cedar": "en-gb+m3",
+    "cedar": "en+m3",
 }
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 # Audio leaves at the pace it plays, this far ahead: the answer stays "being
