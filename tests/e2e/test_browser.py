@@ -8,7 +8,9 @@ import wave
 
 from playwright.async_api import async_playwright
 
-from duplex_server.sessions.records import AckBody, CommitBody, DecisionBody
+from duplex_server.sessions.records import AckBody, CommitBody, DecisionBody, OutBody
+from protocol.dialect import Dialect, present
+from tests.openai_conformance import check_event
 from tests.speech import PHRASES, silence, speak
 
 CHROMIUM = shutil.which("chromium")
@@ -76,3 +78,12 @@ async def test_voice_page_hears_a_question_and_plays_the_answer(voice_server, tm
     assert commits[0].transcript == PHRASES[0]
     acks = [r.body for r in records if isinstance(r.body, AckBody) and r.body.what == "playback"]
     assert acks and max(a.played_ms for a in acks) >= 1000
+    # What the page received (a GA socket) held to the openai SDK's models too;
+    # the page is not a websockets client, so its events are checked from the log.
+    sent = [
+        present(r.body.payload, Dialect.GA)
+        for r in records
+        if isinstance(r.body, OutBody) and r.body.payload
+    ]
+    checked = [check_event(p.decode(), "ga") for p in sent if p is not None]
+    assert len(checked) > 20 and [v for v in checked if v is not None] == []

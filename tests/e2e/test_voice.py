@@ -406,3 +406,15 @@ async def test_server_vad_by_default_and_semantic_vad_served_by_it(voice_server)
     heard = first(events, "conversation.item.input_audio_transcription.completed")
     assert heard["transcript"] == PHRASES[0] and heard["usage"]["type"] == "duration"
     assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_a_greeting_asked_before_any_input_is_an_empty_answer(voice_server):
+    """OpenAI answers response.create on a new session (agents greet that way);
+    the parrot has nothing to repeat yet, so its answer is empty and completed."""
+    client = await WsClient.connect(f"ws://{voice_server.base}/v1/realtime")
+    await client.expect("session.created")
+    await client.send({"type": "response.create"})
+    events = await client.recv_until("response.done", timeout=20)
+    assert events[-1]["response"]["status"] == "completed"
+    assert not [e for e in events if e["type"] in ("error", "response.output_audio.delta")]
+    assert first(events, "response.output_audio_transcript.done")["transcript"] == ""

@@ -18,6 +18,13 @@ class Responder(Protocol):
 
 
 class Parrot:
+    """Repeats the latest user turn; asks again when it heard nothing in it,
+    and says nothing at all before the user said anything (a greeting asked
+    for with response.create on a new session is an empty answer)."""
+
     async def respond(self, history: list[Item]) -> AsyncIterator[str]:
-        heard = next((item_text(i) for i in reversed(history) if i.role == "user"), "")
+        turn = next((item for item in reversed(history) if item.role == "user"), None)
+        if turn is None:
+            return
+        heard = item_text(turn)
         yield f"You said: {heard}." if heard.strip() else ASK_AGAIN
