@@ -36,6 +36,7 @@ serve: $(STAMP)
 test: $(STAMP) $(ML_STAMP)
 	scripts/ensure-test-tools
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -15,11 +15,11 @@ from duplex_server.config import ServerConfig
 from duplex_server.metrics import Metrics
 from duplex_server.models import build_model
 from duplex_server.realtime import realtime_endpoint
-from duplex_server.sessions.log import SessionLog
-from duplex_server.sessions.manager import ManagerSettings, SessionManager
-from duplex_server.sessions.memory_log import MemoryLog
-from duplex_server.sessions.redis_log import REDIS_SCHEMES, RedisLog
-from duplex_server.sessions.sqlite_log import SqliteLog
+from duplex_server.sessions.log.memory_store import MemoryLog
+from duplex_server.sessions.log.redis_store import REDIS_SCHEMES, RedisLog
+from duplex_server.sessions.log.sqlite_store import SqliteLog
+from duplex_server.sessions.log.store import SessionLog
+from duplex_server.sessions.runtime.manager import ManagerSettings, SessionManager
 from protocol.codec import FrameDecoder
 
 STORES = ("memory", "sqlite:PATH", "redis://HOST:PORT/DB")

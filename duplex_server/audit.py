@@ -12,9 +12,9 @@ from collections.abc import Callable
 import msgspec
 
 from duplex_server.models import build_model
-from duplex_server.sessions import records as r
-from duplex_server.sessions.sqlite_log import SqliteReader
-from duplex_server.sessions.state import fold, initial_state
+from duplex_server.sessions.core import records as r
+from duplex_server.sessions.core.state import fold, initial_state
+from duplex_server.sessions.log.sqlite_store import SqliteReader
 
 
 def _when(ts_ms: int) -> str:

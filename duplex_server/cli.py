@@ -9,7 +9,7 @@ import sys
 
 from duplex_server.config import ServerConfig, default_replica_id
 from duplex_server.models import MODEL_NAMES
-from duplex_server.sessions.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
+from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 
 
@@ -198,7 +198,7 @@ def serve(config: ServerConfig) -> None:
     import uvicorn
 
     from duplex_server.app import create_app
-    from duplex_server.sessions.sqlite_log import StoreError
+    from duplex_server.sessions.log.sqlite_store import StoreError
 
     try:
         app = create_app(config)
@@ -231,8 +231,8 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:
 
 def _audit(args: argparse.Namespace) -> None:
     from duplex_server import audit
-    from duplex_server.sessions.log import UnknownSession
-    from duplex_server.sessions.sqlite_log import SqliteReader, StoreError
+    from duplex_server.sessions.log.sqlite_store import SqliteReader, StoreError
+    from duplex_server.sessions.log.store import UnknownSession
 
     try:
         reader = SqliteReader(args.path)

@@ -6,7 +6,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from duplex_server.sessions.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
+from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 
 

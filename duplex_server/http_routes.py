@@ -15,9 +15,9 @@ from starlette.responses import (
 )
 
 from duplex_server.auth import is_authorized
-from duplex_server.sessions.log import UnknownSession
-from duplex_server.sessions.records import to_line
-from duplex_server.sessions.snapshot import session_object
+from duplex_server.sessions.core.records import to_line
+from duplex_server.sessions.core.snapshot import session_object
+from duplex_server.sessions.log.store import UnknownSession
 
 _encoder = msgspec.json.Encoder()
 WEB_DIR = Path(__file__).parent / "web"

@@ -12,9 +12,9 @@ import logging
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from duplex_server.auth import is_authorized
-from duplex_server.sessions.actor import SessionActor
-from duplex_server.sessions.attachment import Attachment, TransportClosed
-from duplex_server.sessions.manager import SessionManager
+from duplex_server.sessions.runtime.actor import SessionActor
+from duplex_server.sessions.runtime.attachment import Attachment, TransportClosed
+from duplex_server.sessions.runtime.manager import SessionManager
 from protocol.client_events import SessionResume, SessionUpdateEvent
 from protocol.codec import FrameDecoder, encode_server_event
 from protocol.dialect import negotiate

@@ -14,8 +14,8 @@ import uvicorn
 
 from duplex_server.app import create_app
 from duplex_server.config import ServerConfig
-from duplex_server.sessions.manager import SessionManager
-from duplex_server.sessions.state import SessionState, fold, initial_state
+from duplex_server.sessions.core.state import SessionState, fold, initial_state
+from duplex_server.sessions.runtime.manager import SessionManager
 from tests import openai_conformance
 from tests.redisproc import RedisServer
 from tests.wsclient import WsClient

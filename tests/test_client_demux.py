@@ -107,7 +107,7 @@ def test_malformed_frames(frame, code):
 
 def server_stream() -> list[bytes]:
     """The exact frames the server journaled for a scripted conversation."""
-    from duplex_server.sessions.records import OutBody
+    from duplex_server.sessions.core.records import OutBody
     from tests.test_fold import conversation
 
     return [r.body.payload for r in conversation().log if isinstance(r.body, OutBody)]

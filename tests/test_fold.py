@@ -6,12 +6,12 @@ import msgspec
 import pytest
 
 from duplex_server.models import build_model
-from duplex_server.sessions.batch import Batch
-from duplex_server.sessions.commands import HANDLERS
-from duplex_server.sessions.model_port import ModelChunk
-from duplex_server.sessions.records import Record
-from duplex_server.sessions.responses import emit_chunk, finish_response
-from duplex_server.sessions.state import SessionState, fold, initial_state
+from duplex_server.sessions.core.batch import Batch
+from duplex_server.sessions.core.commands import HANDLERS
+from duplex_server.sessions.core.model_port import ModelChunk
+from duplex_server.sessions.core.records import Record
+from duplex_server.sessions.core.responses import emit_chunk, finish_response
+from duplex_server.sessions.core.state import SessionState, fold, initial_state
 from protocol import client_events as ce
 from protocol.errors import ProtocolError
 from tests.wsclient import b64, tone_pcm16

@@ -7,15 +7,7 @@ import uuid
 
 import pytest
 
-from duplex_server.sessions.log import (
-    DuplicateEvent,
-    LeaseHeld,
-    SequenceConflict,
-    StaleFence,
-    UnknownSession,
-)
-from duplex_server.sessions.memory_log import MemoryLog
-from duplex_server.sessions.records import (
+from duplex_server.sessions.core.records import (
     AudioBody,
     CloseBody,
     ItemBody,
@@ -23,8 +15,16 @@ from duplex_server.sessions.records import (
     Record,
     SignalBody,
 )
-from duplex_server.sessions.redis_log import RedisLog
-from duplex_server.sessions.sqlite_log import SqliteLog
+from duplex_server.sessions.log.memory_store import MemoryLog
+from duplex_server.sessions.log.redis_store import RedisLog
+from duplex_server.sessions.log.sqlite_store import SqliteLog
+from duplex_server.sessions.log.store import (
+    DuplicateEvent,
+    LeaseHeld,
+    SequenceConflict,
+    StaleFence,
+    UnknownSession,
+)
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis", "redis-unix"])
@@ -161,11 +161,11 @@ async def test_sessions_listing(log):
 async def test_spelling_twins_read_back_byte_exact(log):
     """Events from the real emit path (GA + beta twins) read back exactly as sent."""
     from duplex_server.models import build_model
-    from duplex_server.sessions.batch import Batch
-    from duplex_server.sessions.items import Item
-    from duplex_server.sessions.model_port import ModelChunk
-    from duplex_server.sessions.responses import emit_chunk, start_response
-    from duplex_server.sessions.state import initial_state
+    from duplex_server.sessions.core.batch import Batch
+    from duplex_server.sessions.core.items import Item
+    from duplex_server.sessions.core.model_port import ModelChunk
+    from duplex_server.sessions.core.responses import emit_chunk, start_response
+    from duplex_server.sessions.core.state import initial_state
 
     model = build_model("echo")
     fence = await opened(log)
@@ -288,7 +288,7 @@ async def test_stream_entries_carry_the_fence_that_wrote_them(shared, redis_serv
 
 
 async def test_unreachable_redis_is_storage_unavailable():
-    from duplex_server.sessions.log import StorageUnavailable
+    from duplex_server.sessions.log.store import StorageUnavailable
     from tests.conftest import free_port
 
     log = RedisLog(f"redis://127.0.0.1:{free_port()}/0", retry_window_ms=200)

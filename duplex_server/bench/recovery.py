@@ -19,15 +19,15 @@ from pathlib import Path
 import numpy as np
 
 from duplex_server.models import build_model
-from duplex_server.sessions.batch import Batch
-from duplex_server.sessions.commands import HANDLERS
-from duplex_server.sessions.manager import ManagerSettings, SessionManager
-from duplex_server.sessions.model_port import ModelChunk
-from duplex_server.sessions.records import LeaseBody, Record
-from duplex_server.sessions.responses import emit_chunk, finish_response
-from duplex_server.sessions.sqlite_log import SqliteLog
-from duplex_server.sessions.state import initial_state
-from duplex_server.sessions.tokens import hash_token, new_session_id
+from duplex_server.sessions.core.batch import Batch
+from duplex_server.sessions.core.commands import HANDLERS
+from duplex_server.sessions.core.model_port import ModelChunk
+from duplex_server.sessions.core.records import LeaseBody, Record
+from duplex_server.sessions.core.responses import emit_chunk, finish_response
+from duplex_server.sessions.core.state import initial_state
+from duplex_server.sessions.log.sqlite_store import SqliteLog
+from duplex_server.sessions.log.tokens import hash_token, new_session_id
+from duplex_server.sessions.runtime.manager import ManagerSettings, SessionManager
 from protocol import client_events as ce
 
 TARGET_SECONDS = 3.0

@@ -26,9 +26,9 @@ from urllib.parse import urlparse
 import numpy as np
 import websockets
 
-from duplex_server.sessions.log import StorageUnavailable
-from duplex_server.sessions.records import AudioBody, Record
-from duplex_server.sessions.redis_log import RedisLog, connect
+from duplex_server.sessions.core.records import AudioBody, Record
+from duplex_server.sessions.log.redis_store import RedisLog, connect
+from duplex_server.sessions.log.store import StorageUnavailable
 
 PIPELINE = 16
 CLIENTS = 50

@@ -27,7 +27,7 @@ import psutil
 import websockets
 
 from duplex_server.metrics import histogram_quantile, parse_histogram
-from duplex_server.sessions.redis_log import REDIS_SCHEMES
+from duplex_server.sessions.log.redis_store import REDIS_SCHEMES
 
 TARGET_COMMIT_TO_AUDIO_P99_MS = 50.0
 TARGET_HEARTBEAT_RATIO = 1.5

@@ -31,7 +31,7 @@ import websockets
 
 from duplex_server.audio import resample_pcm16
 from duplex_server.bench.sessions import _free_port, _spawn
-from duplex_server.sessions.turns import BARGE_IN_MS
+from duplex_server.sessions.core.turns import BARGE_IN_MS
 
 RATE = 24_000
 JITTER_MS = 120.0

@@ -17,9 +17,9 @@ from duplex_server.audio import resample_pcm16
 from duplex_server.engine import EngineCore, EngineRequest
 from duplex_server.models.capabilities import full_duplex
 from duplex_server.models.engine_requests import for_response
-from duplex_server.sessions.config import EffectiveConfig
-from duplex_server.sessions.items import Item, item_text
-from duplex_server.sessions.model_port import ModelChunk, ResponseRequest
+from duplex_server.sessions.core.config import EffectiveConfig
+from duplex_server.sessions.core.items import Item, item_text
+from duplex_server.sessions.core.model_port import ModelChunk, ResponseRequest
 
 MODEL_RATE_HZ = 24_000
 CHUNK_PERIOD_MS = 100

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from duplex_server.engine import EngineRequest
-from duplex_server.sessions.model_port import ResponseRequest
+from duplex_server.sessions.core.model_port import ResponseRequest
 
 P = TypeVar("P")
 

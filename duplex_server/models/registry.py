@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from duplex_server.engine import EngineCore
 from duplex_server.models.echo import EchoBackend, EchoModel
-from duplex_server.sessions.model_port import ModelPort
+from duplex_server.sessions.core.model_port import ModelPort
 
 MODEL_NAMES = ("echo", "cascade")
 

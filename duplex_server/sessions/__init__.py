@@ -1,5 +1,7 @@
-"""Session core: the log, its pure fold, the actor that drives it, and the manager.
+"""Sessions: ``core`` (pure), ``log`` (storage) and ``runtime`` (asyncio).
 
-Nothing here calls a model or a socket directly: the actor talks to a
-:class:`~duplex_server.sessions.model_port.ModelPort` and to attachments.
+Arrows: runtime uses core and log; log uses core's record types; core uses
+neither. Nothing here calls a model or a socket directly: the actor talks to
+a :class:`~duplex_server.sessions.core.model_port.ModelPort` and to
+attachments. ``tests/test_architecture.py`` holds these arrows.
 """

@@ -8,7 +8,7 @@ import wave
 
 from playwright.async_api import async_playwright
 
-from duplex_server.sessions.records import AckBody, CommitBody, DecisionBody, OutBody
+from duplex_server.sessions.core.records import AckBody, CommitBody, DecisionBody, OutBody
 from protocol.dialect import Dialect, present
 from tests.openai_conformance import check_event
 from tests.speech import PHRASES, silence, speak

@@ -263,7 +263,7 @@ async def test_a_failing_model_fails_the_response_not_the_session(server, monkey
 async def test_an_actor_bug_closes_the_socket_loudly(server, monkeypatch, caplog):
     import websockets
 
-    from duplex_server.sessions import commands
+    from duplex_server.sessions.core import commands
     from protocol import client_events as ce
 
     def buggy(batch, event, model):

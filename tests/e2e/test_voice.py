@@ -219,7 +219,7 @@ async def test_silence_only_keeps_a_bounded_buffer(voice_server):
 
 
 async def test_a_monologue_is_bounded_with_a_clear_error(voice_server):
-    from duplex_server.sessions.commands import MAX_INPUT_MS
+    from duplex_server.sessions.core.commands import MAX_INPUT_MS
 
     client = await client_commit_session(voice_server)
     chunk = silence(60_000)  # a minute a frame

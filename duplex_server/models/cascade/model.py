@@ -24,9 +24,9 @@ from duplex_server.models.cascade.stages import (
     build_synthesiser,
 )
 from duplex_server.models.engine_requests import for_response
-from duplex_server.sessions.config import EffectiveConfig
-from duplex_server.sessions.items import Item
-from duplex_server.sessions.model_port import ModelChunk, ResponseRequest
+from duplex_server.sessions.core.config import EffectiveConfig
+from duplex_server.sessions.core.items import Item
+from duplex_server.sessions.core.model_port import ModelChunk, ResponseRequest
 
 OUTPUT_RATE_HZ = 24_000
 CHUNK_PERIOD_MS = 100

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from duplex_server.sessions.items import Item, item_text
+from duplex_server.sessions.core.items import Item, item_text
 
 ASK_AGAIN = "Sorry, I did not catch that. Please say it again."
 

@@ -1,5 +1,5 @@
 """The cascade's audio stages, loaded once: what the session core calls
-through :class:`~duplex_server.sessions.model_port.Listening`, and the
+through :class:`~duplex_server.sessions.core.model_port.Listening`, and the
 synthesiser its responses use."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from duplex_server.engine.audio.silero import WINDOW_MS, SileroModel, VadStream
 from duplex_server.engine.audio.sphinx import SAMPLE_RATE_HZ as ASR_RATE_HZ
 from duplex_server.engine.audio.sphinx import Sphinx
 from duplex_server.engine.audio.worker import Stage
-from duplex_server.sessions.model_port import TranscriptionError
+from duplex_server.sessions.core.model_port import TranscriptionError
 
 log = logging.getLogger(__name__)
 

@@ -41,8 +41,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from duplex_server.sessions import redis_scripts
-from duplex_server.sessions.log import (
+from duplex_server.sessions.core.records import OutBody, Record
+from duplex_server.sessions.log import redis_scripts
+from duplex_server.sessions.log.record_codec import decode_records, encode_records, record_decoder
+from duplex_server.sessions.log.redis_pipe import RedisPipe
+from duplex_server.sessions.log.redis_scripts import ACQUIRE, APPEND, DROP_BULK, RELEASE, RENEW
+from duplex_server.sessions.log.store import (
     EVENT_ID_WINDOW,
     DuplicateEvent,
     LeaseHeld,
@@ -53,10 +57,6 @@ from duplex_server.sessions.log import (
     StorageUnavailable,
     UnknownSession,
 )
-from duplex_server.sessions.record_codec import decode_records, encode_records, record_decoder
-from duplex_server.sessions.records import OutBody, Record
-from duplex_server.sessions.redis_pipe import RedisPipe
-from duplex_server.sessions.redis_scripts import ACQUIRE, APPEND, DROP_BULK, RELEASE, RENEW
 
 T = TypeVar("T")
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")

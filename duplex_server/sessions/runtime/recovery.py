@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from duplex_server.sessions.records import AudioBody, ItemBody, OutBody, Record
-from duplex_server.sessions.state import SessionState
+from duplex_server.sessions.core.records import AudioBody, ItemBody, OutBody, Record
+from duplex_server.sessions.core.state import SessionState
 
 
 def journal_entries(records: list[Record]) -> list[tuple[int, bytes]]:

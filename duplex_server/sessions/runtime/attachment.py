@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from duplex_server.sessions.journal import Journal, JournalGap
+from duplex_server.sessions.runtime.journal import Journal, JournalGap
 from protocol.dialect import Dialect, present
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,8 @@ from typing import Protocol
 
 from msgspec import UNSET
 
-from duplex_server.sessions import mailbox as mb
-from duplex_server.sessions.batch import Batch
-from duplex_server.sessions.commands import (
+from duplex_server.sessions.core.batch import Batch
+from duplex_server.sessions.core.commands import (
     Effects,
     audio_commit,
     next_user_item_id,
@@ -24,11 +23,17 @@ from duplex_server.sessions.commands import (
     respond_to_input,
     speech_transition,
 )
-from duplex_server.sessions.config import SERVED_BY_SERVER_VAD
-from duplex_server.sessions.model_port import Listening, ModelPort, TranscriptionError
-from duplex_server.sessions.records import AudioBody, DecisionBody
-from duplex_server.sessions.state import SessionState
-from duplex_server.sessions.turns import Overlap, Transition, VadTracker
+from duplex_server.sessions.core.config import SERVED_BY_SERVER_VAD
+from duplex_server.sessions.core.model_port import (
+    Listening,
+    ModelPort,
+    SpeechScorer,
+    TranscriptionError,
+)
+from duplex_server.sessions.core.records import AudioBody, DecisionBody
+from duplex_server.sessions.core.state import SessionState
+from duplex_server.sessions.core.turns import Overlap, Transition, VadGate
+from duplex_server.sessions.runtime import mailbox as mb
 from protocol.client_events import InputAudioCommit
 from protocol.errors import ProtocolError
 from protocol.server_events import InputTranscriptionDelta
@@ -228,3 +233,20 @@ class Hearing:
         effects = respond_to_input(batch, self._core.model)
         if await self._core.commit_batch(batch):
             await self._core.apply_effects(effects)
+
+
+class VadTracker:
+    """A session's scorer (the model's, stateful) and gate under one set of
+    settings; new settings start a new tracker."""
+
+    def __init__(self, settings: TurnDetection, scorer: SpeechScorer, origin_ms: float) -> None:
+        self.settings = settings
+        self._scorer = scorer
+        self._gate = VadGate(settings, scorer.window_ms)
+        self._origin_ms = origin_ms  # input timeline position of the scorer's 0
+
+    async def hear(self, pcm16: bytes, sample_rate_hz: int) -> list[Transition]:
+        transitions: list[Transition] = []
+        for end_ms, probability in await self._scorer.score(pcm16, sample_rate_hz):
+            transitions += self._gate.push(self._origin_ms + end_ms, probability)
+        return transitions

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from duplex_server.sessions.log import (
+from duplex_server.sessions.core.records import AudioBody, ItemBody, OutBody, Record
+from duplex_server.sessions.log.store import (
     EVENT_ID_WINDOW,
     DuplicateEvent,
     LocalLeases,
@@ -16,7 +17,6 @@ from duplex_server.sessions.log import (
     StaleFence,
     UnknownSession,
 )
-from duplex_server.sessions.records import AudioBody, ItemBody, OutBody, Record
 
 
 @dataclass

@@ -8,8 +8,8 @@ the log; if the log refuses it, the actor refolds its state from the log.
 
 from __future__ import annotations
 
-from duplex_server.sessions.records import AnyBody, Origin, OutBody, Record, server_event_id
-from duplex_server.sessions.state import SessionState, apply
+from duplex_server.sessions.core.records import AnyBody, Origin, OutBody, Record, server_event_id
+from duplex_server.sessions.core.state import SessionState, apply
 from protocol.codec import encode_server_event
 from protocol.server_events import Capabilities, ServerEvent
 

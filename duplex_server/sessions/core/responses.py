@@ -13,12 +13,12 @@ from collections.abc import Callable
 import msgspec
 
 from duplex_server.audio import encode_from_pcm16, pcm16_duration_ms
-from duplex_server.sessions.batch import Batch
-from duplex_server.sessions.items import to_wire
-from duplex_server.sessions.model_port import ModelChunk
-from duplex_server.sessions.records import DecisionBody, FenceBody, FenceReason
-from duplex_server.sessions.snapshot import ledger
-from duplex_server.sessions.state import Response
+from duplex_server.sessions.core.batch import Batch
+from duplex_server.sessions.core.items import to_wire
+from duplex_server.sessions.core.model_port import ModelChunk
+from duplex_server.sessions.core.records import DecisionBody, FenceBody, FenceReason
+from duplex_server.sessions.core.snapshot import ledger
+from duplex_server.sessions.core.state import Response
 from protocol.client_events import ResponseOverrides
 from protocol.items import ContentPart
 from protocol.server_events import (

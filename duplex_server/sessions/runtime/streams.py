@@ -15,8 +15,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from duplex_server.sessions import mailbox as mb
-from duplex_server.sessions.model_port import ModelChunk, ModelPort, ResponseRequest
+from duplex_server.sessions.core.model_port import ModelChunk, ModelPort, ResponseRequest
+from duplex_server.sessions.runtime import mailbox as mb
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from duplex_server.sessions.records import Record
+from duplex_server.sessions.core.records import Record
 
 EVENT_ID_WINDOW = 1024
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from msgspec import UNSET
 
 from duplex_server.audio import AudioDecodeError, decode_to_pcm16, pcm16_duration_ms
-from duplex_server.sessions.batch import Batch
-from duplex_server.sessions.config import merge_config
-from duplex_server.sessions.items import Item, Part, item_text, to_wire
-from duplex_server.sessions.model_port import ModelPort
-from duplex_server.sessions.records import (
+from duplex_server.sessions.core.batch import Batch
+from duplex_server.sessions.core.config import merge_config
+from duplex_server.sessions.core.items import Item, Part, item_text, to_wire
+from duplex_server.sessions.core.model_port import ModelPort
+from duplex_server.sessions.core.records import (
     AckBody,
     AudioBody,
     CloseBody,
@@ -31,15 +31,15 @@ from duplex_server.sessions.records import (
     SignalBody,
     TextBody,
 )
-from duplex_server.sessions.responses import (
+from duplex_server.sessions.core.responses import (
     advance_epoch,
     cancel_response,
     listen,
     start_response,
 )
-from duplex_server.sessions.snapshot import ledger, session_object
-from duplex_server.sessions.state import Response, SessionState
-from duplex_server.sessions.turns import Transition
+from duplex_server.sessions.core.snapshot import ledger, session_object
+from duplex_server.sessions.core.state import Response, SessionState
+from duplex_server.sessions.core.turns import Transition
 from protocol import client_events as ce
 from protocol.audio_formats import OPUS, SUPPORTED_INPUT, AudioFormat, resolve_format
 from protocol.codec import decode_base64, strip_data_url

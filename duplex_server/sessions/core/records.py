@@ -11,7 +11,7 @@ from typing import Literal, Union
 
 import msgspec
 
-from duplex_server.sessions.items import Item
+from duplex_server.sessions.core.items import Item
 from protocol.client_events import ResponseOverrides
 from protocol.session_config import SessionUpdate
 

@@ -19,32 +19,20 @@ from dataclasses import dataclass, field
 from duplex_server.audio import resample_pcm16
 from duplex_server.audio.opus import RATE_HZ as OPUS_RATE_HZ
 from duplex_server.audio.opus import OpusDecoder, OpusStream
-from duplex_server.sessions import mailbox as mb
-from duplex_server.sessions.attachment import Attachment
-from duplex_server.sessions.batch import Batch
-from duplex_server.sessions.commands import (
+from duplex_server.sessions.core.batch import Batch
+from duplex_server.sessions.core.commands import (
     HANDLERS,
     Effects,
     audio_append,
     audio_commit,
     check_session_patch,
 )
-from duplex_server.sessions.config import response_config
-from duplex_server.sessions.hearing import Hearing
-from duplex_server.sessions.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
-from duplex_server.sessions.log import (
-    DuplicateEvent,
-    LeaseHeld,
-    LeaseStatus,
-    LogError,
-    SessionLog,
-    StaleFence,
-)
-from duplex_server.sessions.model_port import (
+from duplex_server.sessions.core.config import response_config
+from duplex_server.sessions.core.model_port import (
     ModelPort,
     ResponseRequest,
 )
-from duplex_server.sessions.records import (
+from duplex_server.sessions.core.records import (
     CloseBody,
     CloseReason,
     CommitBody,
@@ -54,12 +42,24 @@ from duplex_server.sessions.records import (
     OutBody,
     Record,
 )
-from duplex_server.sessions.recovery import journal_entries, recent_turn_audio
-from duplex_server.sessions.responses import cancel_response, emit_chunk, finish_response
-from duplex_server.sessions.snapshot import session_object
-from duplex_server.sessions.state import Response, SessionState, fold, initial_state
-from duplex_server.sessions.streams import ResponseStreams
-from duplex_server.sessions.tokens import hash_token, new_resume_token, token_matches
+from duplex_server.sessions.core.responses import cancel_response, emit_chunk, finish_response
+from duplex_server.sessions.core.snapshot import session_object
+from duplex_server.sessions.core.state import Response, SessionState, fold, initial_state
+from duplex_server.sessions.log.store import (
+    DuplicateEvent,
+    LeaseHeld,
+    LeaseStatus,
+    LogError,
+    SessionLog,
+    StaleFence,
+)
+from duplex_server.sessions.log.tokens import hash_token, new_resume_token, token_matches
+from duplex_server.sessions.runtime import mailbox as mb
+from duplex_server.sessions.runtime.attachment import Attachment
+from duplex_server.sessions.runtime.hearing import Hearing
+from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
+from duplex_server.sessions.runtime.recovery import journal_entries, recent_turn_audio
+from duplex_server.sessions.runtime.streams import ResponseStreams
 from protocol.audio_formats import OPUS
 from protocol.client_events import ClientEvent, InputAudioAppend, InputAudioCommit, SessionResume
 from protocol.codec import encode_server_event

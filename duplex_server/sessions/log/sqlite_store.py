@@ -28,7 +28,14 @@ from typing import Any, Literal
 
 import msgspec
 
-from duplex_server.sessions.log import (
+from duplex_server.sessions.core.records import AudioBody, ItemBody, Record
+from duplex_server.sessions.log.record_codec import (
+    decode_records,
+    encode_records,
+    record_decoder,
+    record_encoder,
+)
+from duplex_server.sessions.log.store import (
     DuplicateEvent,
     LocalLeases,
     LogError,
@@ -38,13 +45,6 @@ from duplex_server.sessions.log import (
     StorageUnavailable,
     UnknownSession,
 )
-from duplex_server.sessions.record_codec import (
-    decode_records,
-    encode_records,
-    record_decoder,
-    record_encoder,
-)
-from duplex_server.sessions.records import AudioBody, ItemBody, Record
 
 Durability = Literal["fsync-per-batch", "os-buffered"]
 SCHEMA_VERSION = "1"

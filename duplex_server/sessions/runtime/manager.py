@@ -15,14 +15,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from duplex_server.sessions.actor import ActorSettings, SessionActor, SessionMoved
-from duplex_server.sessions.attachment import Attachment
-from duplex_server.sessions.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
-from duplex_server.sessions.log import LeaseHeld, LogError, SessionLog, UnknownSession
-from duplex_server.sessions.model_port import ModelPort
-from duplex_server.sessions.records import Record
-from duplex_server.sessions.state import fold, initial_state
-from duplex_server.sessions.tokens import new_session_id, token_matches
+from duplex_server.sessions.core.model_port import ModelPort
+from duplex_server.sessions.core.records import Record
+from duplex_server.sessions.core.state import fold, initial_state
+from duplex_server.sessions.log.store import LeaseHeld, LogError, SessionLog, UnknownSession
+from duplex_server.sessions.log.tokens import new_session_id, token_matches
+from duplex_server.sessions.runtime.actor import ActorSettings, SessionActor, SessionMoved
+from duplex_server.sessions.runtime.attachment import Attachment
+from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
 from protocol.client_events import SessionResume
 from protocol.errors import ProtocolError
 from protocol.session_config import SessionUpdate

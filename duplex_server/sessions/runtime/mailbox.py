@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from duplex_server.sessions.attachment import Attachment
-from duplex_server.sessions.log import LeaseStatus
-from duplex_server.sessions.records import CloseReason
+from duplex_server.sessions.core.records import CloseReason
+from duplex_server.sessions.log.store import LeaseStatus
+from duplex_server.sessions.runtime.attachment import Attachment
 from protocol.client_events import ClientEvent, SessionResume
 from protocol.errors import ProtocolError
 

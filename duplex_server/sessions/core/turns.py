@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from duplex_server.sessions.model_port import SpeechScorer
 from protocol.session_config import TurnDetection
 
 # A start needs this much speech in a row: a click or a breath is not a turn.
@@ -76,20 +75,3 @@ class Overlap:
     started_ms: float
     response_id: str
     action: Literal["barge_in", "listen"] | None = None
-
-
-class VadTracker:
-    """A session's scorer (the model's, stateful) and gate under one set of
-    settings; new settings start a new tracker."""
-
-    def __init__(self, settings: TurnDetection, scorer: SpeechScorer, origin_ms: float) -> None:
-        self.settings = settings
-        self._scorer = scorer
-        self._gate = VadGate(settings, scorer.window_ms)
-        self._origin_ms = origin_ms  # input timeline position of the scorer's 0
-
-    async def hear(self, pcm16: bytes, sample_rate_hz: int) -> list[Transition]:
-        transitions: list[Transition] = []
-        for end_ms, probability in await self._scorer.score(pcm16, sample_rate_hz):
-            transitions += self._gate.push(self._origin_ms + end_ms, probability)
-        return transitions

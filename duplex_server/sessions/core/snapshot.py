@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from duplex_server.sessions.state import SessionState
+from duplex_server.sessions.core.state import SessionState
 from protocol.audio_formats import AudioFormat, ga_type
 from protocol.server_events import (
     AudioFormatDescription,

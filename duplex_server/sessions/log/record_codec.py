@@ -18,7 +18,13 @@ from typing import NamedTuple
 
 import msgspec
 
-from duplex_server.sessions.records import AudioBody, ItemBody, OutBody, Record, server_event_id
+from duplex_server.sessions.core.records import (
+    AudioBody,
+    ItemBody,
+    OutBody,
+    Record,
+    server_event_id,
+)
 from protocol.server_events import BETA_TWIN
 
 record_encoder = msgspec.msgpack.Encoder()

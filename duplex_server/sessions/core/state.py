@@ -11,9 +11,9 @@ from collections.abc import Iterable
 
 import msgspec
 
-from duplex_server.sessions.config import EffectiveConfig, default_turn_detection, merge_config
-from duplex_server.sessions.items import Item, Part, transcript_at
-from duplex_server.sessions.records import (
+from duplex_server.sessions.core.config import EffectiveConfig, default_turn_detection, merge_config
+from duplex_server.sessions.core.items import Item, Part, transcript_at
+from duplex_server.sessions.core.records import (
     AckBody,
     AudioBody,
     CloseBody,

@@ -11,8 +11,8 @@ from typing import Protocol
 
 import msgspec
 
-from duplex_server.sessions.config import EffectiveConfig
-from duplex_server.sessions.items import Item
+from duplex_server.sessions.core.config import EffectiveConfig
+from duplex_server.sessions.core.items import Item
 from protocol.server_events import Capabilities
 
 
