@@ -37,6 +37,7 @@ test: $(STAMP) $(ML_STAMP)
 	scripts/ensure-test-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import binascii
 import functools
 import re
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import msgspec.inspect as mi
@@ -99,7 +99,8 @@ class FrameDecoder:
                 "unknown_event_type", f"unknown event type {event_type!r}", event_id=event_id
             )
         try:
-            event: AnyClientEvent = msgspec.convert(drop_optional_nulls(raw, cls), cls)
+            # cls is one member of the AnyClientEvent union (CLIENT_EVENT_TYPES)
+            event = cast(AnyClientEvent, msgspec.convert(drop_optional_nulls(raw, cls), cls))
         except msgspec.ValidationError as exc:
             message = str(exc)
             raise ProtocolError(

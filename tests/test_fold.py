@@ -7,7 +7,7 @@ import pytest
 
 from duplex_server.models import build_model
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import HANDLERS
+from duplex_server.sessions.core.commands import HandlerContext, step
 from duplex_server.sessions.core.model_port import ModelChunk
 from duplex_server.sessions.core.records import Record
 from duplex_server.sessions.core.responses import emit_chunk, finish_response
@@ -38,8 +38,8 @@ class Script:
         self.log.extend(batch.records)
 
     def send(self, event: ce.ClientEvent):
-        batch = self._batch(event.event_id)
-        effects = HANDLERS[type(event)](batch, event, MODEL)
+        self.clock += 10
+        batch, effects = step(self.state, event, HandlerContext(MODEL), self.clock)
         self._keep(batch)
         return effects
 

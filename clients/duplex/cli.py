@@ -117,6 +117,7 @@ async def resume_test(args: argparse.Namespace) -> int:
             if isinstance(event, se.OutputAudioDelta) and not dropped:
                 dropped = True
                 print(f"dropping the socket after event #{seq}")
+                assert client._ws is not None  # connected: it just received an event
                 client._ws.transport.abort()
             elif isinstance(event, ConnectionResumed):
                 print(

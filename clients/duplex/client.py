@@ -190,7 +190,7 @@ class DuplexClient:
     async def __aexit__(self, *exc_info: object) -> None:
         try:
             if self.closed_reason is None and self._ws is not None:
-                with contextlib.suppress(DuplexClientErrorTypes):
+                with contextlib.suppress(*DuplexClientErrorTypes):
                     await self.send({"type": "session.close"})
                     await self.wait_for("session.closed", timeout_s=self.timeout_s)
         finally:
@@ -221,7 +221,7 @@ class DuplexClient:
         except (TimeoutError, OSError, websockets.WebSocketException) as exc:
             raise DuplexConnectionError(f"cannot connect to {url}: {exc}") from exc
 
-    async def _handshake(self, ws, expected: type) -> Any:
+    async def _handshake(self, ws, expected: type[msgspec.Struct]) -> Any:
         """Read until ``expected`` (session.created / session.resumed) or an error."""
         deadline = time.monotonic() + self.timeout_s
         while True:
@@ -355,7 +355,7 @@ class DuplexClient:
     async def _beat(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)  # type: ignore[arg-type]
-            with contextlib.suppress(DuplexClientErrorTypes):
+            with contextlib.suppress(*DuplexClientErrorTypes):
                 await self._send_now({"type": "session.heartbeat"})
 
     # --- sending -------------------------------------------------------------

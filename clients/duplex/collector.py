@@ -43,10 +43,10 @@ class EventCollector:
         return None
 
     def timing_summary(self) -> dict[str, Any]:
-        commit = (self.sent.get("commit") or [None])[0]
+        commit = next(iter(self.sent.get("commit", [])), None)
         audio = [m.at for m in self.events if isinstance(m.event, se.OutputAudioDelta)]
         gaps = sorted((b - a) * 1000 for a, b in zip(audio, audio[1:], strict=False))
-        barge = (self.sent.get("barge_in") or [None])[0]
+        barge = next(iter(self.sent.get("barge_in", [])), None)
         responses = {}
         for mark in self.events:
             if isinstance(mark.event, se.ResponseDone) and mark.event.response is not None:

@@ -20,11 +20,11 @@ import numpy as np
 
 from duplex_server.models import build_model
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import HANDLERS
+from duplex_server.sessions.core.commands import HandlerContext, audio_append, audio_commit
 from duplex_server.sessions.core.model_port import ModelChunk
 from duplex_server.sessions.core.records import LeaseBody, Record
 from duplex_server.sessions.core.responses import emit_chunk, finish_response
-from duplex_server.sessions.core.state import initial_state
+from duplex_server.sessions.core.state import Response, initial_state
 from duplex_server.sessions.log.sqlite_store import SqliteLog
 from duplex_server.sessions.log.tokens import hash_token, new_session_id
 from duplex_server.sessions.runtime.manager import ManagerSettings, SessionManager
@@ -59,12 +59,12 @@ def synth_session(session_id: str, count: int, now_ms: int) -> list[Record]:
     chunk = ModelChunk(audio=pcm.tobytes(), sample_rate_hz=RATE_HZ, text="w ")
     while len(records) < count:
         for _ in range(3):
-            run(lambda b: HANDLERS[ce.InputAudioAppend](b, append, model))
-        run(lambda b: HANDLERS[ce.InputAudioCommit](b, ce.InputAudioCommit(), model))
+            run(lambda b: audio_append(b, append, HandlerContext(model)))
+        run(lambda b: audio_commit(b, ce.InputAudioCommit(), HandlerContext(model)))
         for _ in range(3):
             if len(records) >= count:
                 break
-            run(lambda b: emit_chunk(b, state.response, chunk))
+            run(lambda b: emit_chunk(b, _active(b), chunk))
         if len(records) < count:
             run(lambda b: finish_response(b, "completed"))
     return records
@@ -136,3 +136,10 @@ def run(args: argparse.Namespace) -> None:
                 }
             )
         )
+
+
+def _active(batch: Batch) -> Response:
+    """The response the commit above started (echo answers every turn)."""
+    response = batch.state.response
+    assert response is not None
+    return response

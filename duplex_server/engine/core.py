@@ -18,6 +18,8 @@ from typing import Generic, Protocol, TypeVar
 
 P = TypeVar("P")
 C = TypeVar("C")
+# A backend yields chunks: covariant in them.
+C_out = TypeVar("C_out", covariant=True)
 
 
 class Priority(IntEnum):
@@ -35,8 +37,8 @@ class EngineRequest(Generic[P]):
     priority: Priority = Priority.REALTIME
 
 
-class EngineBackend(Protocol[P, C]):
-    def generate(self, request: EngineRequest[P]) -> AsyncIterator[C]: ...
+class EngineBackend(Protocol[P, C_out]):
+    def generate(self, request: EngineRequest[P]) -> AsyncIterator[C_out]: ...
 
 
 class RequestAborted(Exception):

@@ -43,7 +43,7 @@ def _last_user_item(history: list[Item]) -> Item | None:
 def _split_words(text: str, pieces: int) -> list[str]:
     """Spread ``text`` over ``pieces`` deltas; concatenated they give back ``text``."""
     words = text.split(" ") if text else []
-    out = []
+    out: list[str] = []
     for index in range(pieces):
         lo = len(words) * index // pieces
         hi = len(words) * (index + 1) // pieces
@@ -86,6 +86,7 @@ class EchoModel:
     name = "echo"
     turn_detection_types: tuple[str, ...] = ()
     listening = None  # it repeats audio; it does not hear
+    streaming = None  # turn-based: it answers commits
     capabilities = full_duplex("loopback", CHUNK_PERIOD_MS)
 
     def __init__(self, engine: EngineCore[EchoPayload, ModelChunk]) -> None:

@@ -6,7 +6,7 @@ from duplex_server.engine import EngineCore
 from duplex_server.models.echo import EchoBackend, EchoModel
 from duplex_server.sessions.core.model_port import ModelPort
 
-MODEL_NAMES = ("echo", "cascade")
+MODEL_NAMES = ("echo", "cascade", "scripted")
 
 
 def build_model(
@@ -27,4 +27,8 @@ def build_model(
         from duplex_server.models.cascade import build_cascade
 
         return build_cascade(asr_phrases, max_concurrency=max_concurrency, asr=asr, tts=tts)
+    if name == "scripted":
+        from duplex_server.models.scripted import ScriptedModel
+
+        return ScriptedModel()
     raise ValueError(f"unknown model {name!r}; available: {', '.join(MODEL_NAMES)}")

@@ -117,6 +117,7 @@ class CascadeModel:
     name = "cascade"
     turn_detection_types: tuple[str, ...] = ("server_vad",)
     capabilities = full_duplex("cascade", CHUNK_PERIOD_MS)
+    streaming = None  # turn-based: it answers commits
 
     def __init__(self, stages: CascadeStages, engine: EngineCore[SpeakPayload, ModelChunk]) -> None:
         self.listening = stages

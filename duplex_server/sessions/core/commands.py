@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from duplex_server.audio import AudioDecodeError, decode_to_pcm16, pcm16_duration_ms
 from duplex_server.sessions.core.batch import Batch
@@ -25,6 +26,7 @@ from duplex_server.sessions.core.records import (
     CloseBody,
     CommitBody,
     ConfigBody,
+    DecisionAction,
     DecisionBody,
     FrameBody,
     ItemBody,
@@ -80,7 +82,20 @@ class Effects:
     close: bool = False
 
 
-Handler = Callable[[Batch, ce.ClientEvent, ModelPort], Effects]
+@dataclass
+class HandlerContext:
+    """What a handler may use besides the state and the event: the model's
+    facts, and what the runtime prepared for this one event (a commit: the
+    transcript recognition heard in the buffer; an append: the session's
+    decoder for codecs whose packets depend on the ones before, Opus)."""
+
+    model: ModelPort
+    transcript: str = ""
+    decode_stream: Callable[[bytes], bytes] | None = None
+
+
+# Each handler takes its own event type; the table is keyed by that type.
+Handler = Callable[[Batch, Any, HandlerContext], Effects]
 
 
 # --- session ----------------------------------------------------------------
@@ -105,7 +120,8 @@ def check_session_patch(patch: SessionUpdate, model: ModelPort, event_id: str | 
         check_voice(patch.audio.output.voice, "session.audio.output.voice", model, event_id)
 
 
-def session_update(batch: Batch, event: ce.SessionUpdateEvent, model: ModelPort) -> Effects:
+def session_update(batch: Batch, event: ce.SessionUpdateEvent, ctx: HandlerContext) -> Effects:
+    model = ctx.model
     state = batch.state
     try:
         merge_config(state.config, event.session, model.turn_detection_types)
@@ -118,13 +134,13 @@ def session_update(batch: Batch, event: ce.SessionUpdateEvent, model: ModelPort)
     return Effects()
 
 
-def heartbeat(batch: Batch, event: ce.SessionHeartbeat, model: ModelPort) -> Effects:
+def heartbeat(batch: Batch, event: ce.SessionHeartbeat, ctx: HandlerContext) -> Effects:
     batch.fact(SignalBody(signal="heartbeat"))
     batch.emit(SessionHeartbeatAck(epoch=batch.state.epoch))
     return Effects()
 
 
-def event_ack(batch: Batch, event: ce.SessionEventAck, model: ModelPort) -> Effects:
+def event_ack(batch: Batch, event: ce.SessionEventAck, ctx: HandlerContext) -> Effects:
     if event.server_event_seq > batch.state.server_event_seq:
         raise ProtocolError(
             "invalid_event",
@@ -137,7 +153,7 @@ def event_ack(batch: Batch, event: ce.SessionEventAck, model: ModelPort) -> Effe
     return Effects(trim_to=event.server_event_seq)
 
 
-def session_close(batch: Batch, event: ce.SessionClose, model: ModelPort) -> Effects:
+def session_close(batch: Batch, event: ce.SessionClose, ctx: HandlerContext) -> Effects:
     effects = Effects(close=True)
     aborted = cancel_response(batch, "client_cancelled") if batch.state.response else None
     if aborted:
@@ -180,14 +196,10 @@ def decode_audio(data: bytes, fmt: AudioFormat, event_id: str | None, param: str
         raise ProtocolError("invalid_audio", str(exc), param=param, event_id=event_id) from None
 
 
-def audio_append(
-    batch: Batch,
-    event: ce.InputAudioAppend,
-    model: ModelPort,
-    stream_decoder: Callable[[bytes], bytes] | None = None,
-) -> Effects:
-    """``stream_decoder``: the session's decoder for codecs whose packets
-    depend on the ones before (Opus); the actor keeps it."""
+def audio_append(batch: Batch, event: ce.InputAudioAppend, ctx: HandlerContext) -> Effects:
+    """``ctx.decode_stream``: the session's decoder for codecs whose packets
+    depend on the ones before (Opus); the runtime keeps it."""
+    stream_decoder = ctx.decode_stream
     state = batch.state
     _check_epoch(state, event)
     fmt = _input_format(state, event)
@@ -250,9 +262,11 @@ def speech_transition(batch: Batch, transition: Transition) -> None:
     """Record a server VAD decision and tell the client, naming the item the
     speech will be committed as."""
     item_id = next_user_item_id(batch.state)
+    action: DecisionAction = (
+        "speech_started" if transition.kind == "speech_started" else "speech_stopped"
+    )
     batch.fact(
-        DecisionBody(action=transition.kind, audio_ms=transition.at_ms, item_id=item_id),
-        origin="server",
+        DecisionBody(action=action, audio_ms=transition.at_ms, item_id=item_id), origin="server"
     )
     if transition.kind == "speech_started":
         batch.emit(SpeechStarted(audio_start_ms=round(transition.at_ms), item_id=item_id))
@@ -260,11 +274,10 @@ def speech_transition(batch: Batch, transition: Transition) -> None:
         batch.emit(SpeechStopped(audio_end_ms=round(transition.at_ms), item_id=item_id))
 
 
-def audio_commit(
-    batch: Batch, event: ce.InputAudioCommit, model: ModelPort, transcript: str = ""
-) -> Effects:
-    """Commit the input buffer as a user item; ``transcript`` is what the
-    model's speech recognition heard in it (the actor runs it beforehand)."""
+def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) -> Effects:
+    """Commit the input buffer as a user item; ``ctx.transcript`` is what the
+    model's speech recognition heard in it (the runtime runs it beforehand)."""
+    model, transcript = ctx.model, ctx.transcript
     state = batch.state
     _check_epoch(state, event)
     if event.is_speech is False:
@@ -310,12 +323,12 @@ def audio_commit(
             ),
         )
     )
-    transcript = item.parts[0].transcript
-    if transcript:
+    heard = item.parts[0].transcript
+    if heard:
         batch.emit(
             InputTranscriptionCompleted(
                 item_id=item_id,
-                transcript=transcript,
+                transcript=heard,
                 usage=TranscriptionUsage(seconds=round(item.parts[0].audio_ms / 1000, 3)),
             )
         )
@@ -350,20 +363,21 @@ def _supersede_and_start(
     return effects
 
 
-def audio_clear(batch: Batch, event: ce.InputAudioClear, model: ModelPort) -> Effects:
+def audio_clear(batch: Batch, event: ce.InputAudioClear, ctx: HandlerContext) -> Effects:
     batch.fact(SignalBody(signal="input.clear"))
     batch.emit(InputCleared(epoch=batch.state.epoch))
     return Effects()
 
 
-def input_cancel(batch: Batch, event: ce.InputCancel, model: ModelPort) -> Effects:
+def input_cancel(batch: Batch, event: ce.InputCancel, ctx: HandlerContext) -> Effects:
     batch.fact(SignalBody(signal="input.cancel"))
     advance_epoch(batch, "input_cancelled")
     batch.emit(InputCleared(epoch=batch.state.epoch))
     return Effects()
 
 
-def text_append(batch: Batch, event: ce.InputTextAppend, model: ModelPort) -> Effects:
+def text_append(batch: Batch, event: ce.InputTextAppend, ctx: HandlerContext) -> Effects:
+    model = ctx.model
     if "text" not in model.capabilities.input_modes:
         raise ProtocolError(
             "native_text_append_unsupported",
@@ -430,18 +444,24 @@ def _client_item(state: SessionState, event: ce.ItemCreate) -> tuple[Item, list[
             transcript = content.transcript if isinstance(content.transcript, str) else None
             audio.append(b"")
             parts.append(Part(type=content.type, text=text, transcript=transcript))
-    optional = {name: getattr(wire, name) for name in ("call_id", "name", "arguments", "output")}
     item = Item(
         id=item_id,
         type=wire.type,
         role=wire.role if wire.role is not UNSET else None,
         parts=parts,
-        **{k: (v if isinstance(v, str) else None) for k, v in optional.items()},
+        call_id=_given(wire.call_id),
+        name=_given(wire.name),
+        arguments=_given(wire.arguments),
+        output=_given(wire.output),
     )
     return item, audio
 
 
-def item_create(batch: Batch, event: ce.ItemCreate, model: ModelPort) -> Effects:
+def _given(value: str | UnsetType) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def item_create(batch: Batch, event: ce.ItemCreate, ctx: HandlerContext) -> Effects:
     state = batch.state
     previous = event.previous_item_id
     if previous not in (None, "root") and state.find_item(previous) is None:
@@ -482,13 +502,13 @@ def _existing_item(state: SessionState, event: ce.ClientEvent, item_id: str) -> 
     return item
 
 
-def item_retrieve(batch: Batch, event: ce.ItemRetrieve, model: ModelPort) -> Effects:
+def item_retrieve(batch: Batch, event: ce.ItemRetrieve, ctx: HandlerContext) -> Effects:
     item = _existing_item(batch.state, event, event.item_id)
     batch.emit(ItemRetrieved(item=to_wire(item)))
     return Effects()
 
 
-def item_delete(batch: Batch, event: ce.ItemDelete, model: ModelPort) -> Effects:
+def item_delete(batch: Batch, event: ce.ItemDelete, ctx: HandlerContext) -> Effects:
     _existing_item(batch.state, event, event.item_id)
     batch.fact(ItemBody(op="delete", item_id=event.item_id))
     batch.emit(ItemDeleted(item_id=event.item_id))
@@ -500,7 +520,8 @@ def item_delete(batch: Batch, event: ce.ItemDelete, model: ModelPort) -> Effects
 TRUNCATE_SLACK_MS = 1.0
 
 
-def item_truncate(batch: Batch, event: ce.ItemTruncate, model: ModelPort) -> Effects:
+def item_truncate(batch: Batch, event: ce.ItemTruncate, ctx: HandlerContext) -> Effects:
+    model = ctx.model
     item = _existing_item(batch.state, event, event.item_id)
     if not model.capabilities.supports_audio_truncate:
         raise ProtocolError(
@@ -579,7 +600,8 @@ def _answers_latest_input(state: SessionState, response: Response | None) -> boo
     )
 
 
-def response_create(batch: Batch, event: ce.ResponseCreate, model: ModelPort) -> Effects:
+def response_create(batch: Batch, event: ce.ResponseCreate, ctx: HandlerContext) -> Effects:
+    model = ctx.model
     state = batch.state
     if event.response is not None:
         check_voice(event.response.voice, "response.voice", model, event.event_id)
@@ -610,7 +632,7 @@ def response_create(batch: Batch, event: ce.ResponseCreate, model: ModelPort) ->
     return _supersede_and_start(batch, event.response, requested=True)
 
 
-def response_cancel(batch: Batch, event: ce.ResponseCancel, model: ModelPort) -> Effects:
+def response_cancel(batch: Batch, event: ce.ResponseCancel, ctx: HandlerContext) -> Effects:
     active = batch.state.response
     if active is None or (event.response_id is not None and event.response_id != active.id):
         which = event.response_id or "active response"
@@ -665,11 +687,12 @@ def respond_to_input(batch: Batch, model: ModelPort) -> Effects:
     return _maybe_respond(batch, model)
 
 
-def output_clear(batch: Batch, event: ce.OutputAudioClear, model: ModelPort) -> Effects:
+def output_clear(batch: Batch, event: ce.OutputAudioClear, ctx: HandlerContext) -> Effects:
     return _stop_output(batch, "output_audio.clear", "output_cleared")
 
 
-def barge_in(batch: Batch, event: ce.ClientEvent, model: ModelPort) -> Effects:
+def barge_in(batch: Batch, event: ce.ClientEvent, ctx: HandlerContext) -> Effects:
+    model = ctx.model
     if not model.capabilities.supports_barge_in:
         raise ProtocolError(
             "capability_unsupported",
@@ -680,7 +703,7 @@ def barge_in(batch: Batch, event: ce.ClientEvent, model: ModelPort) -> Effects:
     return _stop_output(batch, "barge_in", "barge_in")
 
 
-def playback_ack(batch: Batch, event: ce.PlaybackAck, model: ModelPort) -> Effects:
+def playback_ack(batch: Batch, event: ce.PlaybackAck, ctx: HandlerContext) -> Effects:
     state = batch.state
     response = state.find_response(event.response_id)
     if response is None and event.item_id is not None:
@@ -728,7 +751,19 @@ def playback_ack(batch: Batch, event: ce.PlaybackAck, model: ModelPort) -> Effec
     return Effects()
 
 
-HANDLERS: dict[type, Handler] = {
+def step(
+    state: SessionState, event: ce.ClientEvent, ctx: HandlerContext, now_ms: int
+) -> tuple[Batch, Effects]:
+    """The pure session step: one client event -> the records it adds (each
+    already applied to ``state``), the events they journal, and what the
+    runtime must do outside the log. Raises :class:`ProtocolError` for input
+    that is refused (records added before the refusal are the caller's to
+    discard: refold). Tests and benches call this, as the actor does."""
+    batch = Batch(state, ctx.model.capabilities, now_ms, event.event_id)
+    return batch, HANDLERS[type(event)](batch, event, ctx)
+
+
+HANDLERS: dict[type[ce.ClientEvent], Handler] = {
     ce.SessionUpdateEvent: session_update,
     ce.SessionHeartbeat: heartbeat,
     ce.SessionEventAck: event_ack,
@@ -751,4 +786,4 @@ HANDLERS: dict[type, Handler] = {
     ce.PlaybackAck: playback_ack,
 }
 
-__all__ = ["Effects", "HANDLERS", "item_text"]
+__all__ = ["Effects", "HANDLERS", "HandlerContext", "item_text", "step"]

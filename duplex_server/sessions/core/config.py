@@ -8,7 +8,7 @@ the fold, where the same patch is known good.
 from __future__ import annotations
 
 import msgspec
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from protocol.audio_formats import (
     SUPPORTED_INPUT,
@@ -18,7 +18,14 @@ from protocol.audio_formats import (
 )
 from protocol.client_events import ResponseOverrides
 from protocol.errors import ProtocolError
-from protocol.session_config import InputTranscription, SessionUpdate, Tool, TurnDetection
+from protocol.session_config import (
+    AudioInputConfig,
+    AudioOutputConfig,
+    InputTranscription,
+    SessionUpdate,
+    Tool,
+    TurnDetection,
+)
 
 TURN_DETECTION_DEFAULTS = TurnDetection(
     type="server_vad", threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500
@@ -101,19 +108,21 @@ def _turn_detection(
 def merge_config(
     config: EffectiveConfig, patch: SessionUpdate, turn_detection_types: tuple[str, ...]
 ) -> EffectiveConfig:
-    audio_in = patch.audio.input if patch.audio is not UNSET else UNSET
-    audio_out = patch.audio.output if patch.audio is not UNSET else UNSET
+    audio_in: AudioInputConfig | UnsetType = UNSET
+    audio_out: AudioOutputConfig | UnsetType = UNSET
+    if not isinstance(patch.audio, UnsetType):
+        audio_in, audio_out = patch.audio.input, patch.audio.output
     input_spec = _set(patch.input_audio_format, UNSET)
-    if input_spec is UNSET and audio_in is not UNSET:
+    if input_spec is UNSET and isinstance(audio_in, AudioInputConfig):
         input_spec = audio_in.format
     output_spec = _set(patch.output_audio_format, UNSET)
-    if output_spec is UNSET and audio_out is not UNSET:
+    if output_spec is UNSET and isinstance(audio_out, AudioOutputConfig):
         output_spec = audio_out.format
     turn_patch = patch.turn_detection
-    if turn_patch is UNSET and audio_in is not UNSET:
+    if turn_patch is UNSET and isinstance(audio_in, AudioInputConfig):
         turn_patch = audio_in.turn_detection
     transcription = patch.input_audio_transcription
-    if transcription is UNSET and audio_in is not UNSET:
+    if transcription is UNSET and isinstance(audio_in, AudioInputConfig):
         transcription = audio_in.transcription
     input_rate = _first_set(
         patch.input_sample_rate_hz,

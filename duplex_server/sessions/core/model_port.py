@@ -7,7 +7,7 @@ session core never imports them, so the arrow points from models to here.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Literal, Protocol
 
 import msgspec
 
@@ -33,6 +33,61 @@ class ResponseRequest(msgspec.Struct):
     config: EffectiveConfig
     # pcm16 of recent user items by item id (rate: the item's part.audio_rate)
     audio: dict[str, bytes] = msgspec.field(default_factory=dict)
+
+
+# --- the streaming port: native full-duplex models -------------------------
+
+
+class InputUnit(msgspec.Struct, frozen=True):
+    """One ``chunk_period_ms`` of the session's input at the model's rate.
+
+    Units are numbered on the session's input timeline from 0. ``silence``
+    units were clocked by the server while the client sent nothing, so the
+    model keeps time through a pause."""
+
+    index: int
+    pcm: bytes  # pcm16 mono at sample_rate_hz
+    sample_rate_hz: int
+    silence: bool = False
+
+
+UnitDecision = Literal["listen", "speak", "end_of_turn", "yield"]
+
+
+class UnitOutput(msgspec.Struct):
+    """What the model decided and produced for one unit: a floor decision
+    (``speak`` takes the floor, ``end_of_turn`` ends its answer, ``yield``
+    gives the floor back mid-answer, ``listen`` keeps listening) and any
+    audio (pcm16 at ``sample_rate_hz``) and text it emitted."""
+
+    decision: UnitDecision | None = None
+    audio: bytes = b""
+    sample_rate_hz: int = 24_000
+    text: str = ""
+
+
+class UnitSession(Protocol):
+    """One session's stream into a native duplex model (its state: caches,
+    codec state). Steps are called one at a time, in unit order."""
+
+    async def step(self, unit: InputUnit) -> list[UnitOutput]: ...
+
+    def interrupt(self) -> None:
+        """The session fenced the model's answer (cancel, barge-in, clear):
+        whatever it was saying is over; it listens again."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Streaming(Protocol):
+    """A model that takes every input unit as it arrives and decides per unit
+    (Moshi, PersonaPlex, MiniCPM-o): never waits for a commit."""
+
+    sample_rate_hz: int  # of the units it takes
+    unit_ms: int  # its chunk_period_ms
+
+    def open(self, session_id: str) -> UnitSession: ...
 
 
 class SpeechScorer(Protocol):
@@ -72,7 +127,17 @@ class ModelPort(Protocol):
     name: str
     capabilities: Capabilities
     turn_detection_types: tuple[str, ...]
-    listening: Listening | None
+
+    @property
+    def streaming(self) -> Streaming | None:
+        """The unit-by-unit port of a native duplex model, or None for
+        turn-based models (they answer commits through ``stream``)."""
+        ...
+
+    @property
+    def listening(self) -> Listening | None:
+        """The model's ears (server VAD, transcripts), or None if it has none."""
+        ...
 
     def wants_to_speak(self, history: list[Item], config: EffectiveConfig) -> bool:
         """The model's turn decision after a commit: answer now, or keep listening."""

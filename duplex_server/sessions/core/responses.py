@@ -15,18 +15,15 @@ import msgspec
 from duplex_server.audio import encode_from_pcm16, pcm16_duration_ms
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.items import to_wire
-from duplex_server.sessions.core.model_port import ModelChunk
+from duplex_server.sessions.core.model_port import ModelChunk, UnitOutput
 from duplex_server.sessions.core.records import DecisionBody, FenceBody, FenceReason
 from duplex_server.sessions.core.snapshot import ledger
 from duplex_server.sessions.core.state import Response
 from protocol.client_events import ResponseOverrides
 from protocol.items import ContentPart
 from protocol.server_events import (
-    AudioDelta,
+    BETA_TWIN,
     AudioDeltaMetadata,
-    AudioDone,
-    AudioTranscriptDelta,
-    AudioTranscriptDone,
     ContentPartAdded,
     ContentPartDone,
     ItemAdded,
@@ -50,9 +47,8 @@ from protocol.server_events import (
     ResponseObject,
     ResponseSpeak,
     ResponseStatusDetails,
+    ServerEvent,
     StatusError,
-    TextDelta,
-    TextDone,
 )
 
 # Our finer cause of a response's end -> the nearest reason OpenAI defines
@@ -63,6 +59,7 @@ _OPENAI_REASON: dict[str, OpenAIStatusReason] = {
     "output_cleared": "client_cancelled",
     "input_cancelled": "client_cancelled",
     "new_response": "client_cancelled",
+    "model_yield": "turn_detected",  # a duplex model gave the floor back to the user
 }
 
 
@@ -175,13 +172,11 @@ def emit_chunk(
 
     ``encode(pcm16, rate)`` replaces the stateless encoder for output formats
     whose stream carries state across chunks (Opus)."""
-    refs = {"response_id": response.id, "item_id": response.item_id}
+    rid, iid = response.id, response.item_id
     if not _is_audio(response):
         if chunk.text:
-            batch.emit(
-                OutputTextDelta(delta=chunk.text, **refs), response_id=response.id, text=chunk.text
-            )
-            batch.emit(TextDelta(delta=chunk.text, **refs), response_id=response.id)
+            text_delta = OutputTextDelta(delta=chunk.text, response_id=rid, item_id=iid)
+            emit_twins(batch, text_delta, response_id=rid, text=chunk.text)
         return
     out_fmt = batch.state.config.output_format
     encoded = (
@@ -204,22 +199,28 @@ def emit_chunk(
         ],
         playback=ledger(after),
     )
-    delta = base64.b64encode(encoded).decode()
-    audio = {
-        "delta": delta,
-        "format": out_fmt.name,
-        "sample_rate_hz": out_fmt.sample_rate_hz,
-        "metadata": metadata,
-        **refs,
-    }
-    batch.emit(OutputAudioDelta(**audio), response_id=response.id, audio_ms=duration)
-    batch.emit(AudioDelta(**audio), response_id=response.id)
-    batch.emit(
-        OutputAudioTranscriptDelta(delta=chunk.text, **refs),
-        response_id=response.id,
-        text=chunk.text,
+    audio_delta = OutputAudioDelta(
+        delta=base64.b64encode(encoded).decode(),
+        format=out_fmt.name,
+        sample_rate_hz=out_fmt.sample_rate_hz,
+        metadata=metadata,
+        response_id=rid,
+        item_id=iid,
     )
-    batch.emit(AudioTranscriptDelta(delta=chunk.text, **refs), response_id=response.id)
+    emit_twins(batch, audio_delta, response_id=rid, audio_ms=duration)
+    transcript_delta = OutputAudioTranscriptDelta(delta=chunk.text, response_id=rid, item_id=iid)
+    emit_twins(batch, transcript_delta, response_id=rid, text=chunk.text)
+
+
+def emit_twins(
+    batch: Batch, event: ServerEvent, response_id: str, audio_ms: float = 0.0, text: str = ""
+) -> None:
+    """A GA event and, right after it, its beta twin with the same content
+    (what the event adds to the response is counted once, on the GA one)."""
+    batch.emit(event, response_id=response_id, audio_ms=audio_ms, text=text)
+    twin = BETA_TWIN[type(event)]
+    fields = msgspec.structs.asdict(event)
+    batch.emit(twin(**fields), response_id=response_id)
 
 
 def finish_response(batch: Batch, status: str, reason: str = "") -> None:
@@ -227,18 +228,19 @@ def finish_response(batch: Batch, status: str, reason: str = "") -> None:
     response = state.response
     if response is None:
         return
-    refs = {"response_id": response.id, "item_id": response.item_id}
+    rid, iid = response.id, response.item_id
     if _is_audio(response):
-        for cls in (OutputAudioDone, AudioDone):
-            batch.emit(cls(**refs), response_id=response.id)
-        for cls in (OutputAudioTranscriptDone, AudioTranscriptDone):
-            batch.emit(cls(transcript=response.transcript, **refs), response_id=response.id)
+        emit_twins(batch, OutputAudioDone(response_id=rid, item_id=iid), response_id=rid)
+        transcript_done = OutputAudioTranscriptDone(
+            transcript=response.transcript, response_id=rid, item_id=iid
+        )
+        emit_twins(batch, transcript_done, response_id=rid)
         part = ContentPart(type="audio", transcript=response.transcript)
     else:
-        for cls in (OutputTextDone, TextDone):
-            batch.emit(cls(text=response.transcript, **refs), response_id=response.id)
+        text_done = OutputTextDone(text=response.transcript, response_id=rid, item_id=iid)
+        emit_twins(batch, text_done, response_id=rid)
         part = ContentPart(type="text", text=response.transcript)
-    batch.emit(ContentPartDone(part=part, **refs), response_id=response.id)
+    batch.emit(ContentPartDone(part=part, response_id=rid, item_id=iid), response_id=rid)
     batch.fact(
         DecisionBody(
             action="response_done",
@@ -260,6 +262,33 @@ def finish_response(batch: Batch, status: str, reason: str = "") -> None:
             ]
         )
     )
+
+
+def project_unit_outputs(
+    batch: Batch,
+    outputs: list[UnitOutput],
+    encoder_for: Callable[[str], Callable[[bytes, int], bytes] | None],
+) -> None:
+    """A native duplex model's per-unit decisions and output, onto the wire
+    and into the log: ``speak`` (or the first audio or text) opens a response
+    and holds it open across units; ``end_of_turn`` (or ``listen`` while
+    speaking) completes it; ``yield`` ends it cut short. ``listen`` while
+    listening changes nothing and is not logged (it comes every unit).
+    ``encoder_for(response_id)``: the stream encoder of formats with state."""
+    for output in outputs:
+        response = batch.state.response
+        produced = bool(output.audio or output.text)
+        if response is None and (output.decision == "speak" or produced):
+            response = start_response(batch)
+        if response is not None and produced:
+            chunk = ModelChunk(
+                audio=output.audio, sample_rate_hz=output.sample_rate_hz, text=output.text
+            )
+            emit_chunk(batch, response, chunk, encoder_for(response.id))
+        if response is not None and output.decision in ("end_of_turn", "listen"):
+            finish_response(batch, "completed")
+        elif response is not None and output.decision == "yield":
+            finish_response(batch, "cancelled", "model_yield")
 
 
 def advance_epoch(batch: Batch, reason: FenceReason) -> None:

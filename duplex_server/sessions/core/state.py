@@ -7,7 +7,8 @@ what keeps a live actor and a from-scratch refold byte-for-byte equal.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgspec
 
@@ -197,9 +198,9 @@ def _item(state: SessionState, body: ItemBody, seq: int) -> None:
     elif body.op == "delete":
         state.items = [it for it in state.items if it.id != body.item_id]
     elif body.op == "truncate":
-        item = state.find_item(body.item_id)
-        if item is not None:
-            truncate_item(item, body.audio_end_ms)
+        cut = state.find_item(body.item_id)
+        if cut is not None:
+            truncate_item(cut, body.audio_end_ms)
 
 
 def truncate_item(item: Item, end_ms: float) -> None:
@@ -358,7 +359,7 @@ def _close(state: SessionState, body: CloseBody, seq: int) -> None:
     state.lease.attached = False
 
 
-_APPLY = {
+_APPLY: dict[type, Callable[[SessionState, Any, int], None]] = {
     ConfigBody: _config,
     AudioBody: _audio,
     FrameBody: _frame,

@@ -28,6 +28,7 @@ append can be lost if the Redis host crashes within that second.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -246,9 +247,8 @@ class RedisLog:
 
     async def sessions(self, *, open_only: bool = False) -> list[SessionRow]:
         async def fetch() -> list[SessionRow]:
-            ids = [
-                sid.decode() for sid in await self._redis.zrange(f"{self.prefix}:sessions", 0, -1)
-            ]
+            members = await self._redis.zrange(f"{self.prefix}:sessions", 0, -1)
+            ids = [sid.decode() if isinstance(sid, bytes) else str(sid) for sid in members]
             async with self._redis.pipeline(transaction=False) as pipe:
                 for session_id in ids:
                     pipe.hgetall(self._keys(session_id).meta)
@@ -337,7 +337,7 @@ class RedisLog:
         while self._pending:
             group, self._pending = self._pending, []
             try:
-                replies = await self._call(lambda group=group: self._send(group))
+                replies = await self._call(functools.partial(self._send, group))
             except StorageUnavailable as exc:
                 replies = [exc] * len(group)
             for op, reply in zip(group, replies, strict=True):

@@ -21,11 +21,10 @@ from duplex_server.audio.opus import RATE_HZ as OPUS_RATE_HZ
 from duplex_server.audio.opus import OpusDecoder, OpusStream
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands import (
-    HANDLERS,
     Effects,
-    audio_append,
-    audio_commit,
+    HandlerContext,
     check_session_patch,
+    step,
 )
 from duplex_server.sessions.core.config import response_config
 from duplex_server.sessions.core.model_port import (
@@ -33,6 +32,7 @@ from duplex_server.sessions.core.model_port import (
     ResponseRequest,
 )
 from duplex_server.sessions.core.records import (
+    AudioBody,
     CloseBody,
     CloseReason,
     CommitBody,
@@ -42,7 +42,12 @@ from duplex_server.sessions.core.records import (
     OutBody,
     Record,
 )
-from duplex_server.sessions.core.responses import cancel_response, emit_chunk, finish_response
+from duplex_server.sessions.core.responses import (
+    cancel_response,
+    emit_chunk,
+    finish_response,
+    project_unit_outputs,
+)
 from duplex_server.sessions.core.snapshot import session_object
 from duplex_server.sessions.core.state import Response, SessionState, fold, initial_state
 from duplex_server.sessions.log.store import (
@@ -60,6 +65,7 @@ from duplex_server.sessions.runtime.hearing import Hearing
 from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
 from duplex_server.sessions.runtime.recovery import journal_entries, recent_turn_audio
 from duplex_server.sessions.runtime.streams import ResponseStreams
+from duplex_server.sessions.runtime.unit_stream import UnitStream
 from protocol.audio_formats import OPUS
 from protocol.client_events import ClientEvent, InputAudioAppend, InputAudioCommit, SessionResume
 from protocol.codec import encode_server_event
@@ -131,6 +137,7 @@ class SessionActor:
         self._mailbox: asyncio.Queue[object] = asyncio.Queue()
         self._pending_client = 0
         self._streams = ResponseStreams(model, self._mailbox.put_nowait)
+        self._units: UnitStream | None = None  # a native duplex model's feed
         # pcm16 of recent user items: the log holds all of it, this spares the
         # model a log read per response (and survives compaction of old turns).
         self.turn_audio: OrderedDict[str, bytes] = OrderedDict()
@@ -281,6 +288,11 @@ class SessionActor:
     # --- the loop ----------------------------------------------------------
 
     async def _run(self) -> None:
+        streaming = self.model.streaming
+        if streaming is not None:
+            self._units = UnitStream(
+                streaming, self.session_id, self.post, lambda: self.state.epoch
+            )
         try:
             while self.state.closed_reason is None and not (self._suspended or self._moved):
                 message = await self._mailbox.get()
@@ -294,6 +306,8 @@ class SessionActor:
                 await self.attachment.close(1011, "internal error")
         finally:
             self._streams.abort_all()
+            if self._units is not None:
+                await self._units.close()
             self.closed.set()
             reason = "moved" if self._moved else (self.state.closed_reason or "shutdown")
             self._on_closed(self.session_id, reason)
@@ -325,6 +339,8 @@ class SessionActor:
             await self._leave(message.status)
         elif isinstance(message, mb.Partial):
             await self.hearing.on_partial(message)
+        elif isinstance(message, mb.UnitOutputs):
+            await self._on_unit_outputs(message)
 
     def new_batch(self, event_id: str | None = None) -> Batch:
         return Batch(self.state, self.model.capabilities, _now_ms(), event_id)
@@ -496,19 +512,21 @@ class SessionActor:
         self.last_activity = time.monotonic()
         if event.event_id is not None and event.event_id in self.state.recent_event_ids:
             return  # a retried event: applied once already, its outputs are journaled
-        transcript = ""
-        if isinstance(event, InputAudioCommit):
-            transcript = await self.hearing.transcribe_input()
-        batch = self.new_batch(event.event_id)
+        if isinstance(event, InputAudioAppend) and self._units is not None and self._units.full:
+            await self.reject(
+                ProtocolError(
+                    "rate_limited",
+                    "the model is behind real time on this session's audio; slow down",
+                    event_id=event.event_id,
+                )
+            )
+            return
+        ctx = await self._context_for(event)
+        before = self.state.last_seq
         try:
-            if isinstance(event, InputAudioCommit):
-                effects = audio_commit(batch, event, self.model, transcript)
-            elif isinstance(event, InputAudioAppend):
-                effects = audio_append(batch, event, self.model, self._decode_opus)
-            else:
-                effects = HANDLERS[type(event)](batch, event, self.model)
+            batch, effects = step(self.state, event, ctx, _now_ms())
         except ProtocolError as err:
-            if batch.records:
+            if self.state.last_seq != before:
                 await self._refold()
             await self.reject(err)
             return
@@ -516,7 +534,17 @@ class SessionActor:
             self.settings.observe_append(time.perf_counter() - message.received_at)
             await self.apply_effects(effects)
             if isinstance(event, InputAudioAppend):
+                self._feed_units(batch)
                 await self.hearing.hear(batch)
+
+    async def _context_for(self, event: ClientEvent) -> HandlerContext:
+        """What the runtime prepares before the pure step: the transcript of
+        the buffer a commit seals, the session's Opus decoder for appends."""
+        if isinstance(event, InputAudioCommit):
+            return HandlerContext(self.model, transcript=await self.hearing.transcribe_input())
+        if isinstance(event, InputAudioAppend):
+            return HandlerContext(self.model, decode_stream=self._decode_opus)
+        return HandlerContext(self.model)
 
     async def reject(self, err: ProtocolError) -> None:
         """Journal an error event for a rejected input; the session keeps serving."""
@@ -558,6 +586,8 @@ class SessionActor:
             self.remember_audio(item_id, pcm)
         for response_id in effects.abort:
             self._streams.abort(response_id)
+        if effects.abort and self._units is not None:
+            self._units.interrupt()
         if effects.start is not None:
             self._start_stream(effects.start)
         if effects.trim_to is not None:
@@ -566,6 +596,25 @@ class SessionActor:
             await self._compact_acknowledged(effects.trim_to)
         if effects.close:
             await self._finish_close()
+
+    # --- native duplex models: unit by unit ---------------------------------
+
+    def _feed_units(self, batch: Batch) -> None:
+        if self._units is None:
+            return
+        for record in batch.records:
+            if isinstance(record.body, AudioBody):
+                self._units.feed(record.body.pcm, record.body.sample_rate_hz)
+
+    async def _on_unit_outputs(self, message: mb.UnitOutputs) -> None:
+        """What the model decided for the units it stepped; output of an
+        epoch fenced since (a cancel, a barge-in) is dropped unseen."""
+        if message.epoch != self.state.epoch or self.state.closed_reason is not None:
+            return
+        batch = self.new_batch()
+        project_unit_outputs(batch, message.outputs, self._stream_encoder)
+        if batch.records:
+            await self.commit_batch(batch)
 
     # --- engine streams ----------------------------------------------------
 
@@ -724,7 +773,7 @@ class SessionActor:
             cancel_response(batch, "session_ended", "incomplete") if self.state.response else None
         )
         if reason in ("disconnect_grace_expired", "idle_ttl_expired"):
-            batch.emit(SessionExpired(reason=reason))  # type: ignore[arg-type]
+            batch.emit(SessionExpired(reason=reason))
         else:
             batch.emit(SessionClosed(reason=reason))  # type: ignore[arg-type]
         batch.fact(CloseBody(reason=reason), origin="manager")

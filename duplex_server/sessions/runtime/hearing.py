@@ -17,6 +17,7 @@ from msgspec import UNSET
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands import (
     Effects,
+    HandlerContext,
     audio_commit,
     next_user_item_id,
     overlap_decision,
@@ -219,7 +220,7 @@ class Hearing:
         speech_transition(batch, transition)
         respond = detection.create_response if detection.create_response is not UNSET else None
         commit = InputAudioCommit(response_create=False if defer else respond)
-        effects = audio_commit(batch, commit, self._core.model, transcript)
+        effects = audio_commit(batch, commit, HandlerContext(self._core.model, transcript))
         if await self._core.commit_batch(batch):
             self._reply_pending = defer
             await self._core.apply_effects(effects)

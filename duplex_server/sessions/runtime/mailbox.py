@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from duplex_server.sessions.core.model_port import UnitOutput
 from duplex_server.sessions.core.records import CloseReason
 from duplex_server.sessions.log.store import LeaseStatus
 from duplex_server.sessions.runtime.attachment import Attachment
@@ -82,4 +83,13 @@ class Partial:
 
 
 # What cannot be handled without recording it: held back while the log is down.
-NEEDS_LOG = (Client, Reject, Chunks, StreamEnd, Resume, Partial)
+@dataclass
+class UnitOutputs:
+    """A native duplex model's decisions and output for the units it just
+    stepped, under the epoch they were stepped in."""
+
+    outputs: list[UnitOutput]
+    epoch: int
+
+
+NEEDS_LOG = (Client, Reject, Chunks, StreamEnd, Resume, Partial, UnitOutputs)

@@ -1,0 +1,92 @@
+"""A session's feed into a native duplex model, unit by unit, off the actor.
+
+The actor hands over each appended chunk (pcm16 at the client's rate); this
+resamples it to the model's rate, cuts it into units (core.units) and steps
+the model on them strictly in order on a task of its own, so a slow step
+delays this session's model, never the actor. What the model decided comes
+back through the mailbox as :class:`~duplex_server.sessions.runtime.mailbox.UnitOutputs`
+tagged with the epoch it was stepped under, so the actor drops output of an
+answer that was fenced meanwhile.
+
+While the client sends nothing, the clock keeps time: after a unit's worth
+of quiet (and a little slack for network jitter) it feeds a silence unit,
+and one per unit after that, so the model hears the pause as it happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from duplex_server.audio import resample_pcm16
+from duplex_server.sessions.core.model_port import InputUnit, Streaming, UnitSession
+from duplex_server.sessions.core.units import UnitFramer
+from duplex_server.sessions.runtime import mailbox as mb
+
+log = logging.getLogger(__name__)
+
+# Units waiting for the model: beyond this the model is not keeping up with
+# real time and appends are refused (rate_limited) instead of queueing.
+MAX_QUEUED_UNITS = 64
+# A pause is clocked once the client has been quiet this many units.
+QUIET_UNITS = 1.5
+
+
+class UnitStream:
+    def __init__(
+        self,
+        model: Streaming,
+        session_id: str,
+        post: Callable[[object], None],
+        epoch: Callable[[], int],
+    ) -> None:
+        self._session: UnitSession = model.open(session_id)
+        self._framer = UnitFramer(model.sample_rate_hz, model.unit_ms)
+        self._unit_s = model.unit_ms / 1000
+        self._post = post
+        self._epoch = epoch
+        self._queue: asyncio.Queue[InputUnit] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        self._last_input = loop.time()
+        self._tasks = [loop.create_task(self._step_units()), loop.create_task(self._clock())]
+
+    @property
+    def full(self) -> bool:
+        return self._queue.qsize() >= MAX_QUEUED_UNITS
+
+    def feed(self, pcm16: bytes, sample_rate_hz: int) -> None:
+        """Audio the session just logged, at the client's rate."""
+        self._last_input = asyncio.get_running_loop().time()
+        pcm = resample_pcm16(pcm16, sample_rate_hz, self._framer.sample_rate_hz)
+        for unit in self._framer.push(pcm):
+            self._queue.put_nowait(unit)
+
+    def interrupt(self) -> None:
+        self._session.interrupt()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._session.close()
+
+    async def _step_units(self) -> None:
+        while True:
+            unit = await self._queue.get()
+            epoch = self._epoch()
+            outputs = await self._session.step(unit)
+            if outputs:
+                self._post(mb.UnitOutputs(outputs=outputs, epoch=epoch))
+
+    async def _clock(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self._unit_s)
+            quiet = loop.time() - self._last_input
+            if quiet >= self._unit_s * QUIET_UNITS and self._queue.empty():
+                self._queue.put_nowait(self._framer.silence())
+                self._last_input = loop.time() - self._unit_s * (QUIET_UNITS - 1)

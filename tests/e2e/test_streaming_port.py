@@ -1,0 +1,147 @@
+"""The streaming model port through the real server: the ``scripted`` model
+takes every 80 ms unit as it arrives, speaks on its schedule with one
+response held open across units, and yields when the user's energy rises.
+The ``server`` fixture runs each scenario on every store and checks that
+refolding the log gives the live state."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from duplex_server.models.scripted import LISTEN_UNITS, SPEAK_UNITS, WORDS
+from tests.wsclient import WsClient, tone_pcm16, types_of
+
+pytestmark = pytest.mark.server_config(model="scripted")
+
+UNIT_MS = 80
+RESPONSE_TIMEOUT_S = 20.0
+
+
+def quiet(ms: float) -> bytes:
+    return bytes(24_000 * int(ms) // 1000 * 2)
+
+
+async def append_units(client: WsClient, pcm: bytes) -> None:
+    step = 24_000 * UNIT_MS // 1000 * 2
+    for at in range(0, len(pcm), step):
+        await client.append(pcm[at : at + step])
+
+
+def one_response(events: list[dict]) -> list[str]:
+    """The wire sequence of the first response in ``events``, deltas folded."""
+    start = types_of(events).index("response.created")
+    seq: list[str] = []
+    for kind in types_of(events)[start:]:
+        if not (seq and seq[-1] == kind and kind.endswith(".delta")):
+            seq.append(kind)
+        if kind == "response.done":
+            return seq
+    return seq
+
+
+async def test_the_model_takes_the_floor_on_its_schedule(server):
+    client, _ = await server.open()
+    await append_units(client, quiet(UNIT_MS * (LISTEN_UNITS + SPEAK_UNITS + 2)))
+    events = await client.recv_until("response.done", timeout=RESPONSE_TIMEOUT_S)
+    # no commit was sent: the model decided to speak by itself
+    assert "input_audio_buffer.committed" not in types_of(events)
+    assert one_response(events) == [
+        "response.created",
+        "conversation.item.added",
+        "conversation.item.created",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.speak",
+        "response.output_audio.delta",
+        "response.audio.delta",
+        "response.output_audio_transcript.delta",
+        "response.audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.audio.delta",
+        "response.output_audio_transcript.delta",
+        "response.audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.audio.delta",
+        "response.output_audio_transcript.delta",
+        "response.audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.audio.delta",
+        "response.output_audio_transcript.delta",
+        "response.audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.audio.delta",
+        "response.output_audio_transcript.delta",
+        "response.audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.audio.delta",
+        "response.output_audio_transcript.delta",
+        "response.audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.audio.delta",
+        "response.output_audio_transcript.delta",
+        "response.audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.audio.delta",
+        "response.output_audio_transcript.delta",
+        "response.audio_transcript.delta",
+        "response.output_audio.done",
+        "response.audio.done",
+        "response.output_audio_transcript.done",
+        "response.audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
+    done = events[-1]["response"]
+    assert done["status"] == "completed"
+    audio = b"".join(
+        base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta"
+    )
+    assert len(audio) == SPEAK_UNITS * 24_000 * UNIT_MS // 1000 * 2  # one unit of tone each
+    transcript = next(e for e in events if e["type"] == "response.output_audio_transcript.done")
+    assert transcript["transcript"] == " ".join(WORDS[:SPEAK_UNITS])
+
+
+async def test_the_model_yields_when_the_user_talks_over_it(server):
+    client, _ = await server.open()
+    await append_units(client, quiet(UNIT_MS * (LISTEN_UNITS + 2)))
+    await client.recv_until("response.speak", timeout=RESPONSE_TIMEOUT_S)
+    await append_units(client, tone_pcm16(UNIT_MS * 3, amp=12_000))
+    events = await client.recv_until("response.done", timeout=RESPONSE_TIMEOUT_S)
+    done = events[-1]["response"]
+    assert done["status"] == "cancelled"
+    assert done["status_details"]["reason"] == "turn_detected"
+    assert done["duplex"]["reason"] == "model_yield"
+    # ... and while the user goes on talking it keeps listening
+    await append_units(client, tone_pcm16(UNIT_MS * (LISTEN_UNITS + 2), amp=12_000))
+    await client.send({"type": "session.heartbeat"})
+    events = await client.recv_until("session.heartbeat_ack")
+    assert "response.created" not in types_of(events)
+
+
+async def test_the_server_clocks_silence_while_the_client_is_quiet(server):
+    """No audio at all: silence units keep the model's time, so it still
+    speaks on schedule."""
+    client, _ = await server.open()
+    events = await client.recv_until("response.done", timeout=RESPONSE_TIMEOUT_S)
+    assert events[-1]["response"]["status"] == "completed"
+    assert "input_audio_buffer.committed" not in types_of(events)
+
+
+async def test_a_cancel_interrupts_the_model(server):
+    client, _ = await server.open()
+    await append_units(client, quiet(UNIT_MS * (LISTEN_UNITS + 1)))
+    created = (await client.recv_until("response.speak", timeout=RESPONSE_TIMEOUT_S))[-1]
+    await client.send({"type": "response.cancel"})
+    events = await client.recv_until("response.done", timeout=RESPONSE_TIMEOUT_S)
+    done = events[-1]["response"]
+    assert (done["id"], done["status"]) == (created["response_id"], "cancelled")
+    # the fenced answer sends nothing more; the model listens again, then speaks anew
+    await append_units(client, quiet(UNIT_MS * (LISTEN_UNITS + SPEAK_UNITS + 2)))
+    events = await client.recv_until("response.done", timeout=RESPONSE_TIMEOUT_S)
+    stale = [e for e in events if e.get("response_id") == created["response_id"]]
+    assert not stale
+    assert events[-1]["response"]["status"] == "completed"
