@@ -18,7 +18,7 @@ from duplex_server.sessions.runtime.manager import SessionManager
 from protocol.client_events import SessionResume, SessionUpdateEvent
 from protocol.codec import FrameDecoder, encode_server_event
 from protocol.dialect import negotiate
-from protocol.errors import ProtocolError, error_body
+from protocol.errors import INVALID_REQUEST, ProtocolError, error_body
 from protocol.server_events import Error
 from protocol.session_config import SessionUpdate
 
@@ -98,14 +98,19 @@ class RealtimeConnection:
     async def _send_error(self, err: ProtocolError) -> None:
         await self.attachment.send_now(_error_frame(err))
 
-    async def _open(self, patch: SessionUpdate, handshake: bool) -> bool:
+    async def _open(
+        self, patch: SessionUpdate, handshake: bool, event_id: str | None = None
+    ) -> bool:
         try:
             self.actor = await self.manager.open(
                 self.attachment, patch, handshake, openai_semantics=not self.duplex
             )
         except ProtocolError as err:
+            err.event_id = err.event_id or event_id
             await self._send_error(err)
-            await self.attachment.close(1013, err.code)
+            if not (handshake and err.error_class == INVALID_REQUEST):
+                await self.attachment.close(1013, err.code)
+            # else: the client's session.update was refused; it may send a better one
             return False
         return True
 
@@ -122,12 +127,13 @@ class RealtimeConnection:
             await self._resume(event)
         elif self.actor is None:
             if isinstance(event, SessionUpdateEvent):
-                await self._open(event.session, handshake=True)
+                await self._open(event.session, handshake=True, event_id=event.event_id)
             else:
                 await self._send_error(
                     ProtocolError(
                         "session_not_open",
                         "send session.update (or session.resume) first: no session is open",
+                        param="type",
                         event_id=event.event_id,
                     )
                 )
@@ -147,6 +153,7 @@ class RealtimeConnection:
                 ProtocolError(
                     "session_resume_invalid",
                     "this socket is already attached to that session",
+                    param="session_id",
                     event_id=request.event_id,
                 )
             )

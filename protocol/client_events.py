@@ -14,6 +14,7 @@ from msgspec import UNSET, Meta, UnsetType
 from protocol.items import ConversationItem
 from protocol.session_config import (
     AudioFormatSpec,
+    AudioOutputConfig,
     InputTranscription,
     Modality,
     SessionUpdate,
@@ -104,6 +105,12 @@ class ItemTruncate(ClientEvent, tag="conversation.item.truncate"):
     audio_end_ms: NonNegFloat = 0.0
 
 
+class ResponseAudio(msgspec.Struct, omit_defaults=True):
+    """GA's ``response.audio``: the answer's voice and format."""
+
+    output: AudioOutputConfig | UnsetType = UNSET
+
+
 class ResponseOverrides(msgspec.Struct, omit_defaults=True):
     modalities: list[Modality] | UnsetType = UNSET
     output_modalities: list[Modality] | UnsetType = UNSET
@@ -115,8 +122,22 @@ class ResponseOverrides(msgspec.Struct, omit_defaults=True):
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | UnsetType = UNSET
     max_output_tokens: NonNegInt | Literal["inf"] | UnsetType = UNSET
     max_response_output_tokens: NonNegInt | Literal["inf"] | UnsetType = UNSET
-    conversation: str | UnsetType = UNSET
+    audio: ResponseAudio | UnsetType = UNSET
+    conversation: str | UnsetType = UNSET  # only "auto": out-of-band answers are refused
+    input: list[dict[str, object]] | UnsetType = UNSET  # refused: answers see the conversation
     metadata: dict[str, str] | UnsetType = UNSET
+
+    def voice_named(self) -> str | UnsetType:
+        """The voice asked for, in either spelling (top level wins)."""
+        if not isinstance(self.voice, UnsetType) or isinstance(self.audio, UnsetType):
+            return self.voice
+        return UNSET if isinstance(self.audio.output, UnsetType) else self.audio.output.voice
+
+    def format_named(self) -> AudioFormatSpec | UnsetType:
+        """The output format asked for, in either spelling (top level wins)."""
+        if not isinstance(self.output_audio_format, UnsetType) or isinstance(self.audio, UnsetType):
+            return self.output_audio_format
+        return UNSET if isinstance(self.audio.output, UnsetType) else self.audio.output.format
 
 
 class ResponseCreate(ClientEvent, tag="response.create"):

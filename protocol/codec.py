@@ -96,7 +96,10 @@ class FrameDecoder:
         cls = CLIENT_EVENT_TYPES.get(event_type)
         if cls is None:
             raise ProtocolError(
-                "unknown_event_type", f"unknown event type {event_type!r}", event_id=event_id
+                "unknown_event_type",
+                f"unknown event type {event_type!r}",
+                param="type",
+                event_id=event_id,
             )
         try:
             # cls is one member of the AnyClientEvent union (CLIENT_EVENT_TYPES)
@@ -145,6 +148,7 @@ def _strip(raw: Any, info: mi.StructType) -> Any:
 
 
 def _strip_typed(value: Any, kind: mi.Type) -> Any:
+    # msgspec allows one untagged Struct per union, so the first that fits is it.
     members = kind.types if isinstance(kind, mi.UnionType) else (kind,)
     for member in members:
         if isinstance(member, mi.StructType) and isinstance(value, dict):

@@ -61,10 +61,12 @@ _PREFIX = b'{"type":"'
 
 
 def event_type(payload: bytes) -> bytes:
-    """The ``type`` of an encoded server event: msgspec writes the tag first."""
+    """The ``type`` of an encoded server event (msgspec writes the tag
+    first); b"" for anything else, which every dialect passes through."""
     if not payload.startswith(_PREFIX):
-        raise ValueError(f"not an encoded server event: {payload[:40]!r}")
-    return payload[len(_PREFIX) : payload.index(b'"', len(_PREFIX))]
+        return b""
+    end = payload.find(b'"', len(_PREFIX))
+    return payload[len(_PREFIX) : end] if end > 0 else b""
 
 
 def present(payload: bytes, dialect: Dialect) -> bytes | None:

@@ -1,7 +1,8 @@
 """Server -> client events (PROTOCOL.md, "Server -> client").
 
 Where GA and beta spell an event differently, the beta class subclasses the
-GA class with its own tag: the server emits both, side by side.
+GA class with its own tag: the server journals both, side by side, and each
+socket gets the spelling of its dialect (protocol.dialect).
 """
 
 from __future__ import annotations
@@ -440,7 +441,7 @@ class RateLimitsUpdated(ServerEvent, tag="rate_limits.updated"):
 
 
 class OutputAudioCleared(ServerEvent, tag="output_audio_buffer.cleared"):
-    response_id: str | None = None
+    response_id: str = ""  # OpenAI requires one: "" before any response
     epoch: int = 0
 
 
@@ -529,7 +530,7 @@ SERVER_EVENT_TYPES: dict[str, type[ServerEvent]] = {
     for cls in AnyServerEvent.__args__  # type: ignore[attr-defined]
 }
 
-# GA class -> its beta twin, for "emit both spellings".
+# GA class -> its beta twin: journaled right after it; a socket gets one of them.
 BETA_TWIN: dict[type[ServerEvent], type[ServerEvent]] = {
     ItemAdded: ItemCreated,
     OutputAudioDelta: AudioDelta,

@@ -17,7 +17,7 @@ CASES = [
     ("not an object", "[1, 2]", "invalid_event", "type"),
     ("no type", json.dumps({"event_id": "e"}), "invalid_event", "type"),
     ("type not a string", json.dumps({"type": 7}), "invalid_event", "type"),
-    ("unknown type", json.dumps({"type": "response.explode"}), "unknown_event_type", None),
+    ("unknown type", json.dumps({"type": "response.explode"}), "unknown_event_type", "type"),
     (
         "wrong field type",
         json.dumps({"type": "session.event_ack", "server_event_seq": "x"}),

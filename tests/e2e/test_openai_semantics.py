@@ -200,3 +200,87 @@ async def test_turn_detection_defaults_to_none_without_a_vad(server):
     await client.send({"type": "session.heartbeat"})
     await client.expect("session.heartbeat_ack")  # the session keeps serving
     await client.close()
+
+
+async def test_a_create_after_a_cut_or_finished_answer_is_never_swallowed(server):
+    """Folding a response.create into the auto-response is for the one still
+    streaming or completed; a retry after a cancelled one, or a create that
+    wants its metadata echoed after the answer ended, gets its own answer."""
+    client, _ = await server.open()
+    await client.send({"type": "session.update", "session": {"extra_body": {"chunk_delay_ms": 50}}})
+    await client.expect("session.updated")
+    await client.append(tone_pcm16(1000))
+    await client.send({"type": "input_audio_buffer.commit"})
+    await client.recv_until("response.created")
+    await client.send({"type": "response.cancel"})
+    assert (await client.recv_until("response.done"))[-1]["response"]["status"] == "cancelled"
+    await client.send({"type": "response.create"})
+    events = await client.recv_until("response.done")
+    assert "response.created" in types_of(events)
+    assert events[-1]["response"]["status"] == "completed"
+    await client.send({"type": "response.create", "response": {"metadata": {"req": "again"}}})
+    events = await client.recv_until("response.done")
+    assert events[-1]["response"]["metadata"] == {"req": "again"}
+
+
+async def test_response_overrides_in_the_ga_spelling(server):
+    client, _ = await server.open()
+    await client.append(tone_pcm16(200))
+    await client.send({"type": "input_audio_buffer.commit", "response_create": False})
+    await client.recv_until("conversation.item.done")
+    refused = [
+        ({"conversation": "none"}, "response.conversation"),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "response.input"),
+        ({"audio": {"output": {"format": {"type": "audio/flac"}}}}, "response.output_audio_format"),
+    ]
+    for response, param in refused:
+        await client.send({"type": "response.create", "event_id": "r", "response": response})
+        error = (await client.expect("error"))["error"]
+        assert (error["param"], error["event_id"]) == (param, "r"), error
+    await client.send(
+        {"type": "response.create", "response": {"audio": {"output": {"format": "g711_ulaw"}}}}
+    )
+    events = await client.recv_until("response.done")
+    deltas = [e for e in events if e["type"] == "response.output_audio.delta"]
+    assert deltas and {(d["format"], d["sample_rate_hz"]) for d in deltas} == {("g711_ulaw", 8000)}
+
+
+async def test_refusals_that_keep_every_echoed_item_valid(server):
+    client, _ = await server.open()
+    await client.send(
+        {
+            "type": "conversation.item.create",
+            "event_id": "f",
+            "item": {"type": "function_call", "call_id": "c1", "arguments": "{}"},
+        }
+    )
+    error = (await client.expect("error"))["error"]
+    assert (error["code"], error["param"], error["event_id"]) == ("invalid_event", "item.name", "f")
+    await client.send({"type": "session.update", "session": {"extra_body": {"chunk_delay_ms": 50}}})
+    await client.expect("session.updated")
+    await client.append(tone_pcm16(1000))
+    await client.send({"type": "input_audio_buffer.commit"})
+    created = (await client.recv_until("response.created"))[-1]["response"]
+    item_id = created["output"][0]["id"]
+    await client.send({"type": "conversation.item.delete", "item_id": item_id})
+    error = (await client.recv_until("error"))[-1]["error"]
+    assert (error["code"], error["param"]) == ("invalid_event", "item_id")
+    await client.send({"type": "output_audio_buffer.clear"})
+    events = await client.recv_until("output_audio_buffer.cleared")
+    assert events[-1]["response_id"] == created["id"]
+    await client.send({"type": "output_audio_buffer.clear"})  # nothing playing now
+    cleared = (await client.recv_until("output_audio_buffer.cleared"))[-1]
+    assert cleared["response_id"] == created["id"]  # the last one played
+
+
+async def test_a_refused_first_session_update_keeps_the_socket(server):
+    client = await WsClient.connect(f"ws://{server.base}/v1/realtime?autostart=0")
+    await client.send(
+        {"type": "session.update", "event_id": "bad", "session": {"input_audio_format": "mp3"}}
+    )
+    error = (await client.expect("error"))["error"]
+    assert (error["code"], error["event_id"]) == ("invalid_audio", "bad")
+    assert error["param"] == "session.input_audio_format"
+    await client.send({"type": "session.update", "event_id": "ok", "session": {}})
+    assert (await client.expect("session.created"))["session"]["id"]
+    await client.close()

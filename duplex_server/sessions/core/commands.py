@@ -17,7 +17,7 @@ from msgspec import UNSET, UnsetType
 
 from duplex_server.audio import AudioDecodeError, decode_to_pcm16, pcm16_duration_ms
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.config import merge_config
+from duplex_server.sessions.core.config import merge_config, response_output_format
 from duplex_server.sessions.core.items import Item, Part, item_text, to_wire
 from duplex_server.sessions.core.model_port import ModelPort
 from duplex_server.sessions.core.records import (
@@ -110,6 +110,33 @@ def check_voice(voice: object, param: str, model: ModelPort, event_id: str | Non
             param=param,
             event_id=event_id,
         )
+
+
+def check_response_overrides(
+    overrides: ce.ResponseOverrides, model: ModelPort, event_id: str | None
+) -> None:
+    """What a response.create may ask for: a voice the model speaks, a format
+    the server encodes, the conversation it belongs to (never out of band)."""
+    check_voice(overrides.voice_named(), "response.voice", model, event_id)
+    if overrides.conversation not in (UNSET, "auto"):
+        raise ProtocolError(
+            "invalid_value",
+            "out-of-band responses are not supported: conversation must be 'auto'",
+            param="response.conversation",
+            event_id=event_id,
+        )
+    if overrides.input is not UNSET:
+        raise ProtocolError(
+            "invalid_value",
+            "response.input is not supported: a response answers the conversation",
+            param="response.input",
+            event_id=event_id,
+        )
+    try:
+        response_output_format(overrides)
+    except ProtocolError as err:
+        err.event_id = event_id
+        raise
 
 
 def check_session_patch(patch: SessionUpdate, model: ModelPort, event_id: str | None) -> None:
@@ -359,7 +386,7 @@ def _supersede_and_start(
         aborted = cancel_response(batch, "new_response")
         if aborted:
             effects.abort.append(aborted)
-    effects.start = start_response(batch, overrides, requested)
+    effects.start = start_response(batch, overrides, requested=requested)
     return effects
 
 
@@ -393,6 +420,14 @@ def text_append(batch: Batch, event: ce.InputTextAppend, ctx: HandlerContext) ->
 # --- conversation -----------------------------------------------------------
 
 
+# What OpenAI's item models require beyond the type (checked on the way in,
+# so the item the server echoes back validates).
+_REQUIRED_ITEM_FIELDS = {
+    "function_call": ("call_id", "name", "arguments"),
+    "function_call_output": ("call_id", "output"),
+}
+
+
 def _client_item(state: SessionState, event: ce.ItemCreate) -> tuple[Item, list[bytes]]:
     """The item to store, and the pcm16 of each of its parts (b"" for text)."""
     wire = event.item
@@ -404,13 +439,14 @@ def _client_item(state: SessionState, event: ce.ItemCreate) -> tuple[Item, list[
             param="item.id",
             event_id=event.event_id,
         )
-    if wire.type == "function_call_output" and not isinstance(wire.call_id, str):
-        raise ProtocolError(
-            "invalid_event",
-            "function_call_output needs call_id",
-            param="item.call_id",
-            event_id=event.event_id,
-        )
+    for field_name in _REQUIRED_ITEM_FIELDS.get(wire.type, ()):
+        if not isinstance(getattr(wire, field_name), str):
+            raise ProtocolError(
+                "invalid_event",
+                f"a {wire.type} item needs {field_name}",
+                param=f"item.{field_name}",
+                event_id=event.event_id,
+            )
     if wire.type == "message" and wire.role is UNSET:
         raise ProtocolError(
             "invalid_event",
@@ -510,6 +546,14 @@ def item_retrieve(batch: Batch, event: ce.ItemRetrieve, ctx: HandlerContext) -> 
 
 def item_delete(batch: Batch, event: ce.ItemDelete, ctx: HandlerContext) -> Effects:
     _existing_item(batch.state, event, event.item_id)
+    active = batch.state.response
+    if active is not None and active.item_id == event.item_id:
+        raise ProtocolError(
+            "invalid_event",
+            "the item of a response still streaming cannot be deleted: cancel it first",
+            param="item_id",
+            event_id=event.event_id,
+        )
     batch.fact(ItemBody(op="delete", item_id=event.item_id))
     batch.emit(ItemDeleted(item_id=event.item_id))
     return Effects()
@@ -587,16 +631,39 @@ def _has_overrides(overrides: ce.ResponseOverrides | None) -> bool:
     )
 
 
-def _answers_latest_input(state: SessionState, response: Response | None) -> bool:
-    """Whether ``response`` is the auto-response to the newest user input
-    (streaming still, or already done) and no response.create claimed it yet."""
-    if response is None or response.requested:
-        return False
+def _is_input(item: Item) -> bool:
+    """What a response answers: a user turn or a tool's result."""
+    return item.role == "user" or item.type == "function_call_output"
+
+
+def _after_latest_input(state: SessionState, response: Response) -> bool:
+    """Whether ``response`` was started after the newest input: it answers it."""
     index = next((i for i, it in enumerate(state.items) if it.id == response.item_id), None)
-    if index is None:
-        return False
-    return not any(
-        it.role == "user" or it.type == "function_call_output" for it in state.items[index + 1 :]
+    return index is not None and not any(_is_input(it) for it in state.items[index + 1 :])
+
+
+def _auto_answer_to_fold_into(
+    state: SessionState, overrides: ce.ResponseOverrides | None
+) -> Response | None:
+    """The auto-response a plain response.create belongs to: the one that
+    answers the same input and that no response.create claimed yet, while it
+    streams (its metadata is echoed then) or once completed when the create
+    asks for nothing of its own (no metadata to echo). A cancelled or failed
+    answer is never one: the create is a retry."""
+    wants_echo = overrides is not None and overrides.metadata is not UNSET
+    for response in (state.response, state.last_response):
+        if response is None or response.requested or not _after_latest_input(state, response):
+            continue
+        if response.status == "in_progress" or (response.status == "completed" and not wants_echo):
+            return response
+    return None
+
+
+def latest_input_answered(state: SessionState) -> bool:
+    """Whether some response (any status) was started after the newest input."""
+    return any(
+        response is not None and _after_latest_input(state, response)
+        for response in (state.response, state.last_response)
     )
 
 
@@ -604,8 +671,8 @@ def response_create(batch: Batch, event: ce.ResponseCreate, ctx: HandlerContext)
     model = ctx.model
     state = batch.state
     if event.response is not None:
-        check_voice(event.response.voice, "response.voice", model, event.event_id)
-    has_input = any(it.role == "user" or it.type == "function_call_output" for it in state.items)
+        check_response_overrides(event.response, model, event.event_id)
+    has_input = any(_is_input(it) for it in state.items)
     if not has_input and not state.config.openai_semantics:
         raise ProtocolError(
             "response_create_without_input",
@@ -613,21 +680,15 @@ def response_create(batch: Batch, event: ce.ResponseCreate, ctx: HandlerContext)
             param="type",
             event_id=event.event_id,
         )
-    if has_input and not _has_overrides(event.response):
-        for response in (state.response, state.last_response):
-            if _answers_latest_input(state, response):
-                # The auto-response already answers the latest input (still
-                # streaming or already done): one user turn, one answer, so a
-                # stock client's commit + response.create yields one response.
-                # A second response.create for the same input gets a new one.
-                batch.fact(
-                    SignalBody(
-                        signal="response.create",
-                        overrides=event.response,
-                        response_id=response.id,  # type: ignore[union-attr]
-                    )
-                )
-                return Effects()
+    folded = _auto_answer_to_fold_into(state, event.response)
+    if has_input and folded is not None and not _has_overrides(event.response):
+        # One user turn, one answer: a stock client's commit + response.create
+        # yields the auto-response only. A second response.create for the
+        # same input is a new request and gets a new answer.
+        batch.fact(
+            SignalBody(signal="response.create", overrides=event.response, response_id=folded.id)
+        )
+        return Effects()
     batch.fact(SignalBody(signal="response.create", overrides=event.response))
     return _supersede_and_start(batch, event.response, requested=True)
 
@@ -648,11 +709,12 @@ def response_cancel(batch: Batch, event: ce.ResponseCancel, ctx: HandlerContext)
 
 
 def _stop_output(batch: Batch, signal: str, reason: str) -> Effects:
-    active = batch.state.response
+    # OpenAI's event names a response: the one cut, else the last one played.
+    cleared = batch.state.response or batch.state.last_response
     batch.fact(SignalBody(signal=signal))  # type: ignore[arg-type]
     aborted = cancel_response(batch, reason)  # type: ignore[arg-type]
     batch.emit(
-        OutputAudioCleared(response_id=active.id if active else None, epoch=batch.state.epoch)
+        OutputAudioCleared(response_id=cleared.id if cleared else "", epoch=batch.state.epoch)
     )
     return Effects(abort=[aborted] if aborted else [])
 
@@ -683,7 +745,10 @@ def overlap_decision(
 
 
 def respond_to_input(batch: Batch, model: ModelPort) -> Effects:
-    """Answer input committed earlier (a turn deferred while the assistant spoke)."""
+    """Answer input committed earlier (a turn deferred while the assistant
+    spoke), unless a response.create answered it meanwhile."""
+    if latest_input_answered(batch.state):
+        return Effects()
     return _maybe_respond(batch, model)
 
 

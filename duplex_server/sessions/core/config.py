@@ -19,6 +19,7 @@ from protocol.audio_formats import (
 from protocol.client_events import ResponseOverrides
 from protocol.errors import ProtocolError
 from protocol.session_config import (
+    AudioConfig,
     AudioInputConfig,
     AudioOutputConfig,
     InputTranscription,
@@ -36,9 +37,21 @@ SEMANTIC_SILENCE_MS = {"low": 1200, "medium": 700, "auto": 700, "high": 350}
 SERVED_BY_SERVER_VAD = ("server_vad", "semantic_vad")
 
 
-def default_turn_detection(turn_detection_types: tuple[str, ...]) -> TurnDetection | None:
-    """OpenAI's default when a session names none: server VAD, where the model has it."""
-    return TURN_DETECTION_DEFAULTS if "server_vad" in turn_detection_types else None
+def with_default_turn_detection(
+    patch: SessionUpdate, turn_detection_types: tuple[str, ...]
+) -> SessionUpdate:
+    """The opening patch with OpenAI's default written in when the client
+    named no turn detection: server VAD, where the model has it. Written into
+    the session's first record, so a refold never depends on this code's
+    default (a log from before keeps the default it was opened with)."""
+    audio_in = patch.audio.input if isinstance(patch.audio, AudioConfig) else UNSET
+    named = patch.turn_detection is not UNSET or (
+        isinstance(audio_in, AudioInputConfig) and audio_in.turn_detection is not UNSET
+    )
+    if named:
+        return patch
+    default = TURN_DETECTION_DEFAULTS if "server_vad" in turn_detection_types else None
+    return msgspec.structs.replace(patch, turn_detection=default)
 
 
 class EffectiveConfig(msgspec.Struct):
@@ -198,7 +211,8 @@ def response_config(
         return config
     return msgspec.structs.replace(
         config,
-        voice=_set(overrides.voice, config.voice),
+        voice=_set(overrides.voice_named(), config.voice),
+        output_format=response_output_format(overrides) or config.output_format,
         instructions=_set(overrides.instructions, config.instructions),
         temperature=_set(overrides.temperature, config.temperature),
         max_output_tokens=_set(
@@ -208,6 +222,14 @@ def response_config(
         tools=list(_set(overrides.tools, config.tools)),
         tool_choice=_set(overrides.tool_choice, config.tool_choice),
     )
+
+
+def response_output_format(overrides: ResponseOverrides | None) -> AudioFormat | None:
+    """The output format one response.create asks for, or None for the session's."""
+    spec = overrides.format_named() if overrides is not None else UNSET
+    if isinstance(spec, UnsetType):
+        return None
+    return resolve_format(spec, param="response.output_audio_format", supported=SUPPORTED_OUTPUT)
 
 
 def _format(spec, rate, current: AudioFormat, param: str, supported) -> AudioFormat:

@@ -134,6 +134,7 @@ class DecisionBody(Body, tag="decision"):
     status: ResponseStatus | None = None
     modalities: list[str] = msgspec.field(default_factory=list)
     overrides: ResponseOverrides | None = None
+    requested: bool = False  # speak: a client's response.create asked for it
     # speech_started / speech_stopped: on the input timeline; input_trimmed:
     # how much of the buffer to keep (the prefix padding)
     audio_ms: float = 0.0

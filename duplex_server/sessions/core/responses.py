@@ -14,6 +14,7 @@ import msgspec
 
 from duplex_server.audio import encode_from_pcm16, pcm16_duration_ms
 from duplex_server.sessions.core.batch import Batch
+from duplex_server.sessions.core.config import response_output_format
 from duplex_server.sessions.core.items import to_wire
 from duplex_server.sessions.core.model_port import ModelChunk, UnitOutput
 from duplex_server.sessions.core.records import DecisionBody, FenceBody, FenceReason
@@ -110,9 +111,6 @@ def resolve_modalities(
     return list(config_modalities)
 
 
-REQUESTED = "response.create"  # the speak decision's reason when the client asked
-
-
 def start_response(
     batch: Batch, overrides: ResponseOverrides | None = None, requested: bool = False
 ) -> Response:
@@ -128,7 +126,7 @@ def start_response(
             item_id=item_id,
             modalities=modalities,
             overrides=overrides,
-            reason=REQUESTED if requested else "",
+            requested=requested,
         ),
         origin="server",
     )
@@ -178,7 +176,7 @@ def emit_chunk(
             text_delta = OutputTextDelta(delta=chunk.text, response_id=rid, item_id=iid)
             emit_twins(batch, text_delta, response_id=rid, text=chunk.text)
         return
-    out_fmt = batch.state.config.output_format
+    out_fmt = response_output_format(response.overrides) or batch.state.config.output_format
     encoded = (
         encode(chunk.audio, chunk.sample_rate_hz)
         if encode is not None

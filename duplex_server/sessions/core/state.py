@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from duplex_server.sessions.core.config import EffectiveConfig, default_turn_detection, merge_config
+from duplex_server.sessions.core.config import EffectiveConfig, merge_config
 from duplex_server.sessions.core.items import Item, Part, transcript_at
 from duplex_server.sessions.core.records import (
     AckBody,
@@ -109,9 +109,7 @@ def initial_state(
 ) -> SessionState:
     return SessionState(
         session_id=session_id,
-        config=EffectiveConfig(
-            model=model, turn_detection=default_turn_detection(turn_detection_types)
-        ),
+        config=EffectiveConfig(model=model),
         turn_detection_types=turn_detection_types,
     )
 
@@ -242,9 +240,9 @@ def _signal(state: SessionState, body: SignalBody, seq: int) -> None:
         response = state.find_response(body.response_id)
         if response is not None:
             response.requested = True
-            metadata = body.overrides.metadata if body.overrides is not None else msgspec.UNSET
-            if response.status == "in_progress" and metadata is not msgspec.UNSET:
-                response.metadata = dict(metadata)  # echoed in its response.done
+            metadata = _metadata_of(body.overrides)
+            if response.status == "in_progress" and metadata is not None:
+                response.metadata = metadata  # echoed in its response.done
 
 
 def _fence(state: SessionState, body: FenceBody, seq: int) -> None:
@@ -275,6 +273,13 @@ def _trim_input(buf: InputBuffer, keep_ms: float) -> None:
         buf.first_seq = buf.chunk_seqs[0]
 
 
+def _metadata_of(overrides: ResponseOverrides | None) -> dict[str, str] | None:
+    """The client's metadata of a response.create, echoed as OpenAI does."""
+    if overrides is None or overrides.metadata is msgspec.UNSET:
+        return None
+    return dict(overrides.metadata)
+
+
 def _start_response(state: SessionState, body: DecisionBody) -> None:
     assert body.response_id is not None and body.item_id is not None
     part_type = "audio" if "audio" in body.modalities else "text"
@@ -288,19 +293,14 @@ def _start_response(state: SessionState, body: DecisionBody) -> None:
     )
     state.item_count += 1
     state.response_count += 1
-    overrides = body.overrides
     state.response = Response(
         id=body.response_id,
         item_id=body.item_id,
         epoch=state.epoch,
         modalities=body.modalities,
-        requested=body.reason == "response.create",
-        overrides=overrides,
-        metadata=(
-            dict(overrides.metadata)
-            if overrides is not None and overrides.metadata is not msgspec.UNSET
-            else None
-        ),
+        requested=body.requested,
+        overrides=body.overrides,
+        metadata=_metadata_of(body.overrides),
     )
 
 

@@ -26,7 +26,12 @@ from duplex_server.sessions.core.commands import (
     check_session_patch,
     step,
 )
-from duplex_server.sessions.core.config import response_config
+from duplex_server.sessions.core.config import (
+    merge_config,
+    response_config,
+    response_output_format,
+    with_default_turn_detection,
+)
 from duplex_server.sessions.core.model_port import (
     ModelPort,
     ResponseRequest,
@@ -171,14 +176,17 @@ class SessionActor:
         openai_semantics: bool = False,
     ) -> None:
         """Create the log, take the lease, announce ``session.created`` to the socket."""
+        # A refused opening patch stores nothing: checked before the log exists.
         check_session_patch(patch, self.model, None)
+        merge_config(self.state.config, patch, self.model.turn_detection_types)
         await self._log.create(self.session_id)
         self.fence = await self._log.acquire_lease(self.session_id, self.settings.owner)
         self.holds_lease = True
         token = new_resume_token()
         batch = self.new_batch()
         self._lease_fact(batch, "attach", 1, token)
-        batch.fact(ConfigBody(patch=patch, openai_semantics=openai_semantics))
+        opening = with_default_turn_detection(patch, self.model.turn_detection_types)
+        batch.fact(ConfigBody(patch=opening, openai_semantics=openai_semantics))
         if handshake:
             batch.emit(SessionUpdated(session=self._snapshot()))
         if not await self.commit_batch(batch):
@@ -653,7 +661,10 @@ class SessionActor:
 
     def _stream_encoder(self, response_id: str) -> Callable[[bytes, int], bytes] | None:
         """Opus output keeps one encoder per response (no seams between chunks)."""
-        if self.state.config.output_format.name != OPUS:
+        response = self.state.find_response(response_id)
+        overrides = response.overrides if response is not None else None
+        fmt = response_output_format(overrides) or self.state.config.output_format
+        if fmt.name != OPUS:
             return None
         if self._opus is None or self._opus[0] != response_id:
             self._opus = (response_id, OpusStream())
