@@ -16,6 +16,7 @@ from duplex_server.sessions.runtime.actor import SessionActor
 from duplex_server.sessions.runtime.attachment import Attachment, TransportClosed
 from duplex_server.sessions.runtime.manager import SessionManager
 from protocol.client_events import SessionResume, SessionUpdateEvent
+from protocol.close_codes import CloseCode
 from protocol.codec import FrameDecoder, encode_server_event
 from protocol.dialect import negotiate
 from protocol.errors import INVALID_REQUEST, ProtocolError, error_body
@@ -40,7 +41,7 @@ class WebSocketTransport:
         except (WebSocketDisconnect, RuntimeError, OSError) as exc:
             raise TransportClosed() from exc
 
-    async def close(self, code: int, reason: str) -> None:
+    async def close(self, code: CloseCode, reason: str) -> None:
         if self.websocket.application_state != WebSocketState.CONNECTED:
             return
         try:
@@ -109,7 +110,7 @@ class RealtimeConnection:
             err.event_id = err.event_id or event_id
             await self._send_error(err)
             if not (handshake and err.error_class == INVALID_REQUEST):
-                await self.attachment.close(1013, err.code)
+                await self.attachment.close(CloseCode.TRY_AGAIN_LATER, err.code)
             # else: the client's session.update was refused; it may send a better one
             return False
         return True
@@ -187,7 +188,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     if not is_authorized(websocket, app_state.config.api_key):
         err = ProtocolError("unauthorized", "missing or wrong API key")
         await websocket.send_text(_error_frame(err).decode())
-        await websocket.close(1008, "unauthorized")
+        await websocket.close(CloseCode.POLICY_VIOLATION, "unauthorized")
         return
     params = websocket.query_params
     autostart = _flag(params.get("autostart"), True) and "resume" not in params

@@ -32,6 +32,7 @@ from clients.duplex.errors import (
 )
 from clients.duplex.trace import DuplexTrace
 from protocol import server_events as se
+from protocol.close_codes import CloseCode
 from protocol.session_config import SessionUpdate
 
 SessionConfig = SessionUpdate
@@ -252,7 +253,7 @@ class DuplexClient:
                 except websockets.ConnectionClosed as exc:
                     if self.closed_reason is not None:
                         break
-                    if exc.rcvd is not None and exc.rcvd.code == 4000:
+                    if exc.rcvd is not None and exc.rcvd.code == CloseCode.REPLACED:
                         self._fail(DuplexSessionClosedError("replaced"))
                         break
                     await self._resume_or_fail(exc)

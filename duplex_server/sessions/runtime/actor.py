@@ -68,11 +68,13 @@ from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.hearing import Hearing
 from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
+from duplex_server.sessions.runtime.lifecycle import Lifecycle, Phase
 from duplex_server.sessions.runtime.recovery import journal_entries, recent_turn_audio
 from duplex_server.sessions.runtime.streams import ResponseStreams
 from duplex_server.sessions.runtime.unit_stream import UnitStream
 from protocol.audio_formats import OPUS
 from protocol.client_events import ClientEvent, InputAudioAppend, InputAudioCommit, SessionResume
+from protocol.close_codes import CloseCode
 from protocol.codec import encode_server_event
 from protocol.errors import ProtocolError, error_body
 from protocol.server_events import (
@@ -148,13 +150,10 @@ class SessionActor:
         self.turn_audio: OrderedDict[str, bytes] = OrderedDict()
         self._task: asyncio.Task[None] | None = None  # held: the loop keeps only weak refs
         self.last_activity = time.monotonic()
-        self.detached_at: float | None = None
         self.closed = asyncio.Event()
-        self._suspended = False
-        # Whether this process holds the session's lease now. On a shared store
-        # it is let go on detach, so another replica may take the session at once.
-        self.holds_lease = False
-        self._moved = False  # the lease moved to another replica: stop, write nothing
+        # Attached or not, holding the lease or not, serving or not. On a shared
+        # store the lease is let go on detach, so another replica may take over.
+        self.lifecycle = Lifecycle()
         # The store refused an append: the state may not match the log, and
         # nothing is served until a refold from the log succeeds.
         self._dirty = False
@@ -162,6 +161,15 @@ class SessionActor:
         self._opus_decoder: OpusDecoder | None = None  # Opus input, made on first use
         self.hearing = Hearing(self)
         self._end_requested = False
+
+    @property
+    def holds_lease(self) -> bool:
+        return self.lifecycle.holds_lease
+
+    @property
+    def detached_at(self) -> float | None:
+        """Monotonic time the socket went away, None while one is attached."""
+        return self.lifecycle.detached_at
 
     def _initial(self) -> SessionState:
         return initial_state(self.session_id, self.model.name, self.model.turn_detection_types)
@@ -181,7 +189,6 @@ class SessionActor:
         merge_config(self.state.config, patch, self.model.turn_detection_types)
         await self._log.create(self.session_id)
         self.fence = await self._log.acquire_lease(self.session_id, self.settings.owner)
-        self.holds_lease = True
         token = new_resume_token()
         batch = self.new_batch()
         self._lease_fact(batch, "attach", 1, token)
@@ -193,6 +200,7 @@ class SessionActor:
             raise LogError(f"could not record the opening of {self.session_id}")
         attachment.generation = 1
         self.attachment = attachment
+        self.lifecycle.to(Phase.ATTACHED)
         created = SessionCreated(
             session=self._snapshot(),
             attachment_generation=1,
@@ -224,7 +232,6 @@ class SessionActor:
         """
         self.state = fold(records, self._initial())
         self.fence = fence
-        self.holds_lease = True
         self.journal.restore(journal_entries(records), self.state.server_event_seq)
         for item_id, pcm in recent_turn_audio(self.state, records, RECENT_TURN_AUDIO):
             self.remember_audio(item_id, pcm)
@@ -241,11 +248,12 @@ class SessionActor:
             raise LogError(f"could not record the recovery of {self.session_id}")
         if expired:
             await self._release_lease()
+            self.lifecycle.to(Phase.CLOSED)
             self.closed.set()
             return False
+        self.lifecycle.to(Phase.DETACHED, at=time.monotonic() - downtime_s)
         if not keep_lease:
             await self._release_lease()
-        self.detached_at = time.monotonic() - downtime_s
         self._task = asyncio.get_running_loop().create_task(self._run())
         return True
 
@@ -302,22 +310,23 @@ class SessionActor:
                 streaming, self.session_id, self.post, lambda: self.state.epoch
             )
         try:
-            while self.state.closed_reason is None and not (self._suspended or self._moved):
+            while self.state.closed_reason is None and self.lifecycle.serving:
                 message = await self._mailbox.get()
                 await self._dispatch(message)
         except Exception:
             # A bug in the actor ends this session loudly: logged with its
-            # traceback, and the socket closed with 1011 so the client is not
+            # traceback, and the socket closed with INTERNAL_ERROR so the client is not
             # left talking to nobody. The log keeps everything appended so far.
             log.exception("session %s: actor failed", self.session_id)
             if self.attachment is not None:
-                await self.attachment.close(1011, "internal error")
+                await self.attachment.close(CloseCode.INTERNAL_ERROR, "internal error")
         finally:
             self._streams.abort_all()
             if self._units is not None:
                 await self._units.close()
             self.closed.set()
-            reason = "moved" if self._moved else (self.state.closed_reason or "shutdown")
+            moved = self.lifecycle.phase is Phase.MOVED
+            reason = "moved" if moved else (self.state.closed_reason or "shutdown")
             self._on_closed(self.session_id, reason)
 
     async def _dispatch(self, message: object) -> None:
@@ -462,6 +471,8 @@ class SessionActor:
     async def _leave(self, status: LeaseStatus) -> None:
         """The lease is another replica's now (``lost``) or is asked for
         (``handoff``): stop writing, tell the socket, let the lease go."""
+        if not self.lifecycle.serving:
+            return
         self._streams.abort_all()
         attachment = self.attachment
         self.attachment = None
@@ -470,16 +481,15 @@ class SessionActor:
             await attachment.send_now(
                 encode_server_event(SessionReplaced(attachment_generation=attachment.generation))
             )
-            await attachment.close(4001, "session.replaced")
+            await attachment.close(CloseCode.MOVED, "session.replaced")
         if status == "handoff":
             await self._release_lease()
-        self.holds_lease = False
-        self._moved = True
+        self.lifecycle.to(Phase.MOVED)
 
     async def _release_lease(self) -> None:
-        if not (self._log.shared and self.holds_lease):
+        if not (self._log.shared and self.lifecycle.holds_lease):
             return
-        self.holds_lease = False
+        self.lifecycle.to(Phase.RELEASED)
         try:
             await self._log.release_lease(self.session_id, self.settings.owner, self.fence)
         except (LogError, OSError) as exc:
@@ -489,14 +499,14 @@ class SessionActor:
     async def _reacquire_lease(self, message: mb.Resume) -> bool:
         """A detached session's lease was let go; take it back unless another
         replica took the session meanwhile (then it is served there)."""
-        if self.holds_lease:
+        if self.lifecycle.holds_lease:
             return True
         try:
             self.fence = await self._log.acquire_lease(
                 self.session_id, self.settings.owner, expect_fence=self.fence
             )
         except (StaleFence, LeaseHeld):
-            self._moved = True
+            self.lifecycle.to(Phase.MOVED)
             message.done.set_exception(SessionMoved(self.session_id))
             return False
         except (LogError, OSError) as exc:
@@ -504,7 +514,7 @@ class SessionActor:
                 ProtocolError("storage_unavailable", f"could not take the session's lease: {exc}")
             )
             return False
-        self.holds_lease = True
+        self.lifecycle.to(Phase.DETACHED)  # the lease is ours again; the socket comes next
         return True
 
     async def _send_error_now(self, err: ProtocolError) -> None:
@@ -726,7 +736,7 @@ class SessionActor:
         attachment = message.attachment
         attachment.generation = generation
         self.attachment = attachment
-        self.detached_at = None
+        self.lifecycle.to(Phase.ATTACHED)
         self.last_activity = time.monotonic()
         gap = cursor < self.journal.dropped_upto
         resumed = SessionResumed(
@@ -761,7 +771,7 @@ class SessionActor:
         await old.send_now(
             encode_server_event(SessionReplaced(attachment_generation=new_generation))
         )
-        await old.close(4000, "session.replaced")
+        await old.close(CloseCode.REPLACED, "session.replaced")
 
     async def _on_detach(self, message: mb.Detach) -> None:
         attachment = self.attachment
@@ -769,7 +779,7 @@ class SessionActor:
             return
         self.attachment = None
         await attachment.stop()
-        self.detached_at = time.monotonic()
+        self.lifecycle.to(Phase.DETACHED, at=time.monotonic())
         batch = self.new_batch()
         self._lease_fact(batch, "detach", self.state.lease.generation)
         if await self.commit_batch(batch):
@@ -805,14 +815,18 @@ class SessionActor:
             batch = self.new_batch()
             self._lease_fact(batch, "detach", self.state.lease.generation)
             await self.commit_batch(batch)
-            await attachment.close(1012, "server restarting: resume the session")
+            await attachment.close(
+                CloseCode.SERVICE_RESTART, "server restarting: resume the session"
+            )
         await self._release_lease()
-        self._suspended = True
+        self.lifecycle.to(Phase.SUSPENDED)
 
     async def _finish_close(self) -> None:
+        if self.lifecycle.serving:
+            self.lifecycle.to(Phase.CLOSED)
         attachment = self.attachment
         if attachment is None:
             return
         await attachment.drained(self.journal.last_seq, DRAIN_TIMEOUT_S)
         self.attachment = None
-        await attachment.close(1000, self.state.closed_reason or "closed")
+        await attachment.close(CloseCode.NORMAL, self.state.closed_reason or "closed")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from duplex_server.sessions.runtime.journal import Journal, JournalGap
+from protocol.close_codes import CloseCode
 from protocol.dialect import Dialect, present
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 class Transport(Protocol):
     async def send(self, payload: bytes) -> None: ...
 
-    async def close(self, code: int, reason: str) -> None: ...
+    async def close(self, code: CloseCode, reason: str) -> None: ...
 
 
 class TransportClosed(Exception):
@@ -100,7 +101,7 @@ class Attachment:
                 await self._sender
             self._sender = None
 
-    async def close(self, code: int = 1000, reason: str = "") -> None:
+    async def close(self, code: CloseCode = CloseCode.NORMAL, reason: str = "") -> None:
         await self.stop()
         with contextlib.suppress(TransportClosed):
             await self.transport.close(code, reason)
