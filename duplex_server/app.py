@@ -42,7 +42,7 @@ def open_store(config: ServerConfig) -> SessionLog:
         path = spec.removeprefix("sqlite:")
         if not path:
             raise ValueError("sqlite store needs a path: --store sqlite:./data/sessions.db")
-        return SqliteLog(path, config.durability)  # type: ignore[arg-type]
+        return SqliteLog(path, config.durability)  # type: ignore[arg-type]  # CLI choices
     raise ValueError(f"unknown store {spec!r}; available: {', '.join(STORES)}")
 
 

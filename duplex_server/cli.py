@@ -9,8 +9,9 @@ import sys
 
 from duplex_server.config import ServerConfig, default_replica_id
 from duplex_server.models import MODEL_NAMES
-from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
-from protocol.codec import DEFAULT_MAX_FRAME_BYTES
+
+# Every serve flag's default is the server config's own: declared once, there.
+DEFAULTS = ServerConfig
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -19,11 +20,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="run the realtime server",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--host", default="127.0.0.1", help="interface to listen on")
-    p.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    p.add_argument("--host", default=DEFAULTS.host, help="interface to listen on")
+    p.add_argument("--port", type=int, default=DEFAULTS.port, help="TCP port to listen on")
     p.add_argument(
         "--store",
-        default="memory",
+        default=DEFAULTS.store,
         help="session log: 'memory' (lost on exit), 'sqlite:PATH' (durable, resumable "
         "after a crash) or 'redis://HOST:PORT/DB' (also rediss://, "
         "redis+sentinel://HOST:PORT/SERVICE/DB: several replicas share it and take over "
@@ -32,99 +33,99 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--lease-ttl-ms",
         type=int,
-        default=5000,
+        default=DEFAULTS.lease_ttl_ms,
         help="redis: a session's lease lapses this long after its owner stopped renewing "
         "it (a dead replica's sessions move after this)",
     )
     p.add_argument(
         "--store-retry-ms",
         type=int,
-        default=1000,
+        default=DEFAULTS.store_retry_ms,
         help="redis: how long a write is retried while Redis is unreachable before the "
         "client gets storage_unavailable (nothing is buffered beyond this)",
     )
     p.add_argument(
         "--redis-prefix",
-        default="dx",
+        default=DEFAULTS.redis_prefix,
         help="redis: prefix of every key, so that deployments can share one Redis",
     )
     p.add_argument(
         "--durability",
-        default="fsync-per-batch",
+        default=DEFAULTS.durability,
         choices=["fsync-per-batch", "os-buffered"],
         help="sqlite: acknowledge an append after fsync of its batch, or once the OS has it "
         "(survives a process crash, not a power loss)",
     )
     p.add_argument(
         "--model",
-        default="cascade",
+        default=DEFAULTS.model,
         choices=MODEL_NAMES,
         help="model adapter: 'cascade' (VAD -> speech recognition -> parrot -> speech, "
         "the embedded default) or 'echo' (loopback, for tests and benchmarks)",
     )
     p.add_argument(
         "--asr",
-        default="pocketsphinx",
+        default=DEFAULTS.asr,
         help="cascade speech recognition: 'pocketsphinx' (shipped in its wheel) or "
         "'whisper:PATH' (a local Whisper checkpoint directory; needs the ml extra)",
     )
     p.add_argument(
         "--tts",
-        default="espeak",
+        default=DEFAULTS.tts,
         help="cascade speech synthesis: 'espeak' (eSpeak NG from espeakng-loader) or "
         "'vits:PATH' (a local VITS / MMS-TTS checkpoint directory; needs the ml extra)",
     )
     p.add_argument(
         "--asr-phrases",
-        default=None,
+        default=DEFAULTS.asr_phrases,
         help="cascade: a text file of phrases, one a line; speech recognition then "
         "listens for these only (accurate and fast) instead of open English",
     )
     p.add_argument(
         "--max-sessions",
         type=int,
-        default=1000,
+        default=DEFAULTS.max_sessions,
         help="live sessions admitted; more get resource_exhausted",
     )
     p.add_argument(
         "--idle-ttl-s",
         type=float,
-        default=300.0,
+        default=DEFAULTS.idle_ttl_s,
         help="expire a session after this long without client activity",
     )
     p.add_argument(
         "--disconnect-grace-s",
         type=float,
-        default=30.0,
+        default=DEFAULTS.disconnect_grace_s,
         help="keep a detached session resumable for this long",
     )
     p.add_argument(
         "--max-frame-bytes",
         type=int,
-        default=DEFAULT_MAX_FRAME_BYTES,
+        default=DEFAULTS.max_frame_bytes,
         help="largest client frame; bigger ones get payload_too_large",
     )
     p.add_argument(
         "--mailbox-size",
         type=int,
-        default=256,
+        default=DEFAULTS.mailbox_size,
         help="client events queued per session before rate_limited",
     )
     p.add_argument(
         "--journal-max-events",
         type=int,
-        default=DEFAULT_MAX_EVENTS,
+        default=DEFAULTS.journal_max_events,
         help="outbound events kept for replay per session",
     )
     p.add_argument(
         "--journal-max-bytes",
         type=int,
-        default=DEFAULT_MAX_BYTES,
+        default=DEFAULTS.journal_max_bytes,
         help="bytes of outbound events kept for replay per session",
     )
     p.add_argument(
         "--retain-audio",
-        default="all",
+        default=DEFAULTS.retain_audio,
         choices=["all", "uncommitted"],
         help="'uncommitted': compact a turn's input audio to metadata once the client "
         "acknowledged its commit (session.event_ack)",
@@ -132,12 +133,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--retention-s",
         type=float,
-        default=7 * 24 * 3600.0,
+        default=DEFAULTS.retention_s,
         help="delete closed sessions from the store this long after their last record",
     )
     p.add_argument(
         "--api-key",
-        default=None,
+        default=DEFAULTS.api_key,
         help="require this key (Bearer header or subprotocol); default: none",
     )
     p.add_argument(
@@ -149,7 +150,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="negotiate WebSocket compression (costs CPU; base64 audio compresses poorly)",
     )
     p.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        "--log-level",
+        default=DEFAULTS.log_level,
+        choices=["critical", "error", "warning", "info", "debug"],
     )
 
 

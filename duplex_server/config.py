@@ -6,7 +6,8 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
+from duplex_server.sessions.runtime.actor import ActorSettings
+from duplex_server.sessions.runtime.manager import ManagerSettings
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 
 
@@ -21,17 +22,18 @@ class ServerConfig:
     store: str = "memory"
     durability: str = "fsync-per-batch"
     model: str = "cascade"
-    max_sessions: int = 1000
-    idle_ttl_s: float = 300.0
-    disconnect_grace_s: float = 30.0
-    reap_interval_s: float = 1.0
+    # The session settings' defaults are the runtime's own (declared once).
+    max_sessions: int = ManagerSettings.max_sessions
+    idle_ttl_s: float = ManagerSettings.idle_ttl_s
+    disconnect_grace_s: float = ManagerSettings.disconnect_grace_s
+    reap_interval_s: float = ManagerSettings.reap_interval_s
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    mailbox_size: int = 256
-    journal_max_events: int = DEFAULT_MAX_EVENTS
-    journal_max_bytes: int = DEFAULT_MAX_BYTES
-    retain_audio: str = "all"
-    retention_s: float = 7 * 24 * 3600.0
-    purge_interval_s: float = 60.0
+    mailbox_size: int = ActorSettings.mailbox_size
+    journal_max_events: int = ActorSettings.journal_max_events
+    journal_max_bytes: int = ActorSettings.journal_max_bytes
+    retain_audio: str = ActorSettings.retain_audio
+    retention_s: float = ManagerSettings.retention_s
+    purge_interval_s: float = ManagerSettings.purge_interval_s
     api_key: str | None = None
     replica_id: str = field(default_factory=default_replica_id)
     log_level: str = "info"

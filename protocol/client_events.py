@@ -6,6 +6,7 @@ command names are subclasses carrying another tag, so handlers see one class.
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Literal, Union
 
 import msgspec
@@ -129,15 +130,27 @@ class ResponseOverrides(msgspec.Struct, omit_defaults=True):
 
     def voice_named(self) -> str | UnsetType:
         """The voice asked for, in either spelling (top level wins)."""
-        if not isinstance(self.voice, UnsetType) or isinstance(self.audio, UnsetType):
+        if not isinstance(self.voice, UnsetType):
             return self.voice
-        return UNSET if isinstance(self.audio.output, UnsetType) else self.audio.output.voice
+        return self._audio_output().voice
 
     def format_named(self) -> AudioFormatSpec | UnsetType:
         """The output format asked for, in either spelling (top level wins)."""
-        if not isinstance(self.output_audio_format, UnsetType) or isinstance(self.audio, UnsetType):
+        if not isinstance(self.output_audio_format, UnsetType):
             return self.output_audio_format
-        return UNSET if isinstance(self.audio.output, UnsetType) else self.audio.output.format
+        return self._audio_output().format
+
+    def rate_named(self) -> int | UnsetType:
+        """vLLM-Omni's ``audio.output.sample_rate_hz``."""
+        return self._audio_output().sample_rate_hz
+
+    def speed_named(self) -> float | UnsetType:
+        return self._audio_output().speed
+
+    def _audio_output(self) -> AudioOutputConfig:
+        if isinstance(self.audio, UnsetType) or isinstance(self.audio.output, UnsetType):
+            return AudioOutputConfig()
+        return self.audio.output
 
 
 class ResponseCreate(ClientEvent, tag="response.create"):
@@ -193,8 +206,7 @@ AnyClientEvent = Union[
 ]
 
 CLIENT_EVENT_TYPES: dict[str, type[ClientEvent]] = {
-    cls.__struct_config__.tag: cls
-    for cls in AnyClientEvent.__args__  # type: ignore[attr-defined]
+    cls.__struct_config__.tag: cls for cls in typing.get_args(AnyClientEvent)
 }
 
 __all__ = [

@@ -38,8 +38,8 @@ def negotiate(events: str | None, openai_beta_header: str | None) -> Dialect:
     return Dialect.GA
 
 
-def _tag(cls: type) -> bytes:
-    return cls.__struct_config__.tag.encode()  # type: ignore[attr-defined]
+def _tag(cls: type[msgspec.Struct]) -> bytes:
+    return str(cls.__struct_config__.tag).encode()
 
 
 BETA_ONLY = frozenset(_tag(beta) for beta in BETA_TWIN.values())

@@ -7,6 +7,7 @@ socket gets the spelling of its dialect (protocol.dialect).
 
 from __future__ import annotations
 
+import typing
 from typing import Literal, Union
 
 import msgspec
@@ -526,8 +527,7 @@ AnyServerEvent = Union[
 ]
 
 SERVER_EVENT_TYPES: dict[str, type[ServerEvent]] = {
-    cls.__struct_config__.tag: cls
-    for cls in AnyServerEvent.__args__  # type: ignore[attr-defined]
+    cls.__struct_config__.tag: cls for cls in typing.get_args(AnyServerEvent)
 }
 
 # GA class -> its beta twin: journaled right after it; a socket gets one of them.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -13,18 +12,13 @@ import pytest
 import uvicorn
 
 from duplex_server.app import create_app
+from duplex_server.bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from duplex_server.sessions.core.state import SessionState, fold, initial_state
 from duplex_server.sessions.runtime.manager import SessionManager
 from tests import openai_conformance
 from tests.redisproc import RedisServer
 from tests.wsclient import WsClient
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -9,16 +9,12 @@ import subprocess
 import time
 from pathlib import Path
 
+from duplex_server.bench.server_process import free_port
+
 INSTALL_HINT = (
     "redis-server is not installed: install the Debian package `redis-server` "
     "(apt-get install redis-server), or run `make test`, which installs it when it can"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class RedisServer:
@@ -31,7 +27,7 @@ class RedisServer:
             raise RuntimeError(INSTALL_HINT)
         self.binary = binary
         self.directory = directory
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
 
     @property

@@ -249,7 +249,7 @@ class DuplexClient:
         try:
             while True:
                 try:
-                    frame = await self._ws.recv()  # type: ignore[union-attr]
+                    frame = await self._connection().recv()
                 except websockets.ConnectionClosed as exc:
                     if self.closed_reason is not None:
                         break
@@ -355,7 +355,8 @@ class DuplexClient:
 
     async def _beat(self) -> None:
         while True:
-            await asyncio.sleep(self.heartbeat_interval_s)  # type: ignore[arg-type]
+            # started only when heartbeat_interval_s is set
+            await asyncio.sleep(self.heartbeat_interval_s or 0.0)
             with contextlib.suppress(*DuplexClientErrorTypes):
                 await self._send_now({"type": "session.heartbeat"})
 
@@ -369,13 +370,19 @@ class DuplexClient:
         frame = json.dumps(event)
         self._trace("out", frame)
         try:
-            await self._ws.send(frame)  # type: ignore[union-attr]
+            await self._connection().send(frame)
         except websockets.ConnectionClosed as exc:
             if self.reconnect is None:
                 raise DuplexSessionClosedError(f"transport dropped ({exc})") from exc
             # The reader is resuming; a retry with the same event_id is applied once.
             await self._await_reconnect()
-            await self._ws.send(frame)  # type: ignore[union-attr]
+            await self._connection().send(frame)
+
+    def _connection(self) -> websockets.ClientConnection:
+        """The socket; a DuplexConnectionError before connect() made one."""
+        if self._ws is None:
+            raise DuplexConnectionError("not connected: use `async with DuplexClient(...)`")
+        return self._ws
 
     async def _await_reconnect(self) -> None:
         deadline = time.monotonic() + self.timeout_s

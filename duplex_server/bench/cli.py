@@ -16,8 +16,17 @@ def _kind(
     parser = kinds.add_parser(
         name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.set_defaults(run=lambda args: importlib.import_module(module).run(args))
+    parser.set_defaults(run=lambda args: _run(module, args))
     return parser
+
+
+def _run(module: str, args: argparse.Namespace) -> None:
+    from duplex_server.bench.server_process import ServerStartError
+
+    try:
+        importlib.import_module(module).run(args)
+    except ServerStartError as exc:
+        raise SystemExit(f"bench: {exc}") from None
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:

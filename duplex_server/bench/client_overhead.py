@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 
 import numpy as np
 import websockets
 
-from duplex_server.bench.sessions import _free_port, _spawn
+from duplex_server.bench.server_process import ServerProcess
 
 TARGET_EXTRA_P99_MS = 1.0
 
@@ -61,29 +60,15 @@ def _q(samples: list[float]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> None:
-    port = _free_port()
-    proc = _spawn(
-        [
-            sys.executable,
-            "-m",
-            "duplex_server.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        f"http://127.0.0.1:{port}/health",
-    )
+    server = ServerProcess("memory")
     try:
-        url = f"ws://127.0.0.1:{port}/v1/duplex"
+        url = server.start().ws_at("/v1/duplex")
         raw, lib = [], []
         for _ in range(args.rounds):  # interleave to share the machine's noise
             raw += asyncio.run(_raw(url, args.count))
             lib += asyncio.run(_client(url, args.count))
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        server.stop()
     base, ours = _q(raw), _q(lib)
     extra = round(ours["p99"] - base["p99"], 4)
     print(

@@ -10,7 +10,19 @@ import sys
 
 import uvicorn
 
+from duplex_server.bench.server_process import ServerProcess
+
 ACK = '{"type":"session.heartbeat_ack"}'
+
+
+class EchoServerProcess(ServerProcess):
+    """This module in a child process, started and stopped like the real server."""
+
+    def __init__(self, port: int | None = None) -> None:
+        super().__init__(port=port, ws_path="/")
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "duplex_server.bench.echo_server", str(self.port)]
 
 
 async def app(scope, receive, send) -> None:

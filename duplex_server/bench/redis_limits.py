@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import signal
 import subprocess
-import sys
 import time
 import uuid
 from urllib.parse import urlparse
@@ -26,6 +23,7 @@ from urllib.parse import urlparse
 import numpy as np
 import websockets
 
+from duplex_server.bench.server_process import ServerProcess
 from duplex_server.sessions.core.records import AudioBody, Record
 from duplex_server.sessions.log.redis_store import RedisLog, connect
 from duplex_server.sessions.log.store import StorageUnavailable
@@ -128,45 +126,30 @@ def log_throughput(url: str, sessions: int, seconds: float, payload_bytes: int) 
     return asyncio.run(_log_throughput(url, sessions, seconds, payload_bytes))
 
 
-def _spawn_replica(url: str, prefix: str, name: str, port: int, ttl_ms: int) -> subprocess.Popen:
-    cmd = [
-        sys.executable, "-m", "duplex_server.cli", "serve",
-        "--port", str(port), "--store", url, "--redis-prefix", prefix,
-        "--replica-id", name, "--lease-ttl-ms", str(ttl_ms), "--log-level", "warning",
-    ]  # fmt: skip
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-async def _wait_up(port: int) -> None:
-    for _ in range(300):
-        try:
-            async with websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime?autostart=0"):
-                return
-        except OSError:
-            await asyncio.sleep(0.05)
-    raise SystemExit(f"bench: replica on port {port} did not start")
-
-
 async def _one_failover(url: str, ttl_ms: int, ports: tuple[int, int]) -> float:
     prefix = f"dxfail{uuid.uuid4().hex[:8]}"
-    owner = _spawn_replica(url, prefix, "bench-a", ports[0], ttl_ms)
-    standby = _spawn_replica(url, prefix, "bench-b", ports[1], ttl_ms)
+
+    def replica(port: int, name: str) -> ServerProcess:
+        return ServerProcess(
+            url, port=port, redis_prefix=prefix, replica_id=name, lease_ttl_ms=ttl_ms
+        )
+
+    owner, standby = replica(ports[0], "bench-a"), replica(ports[1], "bench-b")
     try:
-        await asyncio.gather(_wait_up(ports[0]), _wait_up(ports[1]))
-        return await _kill_and_resume(owner, ports)
+        await asyncio.to_thread(owner.start)
+        await asyncio.to_thread(standby.start)
+        return await _kill_and_resume(owner, standby)
     finally:
-        for proc in (owner, standby):
-            if proc.poll() is None:
-                proc.terminate()
-            proc.wait(timeout=10)
+        owner.stop()
+        standby.stop()
         await asyncio.to_thread(drop_prefix, url, prefix)
 
 
-async def _kill_and_resume(owner: subprocess.Popen, ports: tuple[int, int]) -> float:
+async def _kill_and_resume(owner: ServerProcess, standby: ServerProcess) -> float:
     import base64
 
     pcm = (np.sin(np.arange(24_000) / 24_000 * 2 * np.pi * 440) * 6000).astype("<i2")
-    async with websockets.connect(f"ws://127.0.0.1:{ports[0]}/v1/realtime?duplex=1") as ws:
+    async with websockets.connect(owner.ws_url) as ws:
         created = json.loads(await ws.recv())
         await ws.send(
             json.dumps(
@@ -188,15 +171,15 @@ async def _kill_and_resume(owner: subprocess.Popen, ports: tuple[int, int]) -> f
             cursor = event.get("server_event_seq") or cursor
             if event["type"] == "response.output_audio.delta" and cursor > 12:
                 break
-        os.kill(owner.pid, signal.SIGKILL)
         killed = time.perf_counter()
+        owner.kill9()
     resume = {
         "type": "session.resume",
         "session_id": created["session"]["id"],
         "resume_token": created["resume_token"],
         "last_received_server_event_seq": cursor,
     }
-    async with websockets.connect(f"ws://127.0.0.1:{ports[1]}/v1/realtime?autostart=0") as ws:
+    async with websockets.connect(standby.ws_at("/v1/realtime?autostart=0")) as ws:
         await ws.send(json.dumps(resume))
         while True:
             event = json.loads(await ws.recv())

@@ -14,10 +14,6 @@ import asyncio
 import base64
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
@@ -26,6 +22,8 @@ import numpy as np
 import psutil
 import websockets
 
+from duplex_server.bench.echo_server import EchoServerProcess
+from duplex_server.bench.server_process import ServerProcess, free_port
 from duplex_server.metrics import histogram_quantile, parse_histogram
 from duplex_server.sessions.log.redis_store import REDIS_SCHEMES
 
@@ -33,12 +31,6 @@ TARGET_COMMIT_TO_AUDIO_P99_MS = 50.0
 TARGET_HEARTBEAT_RATIO = 1.5
 TARGET_DURABLE_APPEND_P99_MS = 30.0
 AUDIO_RECORD_BYTES = 4800  # 100 ms of 24 kHz pcm16: what one append carries
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _quantiles(samples: list[float]) -> dict[str, float | None]:
@@ -142,18 +134,6 @@ class BenchClient:
                 self.m.errors += 1
 
 
-def _wait_http(url: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
 def _scrape(url: str) -> str:
     with urllib.request.urlopen(url, timeout=30) as response:
         return response.read().decode()
@@ -239,33 +219,18 @@ async def _drive(
     return result
 
 
-def _spawn(cmd: list[str], health_url: str) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _phase(servers: list[ServerProcess], args: argparse.Namespace, metrics: bool) -> dict:
+    """Start the servers, run the load against them, stop them."""
     try:
-        _wait_http(health_url)
-    except OSError:
-        proc.kill()
-        raise SystemExit(
-            f"bench: could not start {' '.join(cmd)}: "
-            f"{proc.stderr.read().decode() if proc.stderr else ''}"
-        ) from None
-    return proc
-
-
-def _phase(
-    servers: list[tuple[list[str], int]], path: str, args: argparse.Namespace, metrics: bool
-) -> dict:
-    """Run the load against the servers (command, port) started for it."""
-    procs = [_spawn(cmd, f"http://127.0.0.1:{port}/health") for cmd, port in servers]
-    try:
-        urls = [f"ws://127.0.0.1:{port}{path}" for _, port in servers]
-        metrics_urls = [f"http://127.0.0.1:{port}/metrics" for _, port in servers]
-        watched = [psutil.Process(proc.pid) for proc in procs]
+        for server in servers:
+            server.start()
+        urls = [server.ws_url for server in servers]
+        metrics_urls = [server.http_url + "/metrics" for server in servers]
+        watched = [psutil.Process(server.pid) for server in servers]
         return asyncio.run(_drive(urls, args, watched, metrics_urls if metrics else None))
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=10)
+        for server in servers:
+            server.stop()
 
 
 def _ratio(ours: dict, base: dict, key: str, q: str) -> float | None:
@@ -281,31 +246,18 @@ def _server_phase(args: argparse.Namespace, store: str, replicas: int = 1) -> di
         if store.startswith(REDIS_SCHEMES)
         else []
     )
-    servers = []
-    for index in range(replicas):
-        port = (args.port + index if args.port else 0) or _free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "duplex_server.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--store",
+    servers = [
+        ServerProcess(
             store,
-            "--model",
-            "echo",
-            "--log-level",
-            "warning",
-            "--max-sessions",
-            str(args.sessions + 10),
-            "--replica-id",
-            f"bench-{index}",
             *isolate,
-        ]
-        servers.append((cmd, port))
+            port=args.port + index if args.port else None,
+            max_sessions=args.sessions + 10,
+            replica_id=f"bench-{index}",
+        )
+        for index in range(replicas)
+    ]
     try:
-        result = _phase(servers, "/v1/realtime?duplex=1", args, metrics=True)
+        result = _phase(servers, args, metrics=True)
     finally:
         if isolate:
             from duplex_server.bench.redis_limits import drop_prefix
@@ -324,7 +276,7 @@ def _redis_extras(args: argparse.Namespace, one: dict) -> dict:
     log = redis_limits.log_throughput(args.store, 64, 5.0, AUDIO_RECORD_BYTES)
     fraction = round(log["appends_per_s"] / raw, 3) if raw else None
     failover = redis_limits.failover(
-        args.store, args.lease_ttl_ms, args.failover_rounds, (_free_port(), _free_port())
+        args.store, args.lease_ttl_ms, args.failover_rounds, (free_port(), free_port())
     )
     return {
         "two_replicas": two,
@@ -345,14 +297,7 @@ def _redis_extras(args: argparse.Namespace, one: dict) -> dict:
 
 
 def run(args: argparse.Namespace) -> None:
-    python = sys.executable
-    base_port = _free_port()
-    baseline = _phase(
-        [([python, "-m", "duplex_server.bench.echo_server", str(base_port)], base_port)],
-        "/",
-        args,
-        metrics=False,
-    )
+    baseline = _phase([EchoServerProcess()], args, metrics=False)
     ours = _server_phase(args, args.store)
     extra: dict = {}
     if args.store.startswith(REDIS_SCHEMES):

@@ -18,8 +18,6 @@ import asyncio
 import base64
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -30,7 +28,7 @@ import psutil
 import websockets
 
 from duplex_server.audio import resample_pcm16
-from duplex_server.bench.sessions import _free_port, _spawn
+from duplex_server.bench.server_process import ServerProcess
 from duplex_server.sessions.core.turns import BARGE_IN_MS
 
 RATE = 24_000
@@ -232,37 +230,24 @@ async def _echo_baseline(url: str, args: argparse.Namespace) -> dict:
     return {"speech_end_to_first_audio_ms": _p50_p95(latencies)}
 
 
-def _serve(model: str, phrases: Path | None) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    cmd = [
-        sys.executable, "-m", "duplex_server.cli", "serve", "--port", str(port),
-        "--store", "memory", "--model", model,
-        *(("--asr-phrases", str(phrases)) if phrases else ()),
-        "--log-level", "warning",
-    ]  # fmt: skip
-    return _spawn(
-        cmd, f"http://127.0.0.1:{port}/health"
-    ), f"ws://127.0.0.1:{port}/v1/realtime?duplex=1"
-
-
 def _with_server(model: str, phrases: Path | None, drive) -> dict:
-    proc, url = _serve(model, phrases)
+    server = ServerProcess("memory", model=model, asr_phrases=phrases)
     try:
-        return asyncio.run(drive(url, proc))
+        server.start()
+        return asyncio.run(drive(server.ws_url, server))
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        server.stop()
 
 
 def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         phrases = Path(tmp) / "phrases.txt"
         phrases.write_text("\n".join(PHRASES))
-        baseline = _with_server("echo", phrases, lambda url, proc: _echo_baseline(url, args))
+        baseline = _with_server("echo", phrases, lambda url, server: _echo_baseline(url, args))
         ours = _with_server(
             "cascade",
             None if args.open_vocabulary else phrases,
-            lambda url, proc: _drive(url, args, psutil.Process(proc.pid)),
+            lambda url, server: _drive(url, args, psutil.Process(server.pid)),
         )
     base_p50 = baseline["speech_end_to_first_audio_ms"]["p50"]
     ours_p50 = ours["speech_end_to_first_audio_ms"]["p50"]

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 import websockets
 
-from tests.e2e.serverproc import ServerProcess
+from tests.e2e.serverproc import ServerProcess, run_cli
 from tests.wsclient import WsClient, tone_pcm16
 
 
@@ -171,9 +171,6 @@ async def test_grace_lapsed_while_down_expires_on_start(tmp_path):
 
 @pytest.mark.parametrize("content", [b"this is not a database" * 100, b""])
 def test_corrupt_database_is_refused_clearly(tmp_path, content):
-    import subprocess
-    import sys
-
     path = tmp_path / "broken.db"
     if content:
         path.write_bytes(content)
@@ -186,20 +183,8 @@ def test_corrupt_database_is_refused_clearly(tmp_path, content):
         conn.commit()
         conn.close()
         path.write_bytes(path.read_bytes()[:5000])
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "duplex_server.cli",
-            "serve",
-            "--store",
-            f"sqlite:{path}",
-            "--port",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
+    result = run_cli(
+        "duplex_server.cli", "serve", "--store", f"sqlite:{path}", "--port", "0", timeout_s=30
     )
     assert result.returncode != 0
     assert str(path) in result.stderr

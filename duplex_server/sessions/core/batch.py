@@ -62,7 +62,7 @@ class Batch:
         self.fact(
             OutBody(
                 server_event_seq=seq,
-                event_type=event.__struct_config__.tag,  # type: ignore[arg-type]
+                event_type=event.__struct_config__.tag,  # type: ignore[arg-type]  # tags are str
                 payload=payload,
                 response_id=response_id,
                 audio_ms=audio_ms,

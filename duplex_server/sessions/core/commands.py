@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from msgspec import UNSET, UnsetType
 
@@ -28,9 +28,11 @@ from duplex_server.sessions.core.records import (
     ConfigBody,
     DecisionAction,
     DecisionBody,
+    FenceReason,
     FrameBody,
     ItemBody,
     SignalBody,
+    SignalName,
     TextBody,
 )
 from duplex_server.sessions.core.responses import (
@@ -113,7 +115,10 @@ def check_voice(voice: object, param: str, model: ModelPort, event_id: str | Non
 
 
 def check_response_overrides(
-    overrides: ce.ResponseOverrides, model: ModelPort, event_id: str | None
+    overrides: ce.ResponseOverrides,
+    model: ModelPort,
+    current_format: AudioFormat,
+    event_id: str | None,
 ) -> None:
     """What a response.create may ask for: a voice the model speaks, a format
     the server encodes, the conversation it belongs to (never out of band)."""
@@ -133,7 +138,7 @@ def check_response_overrides(
             event_id=event_id,
         )
     try:
-        response_output_format(overrides)
+        response_output_format(overrides, current_format)
     except ProtocolError as err:
         err.event_id = event_id
         raise
@@ -671,7 +676,7 @@ def response_create(batch: Batch, event: ce.ResponseCreate, ctx: HandlerContext)
     model = ctx.model
     state = batch.state
     if event.response is not None:
-        check_response_overrides(event.response, model, event.event_id)
+        check_response_overrides(event.response, model, state.config.output_format, event.event_id)
     has_input = any(_is_input(it) for it in state.items)
     if not has_input and not state.config.openai_semantics:
         raise ProtocolError(
@@ -708,25 +713,28 @@ def response_cancel(batch: Batch, event: ce.ResponseCancel, ctx: HandlerContext)
     return Effects(abort=[aborted] if aborted else [])
 
 
-def _stop_output(batch: Batch, signal: str, reason: str) -> Effects:
+def _stop_output(batch: Batch, signal: SignalName, reason: FenceReason) -> Effects:
     # OpenAI's event names a response: the one cut, else the last one played.
     cleared = batch.state.response or batch.state.last_response
-    batch.fact(SignalBody(signal=signal))  # type: ignore[arg-type]
-    aborted = cancel_response(batch, reason)  # type: ignore[arg-type]
+    batch.fact(SignalBody(signal=signal))
+    aborted = cancel_response(batch, reason)
     batch.emit(
         OutputAudioCleared(response_id=cleared.id if cleared else "", epoch=batch.state.epoch)
     )
     return Effects(abort=[aborted] if aborted else [])
 
 
+OverlapAction = Literal["drop", "listen", "barge_in"]
+
+
 def overlap_decision(
-    batch: Batch, action: str, overlap_ms: float, response_id: str | None
+    batch: Batch, action: OverlapAction, overlap_ms: float, response_id: str | None
 ) -> Effects:
     """What speech over the assistant leads to, told to the client; a
     barge-in also stops the answer (kept in history as far as it was played)."""
     batch.emit(
         OverlapDecision(
-            action=action,  # type: ignore[arg-type]
+            action=action,
             reason={
                 "drop": "short_overlap",
                 "listen": "listen_only",

@@ -113,7 +113,8 @@ def _turn_detection(
     if patch.type == "semantic_vad":
         eagerness = merged["eagerness"] if merged["eagerness"] is not UNSET else "auto"
         merged["eagerness"] = eagerness
-        if patch.silence_duration_ms is UNSET:
+        # eagerness sets the silence, unless the client set one (now or before)
+        if patch.silence_duration_ms is UNSET and (base is None or patch.eagerness is not UNSET):
             merged["silence_duration_ms"] = SEMANTIC_SILENCE_MS[eagerness]
     return TurnDetection(**merged)
 
@@ -212,7 +213,8 @@ def response_config(
     return msgspec.structs.replace(
         config,
         voice=_set(overrides.voice_named(), config.voice),
-        output_format=response_output_format(overrides) or config.output_format,
+        speed=_set(overrides.speed_named(), config.speed),
+        output_format=response_output_format(overrides, config.output_format),
         instructions=_set(overrides.instructions, config.instructions),
         temperature=_set(overrides.temperature, config.temperature),
         max_output_tokens=_set(
@@ -224,12 +226,20 @@ def response_config(
     )
 
 
-def response_output_format(overrides: ResponseOverrides | None) -> AudioFormat | None:
-    """The output format one response.create asks for, or None for the session's."""
-    spec = overrides.format_named() if overrides is not None else UNSET
-    if isinstance(spec, UnsetType):
-        return None
-    return resolve_format(spec, param="response.output_audio_format", supported=SUPPORTED_OUTPUT)
+def response_output_format(
+    overrides: ResponseOverrides | None, current: AudioFormat
+) -> AudioFormat:
+    """The output format of one response: what its response.create asked
+    for (a format, a rate, or both), else the session's ``current`` one."""
+    if overrides is None:
+        return current
+    return _format(
+        overrides.format_named(),
+        overrides.rate_named(),
+        current,
+        "response.output_audio_format",
+        SUPPORTED_OUTPUT,
+    )
 
 
 def _format(spec, rate, current: AudioFormat, param: str, supported) -> AudioFormat:

@@ -64,10 +64,10 @@ def _wire_part(part: Part, role: str | None) -> ContentPart:
 
 def to_wire(item: Item) -> ServerItem:
     return ServerItem(
-        type=item.type,  # type: ignore[arg-type]
+        type=item.type,  # type: ignore[arg-type]  # stored from a validated item
         id=item.id,
-        role=item.role if item.role is not None else UNSET,  # type: ignore[arg-type]
-        status=item.status,  # type: ignore[arg-type]
+        role=item.role if item.role is not None else UNSET,  # type: ignore[arg-type]  # validated
+        status=item.status,  # type: ignore[arg-type]  # the fold sets only these
         content=[_wire_part(part, item.role) for part in item.parts],
         call_id=item.call_id if item.call_id is not None else UNSET,
         name=item.name if item.name is not None else UNSET,

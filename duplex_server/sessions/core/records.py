@@ -212,7 +212,7 @@ class Record(msgspec.Struct, gc=False):
 
     @property
     def kind(self) -> str:
-        return self.body.__struct_config__.tag  # type: ignore[return-value]
+        return self.body.__struct_config__.tag  # type: ignore[return-value]  # tags are kinds
 
 
 def server_event_id(session_id: str, server_event_seq: int) -> str:

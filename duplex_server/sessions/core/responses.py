@@ -73,7 +73,7 @@ def response_object(batch: Batch, response: Response) -> ResponseObject:
     item = state.find_item(response.item_id)
     return ResponseObject(
         id=response.id,
-        status=response.status,  # type: ignore[arg-type]
+        status=response.status,  # type: ignore[arg-type]  # the fold keeps these five
         status_details=status_details(response),
         output=[to_wire(item)] if item is not None else [],
         modalities=list(response.modalities),
@@ -176,7 +176,7 @@ def emit_chunk(
             text_delta = OutputTextDelta(delta=chunk.text, response_id=rid, item_id=iid)
             emit_twins(batch, text_delta, response_id=rid, text=chunk.text)
         return
-    out_fmt = response_output_format(response.overrides) or batch.state.config.output_format
+    out_fmt = response_output_format(response.overrides, batch.state.config.output_format)
     encoded = (
         encode(chunk.audio, chunk.sample_rate_hz)
         if encode is not None
@@ -243,7 +243,7 @@ def finish_response(batch: Batch, status: str, reason: str = "") -> None:
         DecisionBody(
             action="response_done",
             response_id=response.id,
-            status=status,  # type: ignore[arg-type]
+            status=status,  # type: ignore[arg-type]  # callers pass a ResponseStatus
             reason=reason,
         ),
         origin="server",

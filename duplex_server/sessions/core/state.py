@@ -58,7 +58,6 @@ class InputBuffer(msgspec.Struct):
     sample_rate_hz: int = 0
     audio_ms: float = 0.0
     text: str = ""
-    frames: int = 0
     end_ms: float = 0.0  # input timeline: audio_end_ms of the last chunk
 
 
@@ -149,7 +148,8 @@ def _audio(state: SessionState, body: AudioBody, seq: int) -> None:
 
 
 def _frame(state: SessionState, body: FrameBody, seq: int) -> None:
-    state.input.frames += 1
+    """A video frame stays in the log (``inspect`` shows it) and folds to nothing:
+    no part of the session reads frames."""
 
 
 def _text(state: SessionState, body: TextBody, seq: int) -> None:

@@ -29,8 +29,8 @@ class Transition:
 
 class VadGate:
     def __init__(self, settings: TurnDetection, window_ms: float) -> None:
-        self.threshold = float(settings.threshold)  # type: ignore[arg-type]
-        self.silence_ms = float(settings.silence_duration_ms)  # type: ignore[arg-type]
+        self.threshold = float(settings.threshold)  # type: ignore[arg-type]  # merged: always set
+        self.silence_ms = float(settings.silence_duration_ms)  # type: ignore[arg-type]  # merged: set
         self.window_ms = window_ms
         self.speaking = False
         self._run_start: float | None = None  # first window of a run of speech

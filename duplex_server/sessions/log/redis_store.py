@@ -301,7 +301,7 @@ class RedisLog:
                 return await pipe.execute()
 
         replies = await self._call(renew)
-        return {sid: _RENEWAL[int(r)] for sid, r in zip(leases, replies, strict=True)}  # type: ignore[misc]
+        return {sid: _RENEWAL[int(r)] for sid, r in zip(leases, replies, strict=True)}  # type: ignore[misc]  # replies are ints
 
     async def release_lease(self, session_id: str, owner: str, fence: int) -> None:
         keys = self._keys(session_id)

@@ -2,9 +2,12 @@
 
 One writer thread owns the write connection and commits in groups: every
 operation queued while the previous transaction was committing goes into the
-next one, each under its own savepoint, so one refused append never spoils
-its neighbours and one fsync covers them all. The event loop never touches
-the disk; it awaits futures that the writer resolves after COMMIT returns.
+next one, and one fsync covers them all. There are no savepoints: an
+operation checks everything it can refuse (fence, sequence, event ids) before
+it writes, so a refused append leaves nothing behind and its neighbours still
+commit; a failure of SQLite itself fails the whole group. The event loop never
+touches the disk; it awaits futures that the writer resolves after COMMIT
+returns.
 Reads run on a separate thread with their own connection (WAL lets readers
 proceed while the writer commits).
 
@@ -47,11 +50,9 @@ from duplex_server.sessions.log.store import (
 )
 
 Durability = Literal["fsync-per-batch", "os-buffered"]
-SCHEMA_VERSION = "1"
 GROUP_MAX = 512  # operations per transaction
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY,
     fence INTEGER NOT NULL DEFAULT 0,
@@ -194,9 +195,6 @@ class SqliteLog(LocalLeases):
                 self._write.execute(
                     "ALTER TABLE records ADD COLUMN twin INTEGER NOT NULL DEFAULT 0"
                 )
-            self._write.execute(
-                "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
-            )
             self._read = _connect(self.path, durability)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"{self.path}: cannot open session database ({exc})") from None

@@ -657,10 +657,12 @@ class SessionActor:
         chunks = self._streams.take(message.response_id)
         if not chunks or not self._is_current(message.response_id, message.epoch):
             return  # fenced off: stale output never reaches the log
+        response = self.state.response
+        assert response is not None  # _is_current: it is the active response
         batch = self.new_batch()
         encode = self._stream_encoder(message.response_id)
         for chunk in chunks:
-            emit_chunk(batch, self.state.response, chunk, encode)  # type: ignore[arg-type]
+            emit_chunk(batch, response, chunk, encode)
         await self.commit_batch(batch)
 
     def _decode_opus(self, packet: bytes) -> bytes:
@@ -673,7 +675,7 @@ class SessionActor:
         """Opus output keeps one encoder per response (no seams between chunks)."""
         response = self.state.find_response(response_id)
         overrides = response.overrides if response is not None else None
-        fmt = response_output_format(overrides) or self.state.config.output_format
+        fmt = response_output_format(overrides, self.state.config.output_format)
         if fmt.name != OPUS:
             return None
         if self._opus is None or self._opus[0] != response_id:
@@ -796,6 +798,7 @@ class SessionActor:
         if reason in ("disconnect_grace_expired", "idle_ttl_expired"):
             batch.emit(SessionExpired(reason=reason))
         else:
+            # the remaining close reasons are all SessionClosed's
             batch.emit(SessionClosed(reason=reason))  # type: ignore[arg-type]
         batch.fact(CloseBody(reason=reason), origin="manager")
         if not await self.commit_batch(batch):

@@ -151,7 +151,7 @@ class Hearing:
     async def _trim_silence(self, detection: TurnDetection) -> None:
         """Between turns the buffer keeps only the prefix padding: a session
         that hears only silence holds a bounded buffer, not all of it."""
-        keep_ms = float(detection.prefix_padding_ms)  # type: ignore[arg-type]
+        keep_ms = float(detection.prefix_padding_ms)  # type: ignore[arg-type]  # merged: always set
         if self._core.state.input.audio_ms < keep_ms + TRIM_SLACK_MS:
             return
         batch = self._core.new_batch()

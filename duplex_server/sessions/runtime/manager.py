@@ -22,7 +22,6 @@ from duplex_server.sessions.log.store import LeaseHeld, LogError, SessionLog, Un
 from duplex_server.sessions.log.tokens import new_session_id, token_matches
 from duplex_server.sessions.runtime.actor import ActorSettings, SessionActor, SessionMoved
 from duplex_server.sessions.runtime.attachment import Attachment
-from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
 from protocol.client_events import SessionResume
 from protocol.errors import ProtocolError
 from protocol.session_config import SessionUpdate
@@ -46,10 +45,10 @@ class ManagerSettings:
     idle_ttl_s: float = 300.0
     disconnect_grace_s: float = 30.0
     reap_interval_s: float = 1.0
-    mailbox_size: int = 256
-    journal_max_events: int = DEFAULT_MAX_EVENTS
-    journal_max_bytes: int = DEFAULT_MAX_BYTES
-    retain_audio: str = "all"
+    mailbox_size: int = ActorSettings.mailbox_size
+    journal_max_events: int = ActorSettings.journal_max_events
+    journal_max_bytes: int = ActorSettings.journal_max_bytes
+    retain_audio: str = ActorSettings.retain_audio
     retention_s: float = 7 * 24 * 3600.0
     purge_interval_s: float = 60.0
     # Shared stores: how long a lease lives unrenewed (renewed every third of it).
