@@ -17,9 +17,12 @@ from duplex_server.audio import resample_pcm16
 from duplex_server.engine import EngineCore, EngineRequest
 from duplex_server.models.capabilities import full_duplex
 from duplex_server.models.engine_requests import for_response
-from duplex_server.sessions.core.config import EffectiveConfig
-from duplex_server.sessions.core.items import Item, item_text
-from duplex_server.sessions.core.model_port import ModelChunk, ResponseRequest
+from duplex_server.sessions.core.model_port import (
+    HistoryItem,
+    ModelChunk,
+    ResponseRequest,
+    SessionView,
+)
 
 MODEL_RATE_HZ = 24_000
 CHUNK_PERIOD_MS = 100
@@ -33,7 +36,7 @@ class EchoPayload(msgspec.Struct):
     text_only: bool
 
 
-def _last_user_item(history: list[Item]) -> Item | None:
+def _last_user_item(history: list[HistoryItem]) -> HistoryItem | None:
     for item in reversed(history):
         if item.role == "user":
             return item
@@ -92,9 +95,9 @@ class EchoModel:
     def __init__(self, engine: EngineCore[EchoPayload, ModelChunk]) -> None:
         self.engine = engine
 
-    def wants_to_speak(self, history: list[Item], config: EffectiveConfig) -> bool:
+    def wants_to_speak(self, history: list[HistoryItem], config: SessionView) -> bool:
         item = _last_user_item(history)
-        return item is not None and any(p.audio_ms or p.text or p.transcript for p in item.parts)
+        return item is not None and bool(item.audio_ms or item.text)
 
     def accepts_voice(self, voice: str) -> bool:
         """It speaks with the user's own voice: any name is as good as another."""
@@ -103,14 +106,13 @@ class EchoModel:
     def stream(self, request: ResponseRequest) -> AsyncIterator[ModelChunk]:
         item = _last_user_item(request.history)
         pcm = request.audio.get(item.id, b"") if item else b""
-        audio = next((p for p in item.parts if p.audio_ms), None) if item and pcm else None
-        text = item_text(item) if item else ""
+        has_audio = item is not None and bool(pcm) and item.audio_ms > 0
         payload = EchoPayload(
             pcm=pcm,
-            sample_rate_hz=audio.audio_rate if audio else MODEL_RATE_HZ,
-            text=text,
+            sample_rate_hz=item.audio_rate if item is not None and has_audio else MODEL_RATE_HZ,
+            text=item.text if item else "",
             chunk_delay_ms=request.config.chunk_delay_ms,
-            text_only="audio" not in request.modalities or audio is None,
+            text_only="audio" not in request.modalities or not has_audio,
         )
         return self.engine.submit(for_response(request, payload))
 

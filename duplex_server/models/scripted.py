@@ -16,12 +16,12 @@ from collections.abc import AsyncIterator
 import numpy as np
 
 from duplex_server.models.capabilities import full_duplex
-from duplex_server.sessions.core.config import EffectiveConfig
-from duplex_server.sessions.core.items import Item
 from duplex_server.sessions.core.model_port import (
+    HistoryItem,
     InputUnit,
     ModelChunk,
     ResponseRequest,
+    SessionView,
     UnitOutput,
 )
 
@@ -97,7 +97,7 @@ class ScriptedModel:
     def open(self, session_id: str) -> ScriptedSession:
         return ScriptedSession()
 
-    def wants_to_speak(self, history: list[Item], config: EffectiveConfig) -> bool:
+    def wants_to_speak(self, history: list[HistoryItem], config: SessionView) -> bool:
         """It owns the floor unit by unit: a commit never makes it answer."""
         return False
 

@@ -24,9 +24,12 @@ from duplex_server.models.cascade.stages import (
     build_synthesiser,
 )
 from duplex_server.models.engine_requests import for_response
-from duplex_server.sessions.core.config import EffectiveConfig
-from duplex_server.sessions.core.items import Item
-from duplex_server.sessions.core.model_port import ModelChunk, ResponseRequest
+from duplex_server.sessions.core.model_port import (
+    HistoryItem,
+    ModelChunk,
+    ResponseRequest,
+    SessionView,
+)
 
 OUTPUT_RATE_HZ = 24_000
 CHUNK_PERIOD_MS = 100
@@ -69,7 +72,7 @@ class Pacer:
 
 
 class SpeakPayload(msgspec.Struct):
-    history: list[Item]
+    history: list[HistoryItem]
     voice: str
     speed: float
     text_only: bool
@@ -123,7 +126,7 @@ class CascadeModel:
         self.listening = stages
         self.engine = engine
 
-    def wants_to_speak(self, history: list[Item], config: EffectiveConfig) -> bool:
+    def wants_to_speak(self, history: list[HistoryItem], config: SessionView) -> bool:
         return any(item.role == "user" for item in history)
 
     def accepts_voice(self, voice: str) -> bool:

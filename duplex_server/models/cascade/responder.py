@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from duplex_server.sessions.core.items import Item, item_text
+from duplex_server.sessions.core.model_port import HistoryItem
 
 ASK_AGAIN = "Sorry, I did not catch that. Please say it again."
 
 
 class Responder(Protocol):
-    def respond(self, history: list[Item]) -> AsyncIterator[str]:
+    def respond(self, history: list[HistoryItem]) -> AsyncIterator[str]:
         """The answer to the conversation so far, in pieces as they are ready."""
         ...
 
@@ -22,9 +22,9 @@ class Parrot:
     and says nothing at all before the user said anything (a greeting asked
     for with response.create on a new session is an empty answer)."""
 
-    async def respond(self, history: list[Item]) -> AsyncIterator[str]:
+    async def respond(self, history: list[HistoryItem]) -> AsyncIterator[str]:
         turn = next((item for item in reversed(history) if item.role == "user"), None)
         if turn is None:
             return
-        heard = item_text(turn)
+        heard = turn.text
         yield f"You said: {heard}." if heard.strip() else ASK_AGAIN

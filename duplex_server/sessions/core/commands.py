@@ -19,7 +19,7 @@ from duplex_server.audio import AudioDecodeError, decode_to_pcm16, pcm16_duratio
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.config import merge_config, response_output_format
 from duplex_server.sessions.core.items import Item, Part, item_text, to_wire
-from duplex_server.sessions.core.model_port import ModelPort
+from duplex_server.sessions.core.model_port import ModelPort, history_view, session_view
 from duplex_server.sessions.core.records import (
     AckBody,
     AudioBody,
@@ -375,7 +375,7 @@ def _maybe_respond(batch: Batch, model: ModelPort) -> Effects:
     """The model's turn decision after new input: speak (superseding) or listen."""
     state = batch.state
     if state.listen_count < state.config.force_listen_count or not model.wants_to_speak(
-        state.items, state.config
+        history_view(state.items), session_view(state.config)
     ):
         listen(batch, "model_listening")
         return Effects()

@@ -2,6 +2,9 @@
 
 Model adapters (``duplex_server.models``) implement :class:`ModelPort`; the
 session core never imports them, so the arrow points from models to here.
+Models see the conversation and the settings through the neutral views
+defined here (:class:`HistoryItem`, :class:`SessionView`), never the core's
+own ``Item`` and ``EffectiveConfig``: the core may change its state freely.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from typing import Literal, Protocol
 import msgspec
 
 from duplex_server.sessions.core.config import EffectiveConfig
-from duplex_server.sessions.core.items import Item
+from duplex_server.sessions.core.items import Item, item_text
 from protocol.server_events import Capabilities
+from protocol.session_config import Tool
 
 
 class ModelChunk(msgspec.Struct):
@@ -24,13 +28,74 @@ class ModelChunk(msgspec.Struct):
     text: str = ""
 
 
+class HistoryItem(msgspec.Struct, frozen=True):
+    """One conversation item as a model sees it."""
+
+    id: str
+    kind: str  # message | function_call | function_call_output
+    role: str | None  # user | assistant | system; None for tool items
+    text: str  # what it says: its typed text, or its audio's transcript
+    audio_ms: float = 0.0  # of its audio, if any (samples in ResponseRequest.audio)
+    audio_rate: int = 0
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+
+
+class SessionView(msgspec.Struct, frozen=True):
+    """The settings a response is generated under, as a model sees them."""
+
+    instructions: str
+    voice: str
+    speed: float
+    temperature: float
+    max_output_tokens: int | str
+    tools: list[Tool]
+    tool_choice: str
+    chunk_delay_ms: float  # echo's pacing knob (extra_body)
+
+
+def history_view(items: list[Item]) -> list[HistoryItem]:
+    return [_history_item(item) for item in items]
+
+
+def _history_item(item: Item) -> HistoryItem:
+    audio = next((part for part in item.parts if part.audio_ms), None)
+    return HistoryItem(
+        id=item.id,
+        kind=item.type,
+        role=item.role,
+        text=item_text(item),
+        audio_ms=audio.audio_ms if audio else 0.0,
+        audio_rate=audio.audio_rate if audio else 0,
+        call_id=item.call_id,
+        name=item.name,
+        arguments=item.arguments,
+        output=item.output,
+    )
+
+
+def session_view(config: EffectiveConfig) -> SessionView:
+    return SessionView(
+        instructions=config.instructions,
+        voice=config.voice,
+        speed=config.speed,
+        temperature=config.temperature,
+        max_output_tokens=config.max_output_tokens,
+        tools=list(config.tools),
+        tool_choice=config.tool_choice,
+        chunk_delay_ms=config.chunk_delay_ms,
+    )
+
+
 class ResponseRequest(msgspec.Struct):
     session_id: str
     response_id: str
     epoch: int
     modalities: list[str]
-    history: list[Item]
-    config: EffectiveConfig
+    history: list[HistoryItem]
+    config: SessionView
     # pcm16 of recent user items by item id (rate: the item's part.audio_rate)
     audio: dict[str, bytes] = msgspec.field(default_factory=dict)
 
@@ -139,7 +204,7 @@ class ModelPort(Protocol):
         """The model's ears (server VAD, transcripts), or None if it has none."""
         ...
 
-    def wants_to_speak(self, history: list[Item], config: EffectiveConfig) -> bool:
+    def wants_to_speak(self, history: list[HistoryItem], config: SessionView) -> bool:
         """The model's turn decision after a commit: answer now, or keep listening."""
         ...
 

@@ -35,6 +35,8 @@ from duplex_server.sessions.core.config import (
 from duplex_server.sessions.core.model_port import (
     ModelPort,
     ResponseRequest,
+    history_view,
+    session_view,
 )
 from duplex_server.sessions.core.records import (
     AudioBody,
@@ -643,8 +645,8 @@ class SessionActor:
                 response_id=response.id,
                 epoch=response.epoch,
                 modalities=list(response.modalities),
-                history=list(self.state.items),
-                config=response_config(self.state.config, response.overrides),
+                history=history_view(self.state.items),
+                config=session_view(response_config(self.state.config, response.overrides)),
                 audio=dict(self.turn_audio),
             )
         )
