@@ -12,13 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from duplex_server.audio import resample_pcm16
-from duplex_server.audio.opus import RATE_HZ as OPUS_RATE_HZ
-from duplex_server.audio.opus import OpusDecoder, OpusStream
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands import (
     Effects,
@@ -42,11 +39,9 @@ from duplex_server.sessions.core.records import (
     AudioBody,
     CloseBody,
     CloseReason,
-    CommitBody,
     ConfigBody,
     LeaseAction,
     LeaseBody,
-    OutBody,
     Record,
 )
 from duplex_server.sessions.core.responses import (
@@ -68,13 +63,14 @@ from duplex_server.sessions.log.store import (
 from duplex_server.sessions.log.tokens import hash_token, new_resume_token, token_matches
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.attachment import Attachment
+from duplex_server.sessions.runtime.codecs import SessionCodecs
 from duplex_server.sessions.runtime.hearing import Hearing
 from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
 from duplex_server.sessions.runtime.lifecycle import Lifecycle, Phase
 from duplex_server.sessions.runtime.recovery import journal_entries, recent_turn_audio
+from duplex_server.sessions.runtime.retention import AudioRetention
 from duplex_server.sessions.runtime.streams import ResponseStreams
 from duplex_server.sessions.runtime.unit_stream import UnitStream
-from protocol.audio_formats import OPUS
 from protocol.client_events import ClientEvent, InputAudioAppend, InputAudioCommit, SessionResume
 from protocol.close_codes import CloseCode
 from protocol.codec import encode_server_event
@@ -141,7 +137,7 @@ class SessionActor:
         self.fence = 0
         self.journal = Journal(settings.journal_max_events, max_bytes=settings.journal_max_bytes)
         # (server_event_seq of input_audio_buffer.committed, record seq of its commit)
-        self._commits: deque[tuple[int, int]] = deque()
+        self.retention = AudioRetention(log_backend, session_id, settings.retain_audio)
         self.attachment: Attachment | None = None
         self._mailbox: asyncio.Queue[object] = asyncio.Queue()
         self._pending_client = 0
@@ -159,8 +155,7 @@ class SessionActor:
         # The store refused an append: the state may not match the log, and
         # nothing is served until a refold from the log succeeds.
         self._dirty = False
-        self._opus: tuple[str, OpusStream] | None = None  # (response id, its encoder)
-        self._opus_decoder: OpusDecoder | None = None  # Opus input, made on first use
+        self.codecs = SessionCodecs()
         self.hearing = Hearing(self)
         self._end_requested = False
 
@@ -413,7 +408,7 @@ class SessionActor:
                 )
             )
             return False
-        self._note_commits(batch)
+        self.retention.note(batch)
         evicted = self.journal.add(batch.outbound)
         if evicted is not None:
             await self._log.trim(self.session_id, evicted)
@@ -563,7 +558,7 @@ class SessionActor:
         if isinstance(event, InputAudioCommit):
             return HandlerContext(self.model, transcript=await self.hearing.transcribe_input())
         if isinstance(event, InputAudioAppend):
-            return HandlerContext(self.model, decode_stream=self._decode_opus)
+            return HandlerContext(self.model, decode_stream=self.codecs.decode_opus)
         return HandlerContext(self.model)
 
     async def reject(self, err: ProtocolError) -> None:
@@ -571,30 +566,6 @@ class SessionActor:
         batch = self.new_batch()
         batch.emit(Error(error=error_body(err)))
         await self.commit_batch(batch)
-
-    def _note_commits(self, batch: Batch) -> None:
-        if self.settings.retain_audio == "all":
-            return
-        commit_seq = None
-        for record in batch.records:
-            body = record.body
-            if isinstance(body, CommitBody) and body.is_speech:
-                commit_seq = record.seq
-            elif (
-                commit_seq is not None
-                and isinstance(body, OutBody)
-                and body.event_type == "input_audio_buffer.committed"
-            ):
-                self._commits.append((body.server_event_seq, commit_seq))
-                commit_seq = None
-
-    async def _compact_acknowledged(self, acked: int) -> None:
-        """Compact the samples of every turn whose commit the client acknowledged."""
-        upto = None
-        while self._commits and self._commits[0][0] <= acked:
-            upto = self._commits.popleft()[1]
-        if upto is not None:
-            await self._log.compact_audio(self.session_id, upto)
 
     def remember_audio(self, item_id: str, pcm: bytes) -> None:
         self.turn_audio[item_id] = pcm
@@ -613,7 +584,7 @@ class SessionActor:
         if effects.trim_to is not None:
             self.journal.trim(effects.trim_to)
             await self._log.trim(self.session_id, effects.trim_to)
-            await self._compact_acknowledged(effects.trim_to)
+            await self.retention.acknowledged(effects.trim_to)
         if effects.close:
             await self._finish_close()
 
@@ -667,23 +638,11 @@ class SessionActor:
             emit_chunk(batch, response, chunk, encode)
         await self.commit_batch(batch)
 
-    def _decode_opus(self, packet: bytes) -> bytes:
-        """Opus input goes through one decoder per session, made on first use."""
-        if self._opus_decoder is None:
-            self._opus_decoder = OpusDecoder()
-        return self._opus_decoder.decode(packet)
-
     def _stream_encoder(self, response_id: str) -> Callable[[bytes, int], bytes] | None:
-        """Opus output keeps one encoder per response (no seams between chunks)."""
         response = self.state.find_response(response_id)
         overrides = response.overrides if response is not None else None
         fmt = response_output_format(overrides, self.state.config.output_format)
-        if fmt.name != OPUS:
-            return None
-        if self._opus is None or self._opus[0] != response_id:
-            self._opus = (response_id, OpusStream())
-        stream = self._opus[1]
-        return lambda pcm, rate: stream.encode(resample_pcm16(pcm, rate, OPUS_RATE_HZ))
+        return self.codecs.stream_encoder(response_id, fmt)
 
     async def _on_stream_end(self, message: mb.StreamEnd) -> None:
         self._streams.forget(message.response_id)
