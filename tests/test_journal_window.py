@@ -196,3 +196,13 @@ async def test_wait_beyond_wakes_on_restore():
     await asyncio.sleep(0)
     journal.restore(entries(1, 2), last_seq=2)
     await asyncio.wait_for(waiter, HANG_GUARD_S)
+
+
+def test_restore_keeps_the_byte_bound_too():
+    journal = Journal(max_events=100, max_bytes=10)
+    journal.restore([(seq, b"abcd") for seq in range(1, 11)], last_seq=10)
+    assert journal.bytes <= 10 and [seq for seq, _ in journal.since(journal.dropped_upto)] == [
+        9,
+        10,
+    ]
+    assert journal.dropped_upto == 8

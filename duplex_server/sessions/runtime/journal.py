@@ -53,9 +53,12 @@ class Journal:
         return evicted
 
     def restore(self, entries: list[tuple[int, bytes]], last_seq: int) -> None:
-        """Refill the window from the log (after a restart, or a refold)."""
+        """Refill the window from the log (after a restart, or a refold), to
+        the same bounds as ``add`` keeps (the newest entry always stays)."""
         self._entries = deque(entries[-self.max_events :])
         self.bytes = sum(len(payload) for _, payload in self._entries)
+        while self.bytes > self.max_bytes and len(self._entries) > 1:
+            self.bytes -= len(self._entries.popleft()[1])
         self.last_seq = last_seq
         self.dropped_upto = self._entries[0][0] - 1 if self._entries else last_seq
         self._wake()
