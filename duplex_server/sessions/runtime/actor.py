@@ -54,7 +54,6 @@ from duplex_server.sessions.core.snapshot import session_object
 from duplex_server.sessions.core.state import Response, SessionState, fold, initial_state
 from duplex_server.sessions.log.store import (
     DuplicateEvent,
-    LeaseHeld,
     LeaseStatus,
     LogError,
     SessionLog,
@@ -66,6 +65,7 @@ from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.codecs import SessionCodecs
 from duplex_server.sessions.runtime.hearing import Hearing
 from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
+from duplex_server.sessions.runtime.lease import SessionLease, SessionMoved
 from duplex_server.sessions.runtime.lifecycle import Lifecycle, Phase
 from duplex_server.sessions.runtime.recovery import journal_entries, recent_turn_audio
 from duplex_server.sessions.runtime.retention import AudioRetention
@@ -95,11 +95,6 @@ RECENT_TURN_AUDIO = 8  # user turns whose pcm the actor keeps for the model
 
 def _ignore(seconds: float) -> None:
     pass
-
-
-class SessionMoved(Exception):
-    """Another replica took the session over while this one held it detached;
-    the caller resumes it there (the lease is the truth, not this actor)."""
 
 
 @dataclass
@@ -134,7 +129,6 @@ class SessionActor:
         self.settings = settings
         self._on_closed = on_closed
         self.state: SessionState = self._initial()
-        self.fence = 0
         self.journal = Journal(settings.journal_max_events, max_bytes=settings.journal_max_bytes)
         # (server_event_seq of input_audio_buffer.committed, record seq of its commit)
         self.retention = AudioRetention(log_backend, session_id, settings.retain_audio)
@@ -152,12 +146,17 @@ class SessionActor:
         # Attached or not, holding the lease or not, serving or not. On a shared
         # store the lease is let go on detach, so another replica may take over.
         self.lifecycle = Lifecycle()
+        self.lease = SessionLease(log_backend, session_id, settings.owner, self.lifecycle)
         # The store refused an append: the state may not match the log, and
         # nothing is served until a refold from the log succeeds.
         self._dirty = False
         self.codecs = SessionCodecs()
         self.hearing = Hearing(self)
         self._end_requested = False
+
+    @property
+    def fence(self) -> int:
+        return self.lease.fence
 
     @property
     def holds_lease(self) -> bool:
@@ -185,7 +184,7 @@ class SessionActor:
         check_session_patch(patch, self.model, None)
         merge_config(self.state.config, patch, self.model.turn_detection_types)
         await self._log.create(self.session_id)
-        self.fence = await self._log.acquire_lease(self.session_id, self.settings.owner)
+        await self.lease.acquire()
         token = new_resume_token()
         batch = self.new_batch()
         self._lease_fact(batch, "attach", 1, token)
@@ -228,7 +227,7 @@ class SessionActor:
         here (a takeover), else the lease is let go as on any detach.
         """
         self.state = fold(records, self._initial())
-        self.fence = fence
+        self.lease.fence = fence
         self.journal.restore(journal_entries(records), self.state.server_event_seq)
         for item_id, pcm in recent_turn_audio(self.state, records, RECENT_TURN_AUDIO):
             self.remember_audio(item_id, pcm)
@@ -484,34 +483,16 @@ class SessionActor:
         self.lifecycle.to(Phase.MOVED)
 
     async def _release_lease(self) -> None:
-        if not (self._log.shared and self.lifecycle.holds_lease):
-            return
-        self.lifecycle.to(Phase.RELEASED)
-        try:
-            await self._log.release_lease(self.session_id, self.settings.owner, self.fence)
-        except (LogError, OSError) as exc:
-            # The lease then lapses by its TTL instead: slower, equally safe.
-            log.warning("session %s: could not release the lease: %s", self.session_id, exc)
+        await self.lease.release()
 
     async def _reacquire_lease(self, message: mb.Resume) -> bool:
         """A detached session's lease was let go; take it back unless another
         replica took the session meanwhile (then it is served there)."""
-        if self.lifecycle.holds_lease:
-            return True
         try:
-            self.fence = await self._log.acquire_lease(
-                self.session_id, self.settings.owner, expect_fence=self.fence
-            )
-        except (StaleFence, LeaseHeld):
-            self.lifecycle.to(Phase.MOVED)
-            message.done.set_exception(SessionMoved(self.session_id))
+            await self.lease.take_back()
+        except (SessionMoved, ProtocolError) as exc:
+            message.done.set_exception(exc)
             return False
-        except (LogError, OSError) as exc:
-            message.done.set_exception(
-                ProtocolError("storage_unavailable", f"could not take the session's lease: {exc}")
-            )
-            return False
-        self.lifecycle.to(Phase.DETACHED)  # the lease is ours again; the socket comes next
         return True
 
     async def _send_error_now(self, err: ProtocolError) -> None:

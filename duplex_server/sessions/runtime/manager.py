@@ -20,8 +20,9 @@ from duplex_server.sessions.core.records import Record
 from duplex_server.sessions.core.state import fold, initial_state
 from duplex_server.sessions.log.store import LeaseHeld, LogError, SessionLog, UnknownSession
 from duplex_server.sessions.log.tokens import new_session_id, token_matches
-from duplex_server.sessions.runtime.actor import ActorSettings, SessionActor, SessionMoved
+from duplex_server.sessions.runtime.actor import ActorSettings, SessionActor
 from duplex_server.sessions.runtime.attachment import Attachment
+from duplex_server.sessions.runtime.lease import SessionMoved
 from protocol.client_events import SessionResume
 from protocol.errors import ProtocolError
 from protocol.session_config import SessionUpdate
