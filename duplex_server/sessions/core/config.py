@@ -89,6 +89,11 @@ def _first_set(*values):
     return next((value for value in values if value is not UNSET), UNSET)
 
 
+def _spelled(default: str, *spellings: tuple[object, str]) -> str:
+    """The ``param`` a refusal names: the first spelling the client sent."""
+    return next((name for value, name in spellings if value is not UNSET), default)
+
+
 def _turn_detection(
     current: TurnDetection | None, patch: TurnDetection | None, allowed: tuple[str, ...]
 ) -> TurnDetection | None:
@@ -147,6 +152,23 @@ def merge_config(
         patch.output_sample_rate_hz,
         audio_out.sample_rate_hz if audio_out is not UNSET else UNSET,
     )
+    in_fields = audio_in if isinstance(audio_in, AudioInputConfig) else AudioInputConfig()
+    out_fields = audio_out if isinstance(audio_out, AudioOutputConfig) else AudioOutputConfig()
+    input_param = _spelled(
+        "session.input_audio_format",
+        (patch.input_audio_format, "session.input_audio_format"),
+        (in_fields.format, "session.audio.input.format"),
+        (patch.input_sample_rate_hz, "session.input_sample_rate_hz"),
+        (patch.sample_rate_hz, "session.sample_rate_hz"),
+        (in_fields.sample_rate_hz, "session.audio.input.sample_rate_hz"),
+    )
+    output_param = _spelled(
+        "session.output_audio_format",
+        (patch.output_audio_format, "session.output_audio_format"),
+        (out_fields.format, "session.audio.output.format"),
+        (patch.output_sample_rate_hz, "session.output_sample_rate_hz"),
+        (out_fields.sample_rate_hz, "session.audio.output.sample_rate_hz"),
+    )
     voice = _set(patch.voice, UNSET)
     speed = _set(patch.speed, UNSET)
     if audio_out is not UNSET:
@@ -163,14 +185,14 @@ def merge_config(
             input_spec,
             input_rate,
             config.input_format,
-            "session.input_audio_format",
+            input_param,
             SUPPORTED_INPUT,
         ),
         output_format=_format(
             output_spec,
             output_rate,
             config.output_format,
-            "session.output_audio_format",
+            output_param,
             SUPPORTED_OUTPUT,
         ),
         turn_detection=(
