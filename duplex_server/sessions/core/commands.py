@@ -38,6 +38,7 @@ from duplex_server.sessions.core.records import (
 from duplex_server.sessions.core.responses import (
     advance_epoch,
     cancel_response,
+    emit_twins,
     listen,
     start_response,
 )
@@ -53,7 +54,6 @@ from protocol.server_events import (
     InputCommitted,
     InputTranscriptionCompleted,
     ItemAdded,
-    ItemCreated,
     ItemDeleted,
     ItemDone,
     ItemRetrieved,
@@ -340,8 +340,7 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
     item = state.find_item(item_id)
     assert item is not None
     wire = to_wire(item)
-    for cls in (ItemAdded, ItemCreated):
-        batch.emit(cls(item=wire, previous_item_id=previous))
+    emit_twins(batch, ItemAdded(item=wire, previous_item_id=previous))
     batch.emit(
         InputCommitted(
             item_id=item_id,
@@ -524,8 +523,7 @@ def item_create(batch: Batch, event: ce.ItemCreate, ctx: HandlerContext) -> Effe
             audio=audio,
         )
     )
-    for cls in (ItemAdded, ItemCreated):
-        batch.emit(cls(item=to_wire(item), previous_item_id=previous))
+    emit_twins(batch, ItemAdded(item=to_wire(item), previous_item_id=previous))
     batch.emit(ItemDone(item=to_wire(item), previous_item_id=previous))
     pcm = b"".join(audio)
     return Effects(audio=[(item.id, pcm)] if pcm else [])

@@ -28,7 +28,6 @@ from protocol.server_events import (
     ContentPartAdded,
     ContentPartDone,
     ItemAdded,
-    ItemCreated,
     ItemDone,
     OpenAIStatusReason,
     OutputAudioDelta,
@@ -136,8 +135,7 @@ def start_response(
     assert item is not None
     previous = state.items[-2].id if len(state.items) > 1 else None
     batch.emit(ResponseCreated(response=response_object(batch, response)), response_id=response_id)
-    for cls in (ItemAdded, ItemCreated):
-        batch.emit(cls(item=to_wire(item), previous_item_id=previous), response_id=response_id)
+    emit_twins(batch, ItemAdded(item=to_wire(item), previous_item_id=previous), response_id)
     batch.emit(
         OutputItemAdded(response_id=response_id, item=to_wire(item)), response_id=response_id
     )
@@ -211,7 +209,11 @@ def emit_chunk(
 
 
 def emit_twins(
-    batch: Batch, event: ServerEvent, response_id: str, audio_ms: float = 0.0, text: str = ""
+    batch: Batch,
+    event: ServerEvent,
+    response_id: str | None = None,
+    audio_ms: float = 0.0,
+    text: str = "",
 ) -> None:
     """A GA event and, right after it, its beta twin with the same content
     (what the event adds to the response is counted once, on the GA one)."""
