@@ -7,8 +7,9 @@ import pytest
 
 from duplex_server.models import build_model
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import HandlerContext, step
+from duplex_server.sessions.core.commands import HandlerContext
 from duplex_server.sessions.core.model_port import ModelChunk
+from duplex_server.sessions.core.pipeline import step
 from duplex_server.sessions.core.records import Record
 from duplex_server.sessions.core.responses import emit_chunk, finish_response
 from duplex_server.sessions.core.state import SessionState, fold, initial_state

@@ -263,13 +263,13 @@ async def test_a_failing_model_fails_the_response_not_the_session(server, monkey
 async def test_an_actor_bug_closes_the_socket_loudly(server, monkeypatch, caplog):
     import websockets
 
-    from duplex_server.sessions.core import commands
+    from duplex_server.sessions.core import pipeline
     from protocol import client_events as ce
 
     def buggy(batch, event, model):
         raise KeyError("handler bug")
 
-    monkeypatch.setitem(commands.HANDLERS, ce.SessionHeartbeat, buggy)
+    monkeypatch.setitem(pipeline.HANDLERS, ce.SessionHeartbeat, buggy)
     client, _ = await server.open()
     await client.send({"type": "session.heartbeat"})
     with pytest.raises(websockets.ConnectionClosed) as closed:

@@ -1,4 +1,4 @@
-"""Client commands -> records, one handler per event type.
+"""Client commands -> records, one handler per event type (run by ``core/pipeline.step``).
 
 A handler first validates against the current state (raising
 :class:`ProtocolError` before recording anything), then adds facts and
@@ -48,8 +48,9 @@ from duplex_server.sessions.core.turns import Transition
 from protocol import client_events as ce
 from protocol.audio_formats import OPUS, SUPPORTED_INPUT, AudioFormat, resolve_format
 from protocol.codec import decode_base64, strip_data_url
-from protocol.errors import ProtocolError
+from protocol.errors import ProtocolError, error_body
 from protocol.server_events import (
+    Error,
     InputCleared,
     InputCommitted,
     InputTranscriptionCompleted,
@@ -93,6 +94,9 @@ class HandlerContext:
 
     model: ModelPort
     transcript: str = ""
+    # Recognition failed on the buffer: the commit goes ahead without a
+    # transcript, and the client is told why first.
+    transcription_error: ProtocolError | None = None
     decode_stream: Callable[[bytes], bytes] | None = None
 
 
@@ -312,6 +316,8 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
     model, transcript = ctx.model, ctx.transcript
     state = batch.state
     _check_epoch(state, event)
+    if ctx.transcription_error is not None:
+        batch.emit(Error(error=error_body(ctx.transcription_error)))
     if event.is_speech is False:
         batch.fact(CommitBody(item_id="", response_create=False, is_speech=False))
         listen(batch, "client_declared_silence")
@@ -822,19 +828,7 @@ def playback_ack(batch: Batch, event: ce.PlaybackAck, ctx: HandlerContext) -> Ef
     return Effects()
 
 
-def step(
-    state: SessionState, event: ce.ClientEvent, ctx: HandlerContext, now_ms: int
-) -> tuple[Batch, Effects]:
-    """The pure session step: one client event -> the records it adds (each
-    already applied to ``state``), the events they journal, and what the
-    runtime must do outside the log. Raises :class:`ProtocolError` for input
-    that is refused (records added before the refusal are the caller's to
-    discard: refold). Tests and benches call this, as the actor does."""
-    batch = Batch(state, ctx.model.capabilities, now_ms, event.event_id)
-    return batch, HANDLERS[type(event)](batch, event, ctx)
-
-
-HANDLERS: dict[type[ce.ClientEvent], Handler] = {
+CLIENT_HANDLERS: dict[type, Handler] = {
     ce.SessionUpdateEvent: session_update,
     ce.SessionHeartbeat: heartbeat,
     ce.SessionEventAck: event_ack,
@@ -857,4 +851,4 @@ HANDLERS: dict[type[ce.ClientEvent], Handler] = {
     ce.PlaybackAck: playback_ack,
 }
 
-__all__ = ["Effects", "HANDLERS", "HandlerContext", "item_text", "step"]
+__all__ = ["CLIENT_HANDLERS", "Effects", "HandlerContext", "item_text"]

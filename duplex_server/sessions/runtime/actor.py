@@ -17,24 +17,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import (
-    Effects,
-    HandlerContext,
-    check_session_patch,
-    step,
-)
+from duplex_server.sessions.core.commands import Effects, HandlerContext, check_session_patch
 from duplex_server.sessions.core.config import (
     merge_config,
     response_config,
     response_output_format,
     with_default_turn_detection,
 )
+from duplex_server.sessions.core.heard import HeardCommand, TurnEnded
 from duplex_server.sessions.core.model_port import (
     ModelPort,
     ResponseRequest,
     history_view,
     session_view,
 )
+from duplex_server.sessions.core.pipeline import Command, step
 from duplex_server.sessions.core.records import (
     AudioBody,
     CloseBody,
@@ -151,7 +148,7 @@ class SessionActor:
         # nothing is served until a refold from the log succeeds.
         self._dirty = False
         self.codecs = SessionCodecs()
-        self.hearing = Hearing(self)
+        self.hearing = Hearing(model, self.post)
         self._end_requested = False
 
     @property
@@ -351,7 +348,7 @@ class SessionActor:
         elif isinstance(message, mb.LeaseLost):
             await self._leave(message.status)
         elif isinstance(message, mb.Partial):
-            await self.hearing.on_partial(message)
+            await self._run_heard(self.hearing.partial(self.state, message))
         elif isinstance(message, mb.UnitOutputs):
             await self._on_unit_outputs(message)
 
@@ -517,30 +514,60 @@ class SessionActor:
                 )
             )
             return
-        ctx = await self._context_for(event)
+        done = await self._execute(event, await self._context_for(event))
+        if done is None:
+            return
+        batch, effects = done
+        self.settings.observe_append(time.perf_counter() - message.received_at)
+        await self.apply_effects(effects)
+        if isinstance(event, InputAudioAppend):
+            self._feed_units(batch)
+            await self._hear(batch)
+
+    async def _execute(self, command: Command, ctx: HandlerContext) -> tuple[Batch, Effects] | None:
+        """Step the command and append its batch; None when it was refused
+        (the client is told why) or could not be recorded."""
         before = self.state.last_seq
         try:
-            batch, effects = step(self.state, event, ctx, _now_ms())
+            batch, effects = step(self.state, command, ctx, _now_ms())
         except ProtocolError as err:
             if self.state.last_seq != before:
                 await self._refold()
             await self.reject(err)
-            return
-        if await self.commit_batch(batch):
-            self.settings.observe_append(time.perf_counter() - message.received_at)
-            await self.apply_effects(effects)
-            if isinstance(event, InputAudioAppend):
-                self._feed_units(batch)
-                await self.hearing.hear(batch)
+            return None
+        if not await self.commit_batch(batch):
+            return None
+        return batch, effects
 
-    async def _context_for(self, event: ClientEvent) -> HandlerContext:
+    async def _context_for(self, command: Command) -> HandlerContext:
         """What the runtime prepares before the pure step: the transcript of
         the buffer a commit seals, the session's Opus decoder for appends."""
-        if isinstance(event, InputAudioCommit):
-            return HandlerContext(self.model, transcript=await self.hearing.transcribe_input())
-        if isinstance(event, InputAudioAppend):
+        if isinstance(command, InputAudioCommit | TurnEnded):
+            transcript, error = await self.hearing.transcribe(self.state)
+            return HandlerContext(self.model, transcript=transcript, transcription_error=error)
+        if isinstance(command, InputAudioAppend):
             return HandlerContext(self.model, decode_stream=self.codecs.decode_opus)
         return HandlerContext(self.model)
+
+    # --- hearing: server VAD, partial transcripts, speech over the answer ----
+
+    async def _hear(self, batch: Batch) -> None:
+        """Run what hearing decides about the chunk just appended, one
+        command at a time (each sees the session as the last one left it)."""
+        audio = next((r.body for r in batch.records if isinstance(r.body, AudioBody)), None)
+        if audio is None:
+            return
+        for transition in await self.hearing.hear(self.state, audio):
+            await self._run_heard(self.hearing.decide(self.state, transition))
+        await self._run_heard(self.hearing.after_audio(self.state))
+
+    async def _run_heard(self, command: HeardCommand | None) -> None:
+        if command is None:
+            return
+        done = await self._execute(command, await self._context_for(command))
+        if done is not None:
+            self.hearing.recorded(command)
+            await self.apply_effects(done[1])
 
     async def reject(self, err: ProtocolError) -> None:
         """Journal an error event for a rejected input; the session keeps serving."""
@@ -636,7 +663,7 @@ class SessionActor:
         else:
             finish_response(batch, "completed")
         if await self.commit_batch(batch):
-            await self.hearing.answer_ended()
+            await self._run_heard(self.hearing.answer_ended())
 
     # --- attachments -------------------------------------------------------
 

@@ -1,0 +1,141 @@
+"""What the server decided from what it heard, as commands.
+
+Server VAD, partial transcripts and speech over the answer are worked out
+in the runtime (``runtime/hearing.py`` scores audio and transcribes it off
+the actor). What it decides comes back as one of these commands and goes
+through the same pipeline as a client's event (``core/pipeline.py``): a
+handler adds records and events to a batch, the runtime appends it, then
+applies the effects. So a VAD commit is the client's commit handler run on
+the server's word, and hearing never writes to the session itself.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from duplex_server.sessions.core.batch import Batch
+from duplex_server.sessions.core.commands import (
+    Effects,
+    Handler,
+    HandlerContext,
+    OverlapAction,
+    audio_commit,
+    overlap_decision,
+    respond_to_input,
+    speech_transition,
+)
+from duplex_server.sessions.core.records import DecisionBody
+from duplex_server.sessions.core.turns import Transition
+from protocol import client_events as ce
+from protocol.server_events import InputTranscriptionDelta
+
+
+class SpeechStart(msgspec.Struct, frozen=True):
+    """Speech began at ``at_ms``; ``cut_answer``: the answer in progress
+    stops now (OpenAI semantics) rather than when the speech is sustained."""
+
+    at_ms: float
+    cut_answer: bool = False
+
+
+class OverlapResolved(msgspec.Struct, frozen=True):
+    """Speech over the answer lasted the barge-in threshold: what it leads to."""
+
+    action: OverlapAction
+    overlap_ms: float
+    response_id: str
+
+
+class RemarkDropped(msgspec.Struct, frozen=True):
+    """A short remark over the answer ended: the answer goes on, the remark
+    is not a turn."""
+
+    at_ms: float
+    overlap_ms: float
+    response_id: str
+
+
+class TurnEnded(msgspec.Struct, frozen=True):
+    """The speech stopped: commit the turn, answered as the turn detection
+    settings say (``response_create``), or ``deferred`` until the answer
+    playing now ends (``listen_only``)."""
+
+    at_ms: float
+    response_create: bool | None = None
+    deferred: bool = False
+
+
+class InputTrimmed(msgspec.Struct, frozen=True):
+    """Between turns the buffer keeps only the last ``keep_ms`` of silence."""
+
+    keep_ms: float
+
+
+class PartialHeard(msgspec.Struct, frozen=True):
+    """More words of the speech going on, for the item it will become."""
+
+    item_id: str
+    delta: str
+
+
+class DeferredTurnDue(msgspec.Struct, frozen=True):
+    """The answer a turn waited for ended: answer that turn now."""
+
+
+HeardCommand = (
+    SpeechStart
+    | OverlapResolved
+    | RemarkDropped
+    | TurnEnded
+    | InputTrimmed
+    | PartialHeard
+    | DeferredTurnDue
+)
+
+
+def speech_start(batch: Batch, command: SpeechStart, ctx: HandlerContext) -> Effects:
+    speech_transition(batch, Transition("speech_started", command.at_ms))
+    response = batch.state.response
+    if response is not None and command.cut_answer:
+        return overlap_decision(batch, "barge_in", 0.0, response.id)
+    return Effects()
+
+
+def overlap_resolved(batch: Batch, command: OverlapResolved, ctx: HandlerContext) -> Effects:
+    return overlap_decision(batch, command.action, command.overlap_ms, command.response_id)
+
+
+def remark_dropped(batch: Batch, command: RemarkDropped, ctx: HandlerContext) -> Effects:
+    speech_transition(batch, Transition("speech_stopped", command.at_ms))
+    return overlap_decision(batch, "drop", command.overlap_ms, command.response_id)
+
+
+def turn_ended(batch: Batch, command: TurnEnded, ctx: HandlerContext) -> Effects:
+    speech_transition(batch, Transition("speech_stopped", command.at_ms))
+    respond = False if command.deferred else command.response_create
+    return audio_commit(batch, ce.InputAudioCommit(response_create=respond), ctx)
+
+
+def input_trimmed(batch: Batch, command: InputTrimmed, ctx: HandlerContext) -> Effects:
+    batch.fact(DecisionBody(action="input_trimmed", audio_ms=command.keep_ms), origin="server")
+    return Effects()
+
+
+def partial_heard(batch: Batch, command: PartialHeard, ctx: HandlerContext) -> Effects:
+    batch.emit(InputTranscriptionDelta(item_id=command.item_id, delta=command.delta))
+    return Effects()
+
+
+def deferred_turn_due(batch: Batch, command: DeferredTurnDue, ctx: HandlerContext) -> Effects:
+    return respond_to_input(batch, ctx.model)
+
+
+HEARD_HANDLERS: dict[type, Handler] = {
+    SpeechStart: speech_start,
+    OverlapResolved: overlap_resolved,
+    RemarkDropped: remark_dropped,
+    TurnEnded: turn_ended,
+    InputTrimmed: input_trimmed,
+    PartialHeard: partial_heard,
+    DeferredTurnDue: deferred_turn_due,
+}
