@@ -310,14 +310,20 @@ def speech_transition(batch: Batch, transition: Transition) -> None:
         batch.emit(SpeechStopped(audio_end_ms=round(transition.at_ms), item_id=item_id))
 
 
+def tell_transcription_error(batch: Batch, ctx: HandlerContext) -> None:
+    """Recognition failed on the buffer being committed: the client hears
+    why before the commit (which goes ahead without a transcript)."""
+    if ctx.transcription_error is not None:
+        batch.emit(Error(error=error_body(ctx.transcription_error)))
+
+
 def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) -> Effects:
     """Commit the input buffer as a user item; ``ctx.transcript`` is what the
     model's speech recognition heard in it (the runtime runs it beforehand)."""
     model, transcript = ctx.model, ctx.transcript
     state = batch.state
     _check_epoch(state, event)
-    if ctx.transcription_error is not None:
-        batch.emit(Error(error=error_body(ctx.transcription_error)))
+    tell_transcription_error(batch, ctx)
     if event.is_speech is False:
         batch.fact(CommitBody(item_id="", response_create=False, is_speech=False))
         listen(batch, "client_declared_silence")

@@ -11,6 +11,8 @@ the server's word, and hearing never writes to the session itself.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import msgspec
 
 from duplex_server.sessions.core.batch import Batch
@@ -23,6 +25,7 @@ from duplex_server.sessions.core.commands import (
     overlap_decision,
     respond_to_input,
     speech_transition,
+    tell_transcription_error,
 )
 from duplex_server.sessions.core.records import DecisionBody
 from duplex_server.sessions.core.turns import Transition
@@ -111,9 +114,12 @@ def remark_dropped(batch: Batch, command: RemarkDropped, ctx: HandlerContext) ->
 
 
 def turn_ended(batch: Batch, command: TurnEnded, ctx: HandlerContext) -> Effects:
+    # A failed recognition is told first, as for a client's commit.
+    tell_transcription_error(batch, ctx)
     speech_transition(batch, Transition("speech_stopped", command.at_ms))
     respond = False if command.deferred else command.response_create
-    return audio_commit(batch, ce.InputAudioCommit(response_create=respond), ctx)
+    commit = ce.InputAudioCommit(response_create=respond)
+    return audio_commit(batch, commit, replace(ctx, transcription_error=None))
 
 
 def input_trimmed(batch: Batch, command: InputTrimmed, ctx: HandlerContext) -> Effects:

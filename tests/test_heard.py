@@ -1,0 +1,176 @@
+"""Hearing decides, the pipeline writes: what server VAD's transitions turn
+into (runtime.hearing) and what those commands record (core.heard), with no
+server and no actor."""
+
+from __future__ import annotations
+
+import msgspec
+
+from duplex_server.models import build_model
+from duplex_server.sessions.core.commands import HandlerContext
+from duplex_server.sessions.core.heard import (
+    DeferredTurnDue,
+    OverlapResolved,
+    PartialHeard,
+    RemarkDropped,
+    SpeechStart,
+    TurnEnded,
+)
+from duplex_server.sessions.core.pipeline import Command, step
+from duplex_server.sessions.core.state import SessionState, fold, initial_state
+from duplex_server.sessions.core.turns import Transition
+from duplex_server.sessions.runtime import mailbox as mb
+from duplex_server.sessions.runtime.hearing import Hearing
+from protocol import client_events as ce
+from protocol.errors import ProtocolError
+from protocol.session_config import TurnDetection
+from tests.wsclient import b64, tone_pcm16
+
+MODEL = build_model("echo")
+
+
+class Session:
+    """A session driven the way the actor drives it: every command stepped,
+    every record kept, every event's type noted."""
+
+    def __init__(self, overlap_policy: str = "barge_in_on_speech") -> None:
+        self.overlap_policy = overlap_policy
+        self.state = self.initial()
+        self.log: list = []
+        self.events: list[str] = []
+        self.clock = 1000
+
+    def initial(self) -> SessionState:
+        """A server VAD session (set here: echo itself has no ears)."""
+        state = initial_state("sess_heard001", MODEL.name, MODEL.turn_detection_types)
+        state.config.turn_detection = TurnDetection(
+            type="server_vad", create_response=True, interrupt_response=True, prefix_padding_ms=300
+        )
+        state.config.overlap_policy = self.overlap_policy
+        return state
+
+    def run(self, command: Command, ctx: HandlerContext | None = None):
+        self.clock += 10
+        batch, effects = step(self.state, command, ctx or HandlerContext(MODEL), self.clock)
+        self.log.extend(batch.records)
+        self.events += [msgspec.json.decode(payload)["type"] for _, payload in batch.outbound]
+        return effects
+
+    def speak(self, ms: float = 200) -> None:
+        self.run(ce.InputAudioAppend(audio=b64(tone_pcm16(ms))))
+
+    def answering(self) -> str:
+        """Start an answer (a text turn) and return its response id."""
+        self.run(ce.InputTextAppend(text="hello"))
+        effects = self.run(ce.InputAudioCommit())
+        assert effects.start is not None
+        return effects.start.id
+
+    def refold(self) -> SessionState:
+        return fold(self.log, self.initial())
+
+
+def test_speech_over_an_answer_is_a_barge_in_once_it_lasts():
+    session, hearing = Session(), Hearing(MODEL, lambda message: None)
+    response_id = session.answering()
+    start = hearing.decide(session.state, Transition("speech_started", 5000.0))
+    assert start == SpeechStart(5000.0, cut_answer=False)
+    session.run(start)
+    assert session.state.response is not None  # the duplex wire waits for sustained speech
+    sustained = hearing.decide(session.state, Transition("speech_sustained", 5400.0))
+    assert sustained == OverlapResolved("barge_in", 400.0, response_id)
+    effects = session.run(sustained)
+    assert effects.abort == [response_id] and session.state.response is None
+    stopped = hearing.decide(session.state, Transition("speech_stopped", 6000.0))
+    assert stopped == TurnEnded(6000.0, response_create=True, deferred=False)
+
+
+def test_openai_semantics_cut_the_answer_when_speech_starts():
+    session, hearing = Session(), Hearing(MODEL, lambda message: None)
+    session.state.config.openai_semantics = True
+    response_id = session.answering()
+    start = hearing.decide(session.state, Transition("speech_started", 5000.0))
+    assert start == SpeechStart(5000.0, cut_answer=True)
+    effects = session.run(start)
+    assert effects.abort == [response_id]
+    cut = session.events[session.events.index("input_audio_buffer.speech_started") :]
+    assert cut[:2] == ["input_audio_buffer.speech_started", "overlap.decision"]
+    assert "response.done" in cut and cut[-1] == "output_audio_buffer.cleared"
+    # already resolved: sustained speech decides nothing more
+    assert hearing.decide(session.state, Transition("speech_sustained", 5400.0)) is None
+
+
+def test_a_short_remark_is_dropped_and_the_answer_goes_on():
+    session, hearing = Session(), Hearing(MODEL, lambda message: None)
+    response_id = session.answering()
+    session.run(hearing.decide(session.state, Transition("speech_started", 5000.0)))
+    session.speak(150)
+    dropped = hearing.decide(session.state, Transition("speech_stopped", 5150.0))
+    assert dropped == RemarkDropped(5150.0, 150.0, response_id)
+    session.run(dropped)
+    assert session.state.response is not None and session.state.response.id == response_id
+    assert not session.state.input.chunks  # the remark is not a turn
+    assert session.events[-2:] == ["overlap.decision", "input_audio_buffer.cleared"]
+
+
+def test_listen_only_defers_the_turn_until_the_answer_ends():
+    session, hearing = Session("listen_only"), Hearing(MODEL, lambda message: None)
+    response_id = session.answering()
+    session.run(hearing.decide(session.state, Transition("speech_started", 5000.0)))
+    session.speak(600)
+    sustained = hearing.decide(session.state, Transition("speech_sustained", 5400.0))
+    assert sustained == OverlapResolved("listen", 400.0, response_id)
+    session.run(sustained)
+    ended = hearing.decide(session.state, Transition("speech_stopped", 5600.0))
+    assert isinstance(ended, TurnEnded) and ended.deferred
+    effects = session.run(ended)
+    assert effects.start is None and session.state.response.id == response_id
+    assert hearing.answer_ended() is None  # not recorded yet: nothing is owed
+    hearing.recorded(ended)
+    session.run(ce.ResponseCancel())
+    due = hearing.answer_ended()
+    assert due == DeferredTurnDue()
+    assert session.run(due).start is not None  # the deferred turn is answered now
+    assert hearing.answer_ended() is None  # once
+    assert session.refold() == session.state
+
+
+def test_partial_transcripts_extend_what_the_client_was_told():
+    session, hearing = Session(), Hearing(MODEL, lambda message: None)
+    session.run(hearing.decide(session.state, Transition("speech_started", 0.0)))
+    session.speak(600)
+    item_id = f"item_{session.state.session_id[-10:]}_u1"
+    first = hearing.partial(session.state, mb.Partial(item_id, "hello"))
+    assert first == PartialHeard(item_id, "hello")
+    # until it is recorded, the client was told nothing
+    assert hearing.partial(session.state, mb.Partial(item_id, "hello there")) == PartialHeard(
+        item_id, "hello there"
+    )
+    session.run(first)
+    hearing.recorded(first)
+    assert hearing.partial(session.state, mb.Partial(item_id, "hello there")) == PartialHeard(
+        item_id, " there"
+    )
+    # a revised hypothesis, or one for another item, is not told
+    assert hearing.partial(session.state, mb.Partial(item_id, "yellow")) is None
+    assert hearing.partial(session.state, mb.Partial("item_other", "hello there")) is None
+    assert session.events[-1] == "conversation.item.input_audio_transcription.delta"
+
+
+def test_a_failed_recognition_is_told_before_the_turn_it_spoils():
+    session = Session()
+    session.run(SpeechStart(0.0))
+    session.speak(300)
+    failure = ProtocolError("engine_error", "recogniser crashed")
+    ctx = HandlerContext(MODEL, transcription_error=failure)
+    session.run(TurnEnded(300.0, response_create=False), ctx)
+    assert session.events[-6:] == [
+        "error",
+        "input_audio_buffer.speech_stopped",
+        "conversation.item.added",
+        "conversation.item.created",
+        "input_audio_buffer.committed",
+        "conversation.item.done",
+    ]
+    assert session.state.items[-1].role == "user" and session.state.response is None
+    assert session.refold() == session.state
