@@ -90,6 +90,11 @@ class EchoModel:
     turn_detection_types: tuple[str, ...] = ()
     listening = None  # it repeats audio; it does not hear
     streaming = None  # turn-based: it answers commits
+
+    @property
+    def answering(self) -> EchoModel:
+        return self
+
     capabilities = full_duplex("loopback", CHUNK_PERIOD_MS)
 
     def __init__(self, engine: EngineCore[EchoPayload, ModelChunk]) -> None:

@@ -11,19 +11,10 @@ count and the floor: nothing a restarted session cannot start afresh.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import numpy as np
 
 from duplex_server.models.capabilities import full_duplex
-from duplex_server.sessions.core.model_port import (
-    HistoryItem,
-    InputUnit,
-    ModelChunk,
-    ResponseRequest,
-    SessionView,
-    UnitOutput,
-)
+from duplex_server.sessions.core.model_port import InputUnit, UnitOutput
 
 RATE_HZ = 24_000
 UNIT_MS = 80
@@ -86,6 +77,7 @@ class ScriptedModel:
     name = "scripted"
     turn_detection_types: tuple[str, ...] = ()
     listening = None
+    answering = None  # it takes the floor unit by unit; a commit never makes it answer
     capabilities = full_duplex("native_duplex", UNIT_MS)
     sample_rate_hz = RATE_HZ
     unit_ms = UNIT_MS
@@ -97,17 +89,5 @@ class ScriptedModel:
     def open(self, session_id: str) -> ScriptedSession:
         return ScriptedSession()
 
-    def wants_to_speak(self, history: list[HistoryItem], config: SessionView) -> bool:
-        """It owns the floor unit by unit: a commit never makes it answer."""
-        return False
-
     def accepts_voice(self, voice: str) -> bool:
         return True
-
-    async def stream(self, request: ResponseRequest) -> AsyncIterator[ModelChunk]:
-        """A response.create gets an empty answer: it speaks on its own schedule."""
-        for _ in ():
-            yield ModelChunk()
-
-    def abort(self, response_id: str) -> None:
-        pass

@@ -89,3 +89,19 @@ async def test_a_cancel_interrupts_the_model(server):
     stale = [e for e in events if e.get("response_id") == created["response_id"]]
     assert not stale
     assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_requests_of_a_turn_port_do_not_make_it_answer(server):
+    """A commit is not the native model's cue (it listens on), and a
+    response.create completes empty: the model speaks on its own schedule."""
+    client, _ = await server.open()
+    await client.send({"type": "input.text.append", "text": "hello"})
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("response.listen")
+    assert events[-1]["reason"] == "model_listening"
+    assert "response.created" not in types_of(events)
+    await client.send({"type": "response.create"})
+    events = await client.recv_until("response.done")
+    done = events[-1]["response"]
+    assert done["status"] == "completed"
+    assert not [e for e in events if e["type"] == "response.output_audio.delta"]

@@ -122,6 +122,10 @@ class CascadeModel:
     capabilities = full_duplex("cascade", CHUNK_PERIOD_MS)
     streaming = None  # turn-based: it answers commits
 
+    @property
+    def answering(self) -> CascadeModel:
+        return self
+
     def __init__(self, stages: CascadeStages, engine: EngineCore[SpeakPayload, ModelChunk]) -> None:
         self.listening = stages
         self.engine = engine

@@ -385,8 +385,11 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
 def _maybe_respond(batch: Batch, model: ModelPort) -> Effects:
     """The model's turn decision after new input: speak (superseding) or listen."""
     state = batch.state
-    if state.listen_count < state.config.force_listen_count or not model.wants_to_speak(
-        history_view(state.items), session_view(state.config)
+    answering = model.answering  # None: a native duplex model takes the floor itself
+    if (
+        answering is None
+        or state.listen_count < state.config.force_listen_count
+        or not answering.wants_to_speak(history_view(state.items), session_view(state.config))
     ):
         listen(batch, "model_listening")
         return Effects()

@@ -188,15 +188,39 @@ class Listening(Protocol):
         ...
 
 
+class Answering(Protocol):
+    """The turn port: a model that answers committed turns (echo, cascade,
+    the LLM responders). The session decides when a turn ends (server VAD or
+    the client's commit); the model decides whether to answer it and streams
+    the answer. The runtime puts it beside native duplex models through one
+    adapter (``runtime/turn_feed.py``)."""
+
+    def wants_to_speak(self, history: list[HistoryItem], config: SessionView) -> bool:
+        """The model's turn decision after a commit: answer now, or keep listening."""
+        ...
+
+    def stream(self, request: ResponseRequest) -> AsyncIterator[ModelChunk]: ...
+
+    def abort(self, response_id: str) -> None: ...
+
+
 class ModelPort(Protocol):
+    """A model as the session sees it: its facts, and exactly one of the two
+    ways it takes input (``streaming`` unit by unit, or ``answering`` turn
+    by turn)."""
+
     name: str
     capabilities: Capabilities
     turn_detection_types: tuple[str, ...]
 
     @property
     def streaming(self) -> Streaming | None:
-        """The unit-by-unit port of a native duplex model, or None for
-        turn-based models (they answer commits through ``stream``)."""
+        """The unit-by-unit port of a native duplex model, or None."""
+        ...
+
+    @property
+    def answering(self) -> Answering | None:
+        """The turn port of a turn-based model, or None."""
         ...
 
     @property
@@ -204,15 +228,7 @@ class ModelPort(Protocol):
         """The model's ears (server VAD, transcripts), or None if it has none."""
         ...
 
-    def wants_to_speak(self, history: list[HistoryItem], config: SessionView) -> bool:
-        """The model's turn decision after a commit: answer now, or keep listening."""
-        ...
-
     def accepts_voice(self, voice: str) -> bool:
         """Whether the model can speak in ``voice``; asked when a session or a
         response names one, so an unknown voice is refused then, not mid-answer."""
         ...
-
-    def stream(self, request: ResponseRequest) -> AsyncIterator[ModelChunk]: ...
-
-    def abort(self, response_id: str) -> None: ...

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -43,7 +42,6 @@ from duplex_server.sessions.core.records import (
 )
 from duplex_server.sessions.core.responses import (
     cancel_response,
-    emit_chunk,
     finish_response,
     project_unit_outputs,
 )
@@ -64,10 +62,10 @@ from duplex_server.sessions.runtime.hearing import Hearing
 from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
 from duplex_server.sessions.runtime.lease import SessionLease, SessionMoved
 from duplex_server.sessions.runtime.lifecycle import Lifecycle, Phase
+from duplex_server.sessions.runtime.model_feed import open_feed
 from duplex_server.sessions.runtime.recovery import journal_entries, recent_turn_audio
 from duplex_server.sessions.runtime.retention import AudioRetention
-from duplex_server.sessions.runtime.streams import ResponseStreams
-from duplex_server.sessions.runtime.unit_stream import UnitStream
+from duplex_server.sessions.runtime.turn_feed import RECENT_TURNS
 from protocol.client_events import ClientEvent, InputAudioAppend, InputAudioCommit, SessionResume
 from protocol.close_codes import CloseCode
 from protocol.codec import encode_server_event
@@ -87,7 +85,6 @@ from protocol.session_config import SessionUpdate
 log = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT_S = 2.0
-RECENT_TURN_AUDIO = 8  # user turns whose pcm the actor keeps for the model
 
 
 def _ignore(seconds: float) -> None:
@@ -132,11 +129,8 @@ class SessionActor:
         self.attachment: Attachment | None = None
         self._mailbox: asyncio.Queue[object] = asyncio.Queue()
         self._pending_client = 0
-        self._streams = ResponseStreams(model, self._mailbox.put_nowait)
-        self._units: UnitStream | None = None  # a native duplex model's feed
-        # pcm16 of recent user items: the log holds all of it, this spares the
-        # model a log read per response (and survives compaction of old turns).
-        self.turn_audio: OrderedDict[str, bytes] = OrderedDict()
+        # The model, unit by unit or turn by turn, behind one interface.
+        self._model = open_feed(model, session_id, self.post, lambda: self.state.epoch)
         self._task: asyncio.Task[None] | None = None  # held: the loop keeps only weak refs
         self.last_activity = time.monotonic()
         self.closed = asyncio.Event()
@@ -226,8 +220,8 @@ class SessionActor:
         self.state = fold(records, self._initial())
         self.lease.fence = fence
         self.journal.restore(journal_entries(records), self.state.server_event_seq)
-        for item_id, pcm in recent_turn_audio(self.state, records, RECENT_TURN_AUDIO):
-            self.remember_audio(item_id, pcm)
+        for item_id, pcm in recent_turn_audio(self.state, records, RECENT_TURNS):
+            self._model.keep_turn(item_id, pcm)
         batch = self.new_batch()
         if self.state.response is not None:
             finish_response(batch, "incomplete", "server_restart")
@@ -297,11 +291,7 @@ class SessionActor:
     # --- the loop ----------------------------------------------------------
 
     async def _run(self) -> None:
-        streaming = self.model.streaming
-        if streaming is not None:
-            self._units = UnitStream(
-                streaming, self.session_id, self.post, lambda: self.state.epoch
-            )
+        self._model.start()
         try:
             while self.state.closed_reason is None and self.lifecycle.serving:
                 message = await self._mailbox.get()
@@ -314,9 +304,7 @@ class SessionActor:
             if self.attachment is not None:
                 await self.attachment.close(CloseCode.INTERNAL_ERROR, "internal error")
         finally:
-            self._streams.abort_all()
-            if self._units is not None:
-                await self._units.close()
+            await self._model.close()
             self.closed.set()
             moved = self.lifecycle.phase is Phase.MOVED
             reason = "moved" if moved else (self.state.closed_reason or "shutdown")
@@ -418,7 +406,7 @@ class SessionActor:
         with it is wrong, and a response whose output cannot be recorded must
         not carry on with a hole in it, so its stream stops here."""
         self._dirty = True
-        self._streams.abort_all()
+        self._model.stop_all()
 
     async def _heal(self) -> bool:
         """Refold from the log once the store answers again; ends as failed
@@ -466,7 +454,7 @@ class SessionActor:
         (``handoff``): stop writing, tell the socket, let the lease go."""
         if not self.lifecycle.serving:
             return
-        self._streams.abort_all()
+        self._model.stop_all()
         attachment = self.attachment
         self.attachment = None
         if attachment is not None:
@@ -505,7 +493,7 @@ class SessionActor:
         self.last_activity = time.monotonic()
         if event.event_id is not None and event.event_id in self.state.recent_event_ids:
             return  # a retried event: applied once already, its outputs are journaled
-        if isinstance(event, InputAudioAppend) and self._units is not None and self._units.full:
+        if isinstance(event, InputAudioAppend) and self._model.full:
             await self.reject(
                 ProtocolError(
                     "rate_limited",
@@ -521,7 +509,7 @@ class SessionActor:
         self.settings.observe_append(time.perf_counter() - message.received_at)
         await self.apply_effects(effects)
         if isinstance(event, InputAudioAppend):
-            self._feed_units(batch)
+            self._feed_model(batch)
             await self._hear(batch)
 
     async def _execute(self, command: Command, ctx: HandlerContext) -> tuple[Batch, Effects] | None:
@@ -575,18 +563,11 @@ class SessionActor:
         batch.emit(Error(error=error_body(err)))
         await self.commit_batch(batch)
 
-    def remember_audio(self, item_id: str, pcm: bytes) -> None:
-        self.turn_audio[item_id] = pcm
-        while len(self.turn_audio) > RECENT_TURN_AUDIO:
-            self.turn_audio.popitem(last=False)
-
     async def apply_effects(self, effects: Effects) -> None:
         for item_id, pcm in effects.audio:
-            self.remember_audio(item_id, pcm)
+            self._model.keep_turn(item_id, pcm)
         for response_id in effects.abort:
-            self._streams.abort(response_id)
-        if effects.abort and self._units is not None:
-            self._units.interrupt()
+            self._model.stop(response_id)
         if effects.start is not None:
             self._start_stream(effects.start)
         if effects.trim_to is not None:
@@ -596,14 +577,12 @@ class SessionActor:
         if effects.close:
             await self._finish_close()
 
-    # --- native duplex models: unit by unit ---------------------------------
+    # --- the model: its input and its output ---------------------------------
 
-    def _feed_units(self, batch: Batch) -> None:
-        if self._units is None:
-            return
+    def _feed_model(self, batch: Batch) -> None:
         for record in batch.records:
             if isinstance(record.body, AudioBody):
-                self._units.feed(record.body.pcm, record.body.sample_rate_hz)
+                self._model.feed(record.body.pcm, record.body.sample_rate_hz)
 
     async def _on_unit_outputs(self, message: mb.UnitOutputs) -> None:
         """What the model decided for the units it stepped; output of an
@@ -615,10 +594,8 @@ class SessionActor:
         if batch.records:
             await self.commit_batch(batch)
 
-    # --- engine streams ----------------------------------------------------
-
     def _start_stream(self, response: Response) -> None:
-        self._streams.start(
+        self._model.answer(
             ResponseRequest(
                 session_id=self.session_id,
                 response_id=response.id,
@@ -626,7 +603,6 @@ class SessionActor:
                 modalities=list(response.modalities),
                 history=history_view(self.state.items),
                 config=session_view(response_config(self.state.config, response.overrides)),
-                audio=dict(self.turn_audio),
             )
         )
 
@@ -635,15 +611,12 @@ class SessionActor:
         return active is not None and active.id == response_id and epoch == self.state.epoch
 
     async def _on_chunks(self, message: mb.Chunks) -> None:
-        chunks = self._streams.take(message.response_id)
-        if not chunks or not self._is_current(message.response_id, message.epoch):
+        """Output of a response the session opened (a turn model's answer)."""
+        outputs = self._model.take(message.response_id)
+        if not outputs or not self._is_current(message.response_id, message.epoch):
             return  # fenced off: stale output never reaches the log
-        response = self.state.response
-        assert response is not None  # _is_current: it is the active response
         batch = self.new_batch()
-        encode = self._stream_encoder(message.response_id)
-        for chunk in chunks:
-            emit_chunk(batch, response, chunk, encode)
+        project_unit_outputs(batch, outputs, self._stream_encoder)
         await self.commit_batch(batch)
 
     def _stream_encoder(self, response_id: str) -> Callable[[bytes, int], bytes] | None:
@@ -653,7 +626,7 @@ class SessionActor:
         return self.codecs.stream_encoder(response_id, fmt)
 
     async def _on_stream_end(self, message: mb.StreamEnd) -> None:
-        self._streams.forget(message.response_id)
+        self._model.forget(message.response_id)
         if not self._is_current(message.response_id, message.epoch):
             return
         batch = self.new_batch()
@@ -774,12 +747,12 @@ class SessionActor:
             self._end_requested = False  # not recorded: the reaper asks again
             return
         if aborted:
-            self._streams.abort(aborted)
+            self._model.stop(aborted)
         await self._finish_close()
 
     async def _on_suspend(self) -> None:
         """Hand the session over to the next process: detach, tell the client to resume."""
-        self._streams.abort_all()
+        self._model.stop_all()
         attachment = self.attachment
         if attachment is not None:
             self.attachment = None

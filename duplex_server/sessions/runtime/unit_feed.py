@@ -1,12 +1,14 @@
 """A session's feed into a native duplex model, unit by unit, off the actor.
 
-The actor hands over each appended chunk (pcm16 at the client's rate); this
-resamples it to the model's rate, cuts it into units (core.units) and steps
-the model on them strictly in order on a task of its own, so a slow step
-delays this session's model, never the actor. What the model decided comes
-back through the mailbox as :class:`~duplex_server.sessions.runtime.mailbox.UnitOutputs`
-tagged with the epoch it was stepped under, so the actor drops output of an
-answer that was fenced meanwhile.
+One of the two kinds of :class:`~duplex_server.sessions.runtime.model_feed.ModelFeed`
+(the other is ``turn_feed``). The actor hands over each appended chunk
+(pcm16 at the client's rate); this resamples it to the model's rate, cuts
+it into units (core.units) and steps the model on them strictly in order on
+a task of its own, so a slow step delays this session's model, never the
+actor. What the model decided comes back through the mailbox as
+:class:`~duplex_server.sessions.runtime.mailbox.UnitOutputs` tagged with the
+epoch it was stepped under, so the actor drops output of an answer that was
+fenced meanwhile.
 
 While the client sends nothing, the clock keeps time: after a unit's worth
 of quiet (and a little slack for network jitter) it feeds a silence unit,
@@ -21,7 +23,13 @@ import logging
 from collections.abc import Callable
 
 from duplex_server.audio import resample_pcm16
-from duplex_server.sessions.core.model_port import InputUnit, Streaming, UnitSession
+from duplex_server.sessions.core.model_port import (
+    InputUnit,
+    ResponseRequest,
+    Streaming,
+    UnitOutput,
+    UnitSession,
+)
 from duplex_server.sessions.core.units import UnitFramer
 from duplex_server.sessions.runtime import mailbox as mb
 
@@ -34,7 +42,7 @@ MAX_QUEUED_UNITS = 64
 QUIET_UNITS = 1.5
 
 
-class UnitStream:
+class UnitFeed:
     def __init__(
         self,
         model: Streaming,
@@ -42,15 +50,22 @@ class UnitStream:
         post: Callable[[object], None],
         epoch: Callable[[], int],
     ) -> None:
-        self._session: UnitSession = model.open(session_id)
+        self._model = model
+        self._session_id = session_id
+        self._session: UnitSession | None = None  # opened when the actor starts serving
         self._framer = UnitFramer(model.sample_rate_hz, model.unit_ms)
         self._unit_s = model.unit_ms / 1000
         self._post = post
         self._epoch = epoch
         self._queue: asyncio.Queue[InputUnit] = asyncio.Queue()
+        self._last_input = 0.0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        session = self._session = self._model.open(self._session_id)
         loop = asyncio.get_running_loop()
         self._last_input = loop.time()
-        self._tasks = [loop.create_task(self._step_units()), loop.create_task(self._clock())]
+        self._tasks = [loop.create_task(self._step_units(session)), loop.create_task(self._clock())]
 
     @property
     def full(self) -> bool:
@@ -63,8 +78,27 @@ class UnitStream:
         for unit in self._framer.push(pcm):
             self._queue.put_nowait(unit)
 
-    def interrupt(self) -> None:
-        self._session.interrupt()
+    def keep_turn(self, item_id: str, pcm16: bytes) -> None:
+        """The model heard the turn unit by unit: nothing to keep."""
+
+    def answer(self, request: ResponseRequest) -> None:
+        """A response the session opened (``response.create``): the model
+        speaks on its own schedule, so it completes empty."""
+        self._post(mb.StreamEnd(request.response_id, request.epoch, None))
+
+    def take(self, response_id: str) -> list[UnitOutput]:
+        return []  # its output comes as UnitOutputs, never for a requested response
+
+    def forget(self, response_id: str) -> None:
+        pass
+
+    def stop(self, response_id: str) -> None:
+        """Whatever the model was saying is over; it listens again."""
+        if self._session is not None:
+            self._session.interrupt()
+
+    def stop_all(self) -> None:
+        self.stop("")
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -72,13 +106,14 @@ class UnitStream:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._session.close()
+        if self._session is not None:
+            self._session.close()
 
-    async def _step_units(self) -> None:
+    async def _step_units(self, session: UnitSession) -> None:
         while True:
             unit = await self._queue.get()
             epoch = self._epoch()
-            outputs = await self._session.step(unit)
+            outputs = await session.step(unit)
             if outputs:
                 self._post(mb.UnitOutputs(outputs=outputs, epoch=epoch))
 

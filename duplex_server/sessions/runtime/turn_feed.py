@@ -1,0 +1,105 @@
+"""The adapter that puts a turn-based model on the actor's one model feed.
+
+A turn-based model (``Answering``) hears nothing until the session commits
+a turn; the turn it answers is the session's own input buffer, logged,
+cleared, trimmed and truncated by the core, so the adapter keeps no second
+copy of the units as they arrive (``feed`` takes nothing). What it keeps is
+the audio of the last few committed turns, handed to the model with each
+request (this spares the model a log read per response and survives
+compaction of old turns).
+
+Each answer is pumped on a task of its own. A pump never touches session
+state: it queues each chunk, as a :class:`UnitOutput`, for its response and
+posts one ``Chunks`` notice (tagged with the response and epoch it was
+started for) when the queue goes from empty to non-empty; the actor then
+takes everything pending in one batch, where the fence decides whether it
+may still reach the log. An engine faster than real time thus costs one
+batch per burst instead of one per chunk, and the order of everything is
+unchanged: the end-of-stream notice is posted after the last chunk's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+
+import msgspec
+
+from duplex_server.sessions.core.model_port import Answering, ResponseRequest, UnitOutput
+from duplex_server.sessions.runtime import mailbox as mb
+
+log = logging.getLogger(__name__)
+
+RECENT_TURNS = 8  # user turns whose pcm the feed keeps for the model
+
+
+class TurnFeed:
+    full = False  # input is the session's buffer: nothing queues here
+
+    def __init__(self, model: Answering, post: Callable[[object], None]) -> None:
+        self.model = model
+        self._post = post
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._pending: dict[str, list[UnitOutput]] = {}
+        self._turns: OrderedDict[str, bytes] = OrderedDict()
+
+    def start(self) -> None:
+        pass
+
+    def feed(self, pcm16: bytes, sample_rate_hz: int) -> None:
+        """The model hears the turn when it is committed, not before."""
+
+    def keep_turn(self, item_id: str, pcm16: bytes) -> None:
+        self._turns[item_id] = pcm16
+        while len(self._turns) > RECENT_TURNS:
+            self._turns.popitem(last=False)
+
+    def answer(self, request: ResponseRequest) -> None:
+        request = msgspec.structs.replace(request, audio=dict(self._turns))
+        task = asyncio.get_running_loop().create_task(self._pump(request))
+        self._tasks[request.response_id] = task
+
+    async def _pump(self, request: ResponseRequest) -> None:
+        error = None
+        try:
+            async for chunk in self.model.stream(request):
+                pending = self._pending.setdefault(request.response_id, [])
+                pending.append(
+                    UnitOutput(
+                        audio=chunk.audio, sample_rate_hz=chunk.sample_rate_hz, text=chunk.text
+                    )
+                )
+                if len(pending) == 1:
+                    self._post(mb.Chunks(request.response_id, request.epoch))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - surfaced below, never swallowed
+            # Whatever a model adapter raises ends this response as failed (the
+            # client gets engine_error with the reason, the log has the traceback);
+            # it must not leave the response in progress forever or end the session.
+            error = f"{type(exc).__name__}: {exc}"
+            log.exception("engine stream for %s failed", request.response_id)
+        self._post(mb.StreamEnd(request.response_id, request.epoch, error))
+
+    def take(self, response_id: str) -> list[UnitOutput]:
+        return self._pending.pop(response_id, [])
+
+    def forget(self, response_id: str) -> None:
+        self._tasks.pop(response_id, None)
+        self._pending.pop(response_id, None)
+
+    def stop(self, response_id: str) -> None:
+        self.model.abort(response_id)
+        self._pending.pop(response_id, None)
+        task = self._tasks.pop(response_id, None)
+        if task is not None:
+            task.cancel()
+
+    def stop_all(self) -> None:
+        for response_id in list(self._tasks):
+            self.stop(response_id)
+
+    async def close(self) -> None:
+        self.stop_all()

@@ -1,0 +1,139 @@
+"""The one model feed the actor drives: which feed a model gets, and the
+turn-model adapter's contract (recent turns handed over with each request,
+output as unit outputs with one notice per burst, failures and stops)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from duplex_server.models import build_model
+from duplex_server.sessions.core.model_port import (
+    HistoryItem,
+    ModelChunk,
+    ResponseRequest,
+    SessionView,
+    UnitOutput,
+)
+from duplex_server.sessions.runtime import mailbox as mb
+from duplex_server.sessions.runtime.model_feed import open_feed
+from duplex_server.sessions.runtime.turn_feed import RECENT_TURNS, TurnFeed
+from duplex_server.sessions.runtime.unit_feed import UnitFeed
+
+VIEW = SessionView(
+    instructions="",
+    voice="alloy",
+    speed=1.0,
+    temperature=0.8,
+    max_output_tokens="inf",
+    tools=[],
+    tool_choice="auto",
+    chunk_delay_ms=0.0,
+)
+
+
+def request(response_id: str = "resp_1") -> ResponseRequest:
+    return ResponseRequest(
+        session_id="sess_feed0001",
+        response_id=response_id,
+        epoch=3,
+        modalities=["audio", "text"],
+        history=[],
+        config=VIEW,
+    )
+
+
+class Recorder:
+    """A turn model that says what it is told to, and remembers requests."""
+
+    def __init__(self, chunks: list[ModelChunk], fail: bool = False, hang: bool = False) -> None:
+        self.chunks, self.fail, self.hang = chunks, fail, hang
+        self.requests: list[ResponseRequest] = []
+        self.aborted: list[str] = []
+
+    def wants_to_speak(self, history: list[HistoryItem], config: SessionView) -> bool:
+        return True
+
+    async def stream(self, request: ResponseRequest) -> AsyncIterator[ModelChunk]:
+        self.requests.append(request)
+        for chunk in self.chunks:
+            yield chunk
+        if self.fail:
+            raise RuntimeError("model fell over")
+        if self.hang:
+            await asyncio.Event().wait()
+
+    def abort(self, response_id: str) -> None:
+        self.aborted.append(response_id)
+
+
+async def settle(posted: list[object]) -> None:
+    for _ in range(20):
+        if posted and isinstance(posted[-1], mb.StreamEnd):
+            return
+        await asyncio.sleep(0.01)
+
+
+def test_each_model_gets_the_feed_for_its_port():
+    def post(message: object) -> None:
+        pass
+
+    assert isinstance(open_feed(build_model("echo"), "s", post, lambda: 0), TurnFeed)
+    assert isinstance(open_feed(build_model("scripted"), "s", post, lambda: 0), UnitFeed)
+
+
+def test_a_model_with_neither_port_is_refused():
+    class Mute:
+        name = "mute"
+        streaming = None
+        answering = None
+
+    with pytest.raises(ValueError, match="neither by unit nor by turn"):
+        open_feed(Mute(), "s", lambda message: None, lambda: 0)  # type: ignore[arg-type]
+
+
+async def test_the_adapter_hands_over_recent_turns_and_returns_unit_outputs():
+    posted: list[object] = []
+    model = Recorder([ModelChunk(audio=b"\x01\x00" * 4, text="hi"), ModelChunk(text=" there")])
+    feed = TurnFeed(model, posted.append)
+    for index in range(RECENT_TURNS + 2):
+        feed.keep_turn(f"item_{index}", bytes([index]) * 2)
+    feed.feed(b"\x00" * 100, 24_000)  # a turn model hears the commit, not the units
+    feed.answer(request())
+    await settle(posted)
+    handed = model.requests[0].audio
+    assert list(handed) == [f"item_{index}" for index in range(2, RECENT_TURNS + 2)]
+    # one notice for the burst, then the end
+    assert posted == [mb.Chunks("resp_1", 3), mb.StreamEnd("resp_1", 3, None)]
+    assert feed.take("resp_1") == [
+        UnitOutput(audio=b"\x01\x00" * 4, sample_rate_hz=24_000, text="hi"),
+        UnitOutput(text=" there"),
+    ]
+    assert feed.take("resp_1") == []
+
+
+async def test_a_failing_model_ends_its_answer_with_the_reason():
+    posted: list[object] = []
+    feed = TurnFeed(Recorder([ModelChunk(text="a")], fail=True), posted.append)
+    feed.answer(request())
+    await settle(posted)
+    end = posted[-1]
+    assert isinstance(end, mb.StreamEnd) and end.error == "RuntimeError: model fell over"
+
+
+async def test_a_stopped_answer_is_aborted_and_says_nothing_more():
+    posted: list[object] = []
+    model = Recorder([ModelChunk(text="a")], hang=True)
+    feed = TurnFeed(model, posted.append)
+    feed.answer(request())
+    for _ in range(20):
+        if posted:
+            break
+        await asyncio.sleep(0.01)
+    feed.stop("resp_1")
+    await asyncio.sleep(0.02)
+    assert model.aborted == ["resp_1"]
+    assert feed.take("resp_1") == []
+    assert not any(isinstance(message, mb.StreamEnd) for message in posted)
