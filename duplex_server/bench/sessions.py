@@ -23,6 +23,7 @@ import psutil
 import websockets
 
 from duplex_server.bench.echo_server import EchoServerProcess
+from duplex_server.bench.generator import GeneratorCpu, validity
 from duplex_server.bench.server_process import ServerProcess, free_port
 from duplex_server.metrics import histogram_quantile, parse_histogram
 from duplex_server.sessions.log.redis_store import REDIS_SCHEMES
@@ -186,11 +187,14 @@ async def _drive(
         for i, c in enumerate(clients)
     ]
     await asyncio.sleep(measure_from - loop.time())
+    generator = GeneratorCpu()
+    generator.start()
     for proc in procs:
         proc.cpu_percent(None)
     before = await _append_histograms(metrics_urls)
     await asyncio.sleep(max(0.0, deadline - loop.time()))
     cpu = sum(proc.cpu_percent(None) for proc in procs)
+    load = generator.report()
     rss = sum(proc.memory_info().rss for proc in procs) / 2**20
     after = await _append_histograms(metrics_urls)
     await asyncio.gather(*tasks)
@@ -202,6 +206,7 @@ async def _drive(
         "server_rss_mib": round(rss, 1),
         "errors": measures.errors,
         "connect_failures": measures.connect_failures,
+        **load,
     }
     if before is not None and after is not None:
         window = [(b, a - c) for (b, a), (_, c) in zip(after, before, strict=True)]
@@ -299,12 +304,15 @@ def _redis_extras(args: argparse.Namespace, one: dict) -> dict:
 def run(args: argparse.Namespace) -> None:
     baseline = _phase([EchoServerProcess()], args, metrics=False)
     ours = _server_phase(args, args.store)
+    phases = [ours, baseline]
     extra: dict = {}
     if args.store.startswith(REDIS_SCHEMES):
         extra["redis"] = _redis_extras(args, ours)
+        phases.append(extra["redis"]["two_replicas"])
     if args.store != "memory":
         # The same load on the memory store, measured in this run, prices durability.
         memory = _server_phase(args, "memory")
+        phases.append(memory)
         extra = {
             **extra,
             "memory_store": memory,
@@ -343,6 +351,7 @@ def run(args: argparse.Namespace) -> None:
                 "chunk_ms": args.chunk_ms,
                 "commit_every_s": args.commit_every_s,
                 "cpu_count": os.cpu_count(),
+                **validity(*phases),
                 **ours,
                 "baseline_bare_echo": baseline,
                 "heartbeat_rtt_p50_ratio_vs_echo": _ratio(

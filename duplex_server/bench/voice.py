@@ -28,6 +28,7 @@ import psutil
 import websockets
 
 from duplex_server.audio import resample_pcm16
+from duplex_server.bench.generator import GeneratorCpu, validity
 from duplex_server.bench.server_process import ServerProcess
 from duplex_server.sessions.core.turns import BARGE_IN_MS
 
@@ -178,12 +179,15 @@ def _stage_rtf(open_vocabulary: bool) -> dict:
 
 async def _drive(url: str, args: argparse.Namespace, proc: psutil.Process) -> dict:
     measures = VoiceMeasures()
+    generator = GeneratorCpu()
+    generator.start()
     proc.cpu_percent(None)
     started = time.perf_counter()
     speakers = [Speaker(url, args.chunk_ms, measures) for _ in range(args.sessions)]
     await asyncio.gather(*(s.run(args.turns, i) for i, s in enumerate(speakers)))
     cpu = proc.cpu_percent(None)
     return {
+        **generator.report(),
         "vad_stopped_to_first_audio_ms": _p50_p95(measures.stopped_to_audio),
         "speech_end_to_first_audio_ms": _p50_p95(measures.speech_end_to_audio),
         "barge_in_onset_to_cancel_ms": _p50_p95(measures.onset_to_cancel),
@@ -211,6 +215,8 @@ async def _echo_baseline(url: str, args: argparse.Namespace) -> dict:
     """The same questions to the echo model, committed by the client at speech
     end: the latency of the session core alone (no VAD, ASR or TTS)."""
     latencies: list[float] = []
+    generator = GeneratorCpu()
+    generator.start()
 
     async def one(offset: int) -> None:
         speaker = Speaker(url, args.chunk_ms, VoiceMeasures())
@@ -227,7 +233,7 @@ async def _echo_baseline(url: str, args: argparse.Namespace) -> dict:
             reader.cancel()
 
     await asyncio.gather(*(one(i) for i in range(args.sessions)))
-    return {"speech_end_to_first_audio_ms": _p50_p95(latencies)}
+    return {"speech_end_to_first_audio_ms": _p50_p95(latencies), **generator.report()}
 
 
 def _with_server(model: str, phrases: Path | None, drive) -> dict:
@@ -263,6 +269,7 @@ def run(args: argparse.Namespace) -> None:
                 "chunk_ms": args.chunk_ms,
                 "asr_vocabulary": "open" if args.open_vocabulary else "phrases",
                 "cpu_count": os.cpu_count(),
+                **validity(ours, baseline),
                 **ours,
                 **stages,
                 "baseline_echo_client_commit": baseline,
