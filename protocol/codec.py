@@ -56,6 +56,42 @@ def strip_data_url(data: str) -> str:
     return _DATA_URL.sub("", data, count=1)
 
 
+MAX_NESTING = 64  # of arrays and objects in a client frame
+
+
+def check_nesting(data: bytes) -> None:
+    """Refuse a frame nested deeper than ``MAX_NESTING`` (``invalid_json``)
+    before any decoder recurses into it. Counting brackets is a C-speed
+    upper bound that clears every ordinary frame at once; only a frame with
+    more brackets than that (say, text full of them) is measured exactly."""
+    if data.count(b"[") + data.count(b"{") <= MAX_NESTING:
+        return
+    try:
+        raw = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError("invalid_json", f"frame is not valid JSON: {exc}") from None
+    except RecursionError:
+        raw = None  # deeper than the decoder goes: deeper than the limit too
+    else:
+        if _depth(raw) <= MAX_NESTING:
+            return
+    raise ProtocolError("invalid_json", f"frame nests arrays and objects deeper than {MAX_NESTING}")
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of decoded JSON, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            node = list(node.values())
+        elif not isinstance(node, list):
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in node)
+    return deepest
+
+
 class FrameDecoder:
     """Decodes client text frames; stateless apart from its limits."""
 
@@ -64,16 +100,17 @@ class FrameDecoder:
         self._typed = msgspec.json.Decoder(AnyClientEvent)
 
     def decode(self, frame: str | bytes) -> AnyClientEvent:
-        size = len(frame.encode() if isinstance(frame, str) else frame)
-        if size > self.max_frame_bytes:
+        data = frame.encode() if isinstance(frame, str) else frame
+        if len(data) > self.max_frame_bytes:
             raise ProtocolError(
                 "payload_too_large",
-                f"frame of {size} bytes exceeds the limit of {self.max_frame_bytes} bytes",
+                f"frame of {len(data)} bytes exceeds the limit of {self.max_frame_bytes} bytes",
             )
+        check_nesting(data)
         try:
-            event = self._typed.decode(frame)
+            event = self._typed.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return self._decode_slowly(frame)
+            return self._decode_slowly(data)
         # Media payloads stay base64 here: the session decodes them exactly once,
         # with the same invalid_audio error this gate would give.
         return event

@@ -51,3 +51,24 @@ def test_only_documented_codes_exist():
     with pytest.raises(ValueError):
         ProtocolError("made_up_code", "x")
     assert ERROR_CLASS["unauthorized"] == "authentication_error"
+
+
+@pytest.mark.parametrize("depth", [65, 975, 100_000])
+def test_deep_nesting_is_invalid_json_not_a_crash(depth):
+    frames = [
+        "[" * depth + "]" * depth,
+        '{"type":"session.update","session":{"metadata":{"k":' + "[" * depth + "]" * depth + "}}}",
+        '{"type":"session.update","session":{"metadata":{"k":' + "[" * depth,  # truncated too
+    ]
+    for frame in frames:
+        with pytest.raises(ProtocolError) as refused:
+            FrameDecoder().decode(frame)
+        assert refused.value.code == "invalid_json"
+
+
+def test_nesting_within_the_limit_and_brackets_in_text_are_fine():
+    nested = "[" * 60 + "]" * 60
+    frame = '{"type":"session.update","session":{"metadata":{"k":' + nested + "}}}"
+    assert isinstance(FrameDecoder().decode(frame), SessionUpdateEvent)
+    text = json.dumps({"type": "session.update", "session": {"instructions": "[{" * 500}})
+    assert FrameDecoder().decode(text).session.instructions == "[{" * 500
