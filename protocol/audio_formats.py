@@ -37,6 +37,10 @@ _ALIASES = {
 
 DEFAULT_RATE = {PCM16: 24_000, PCM_F32LE: 24_000, G711_ULAW: 8_000, G711_ALAW: 8_000, OPUS: 48_000}
 # Rates a codec is defined at; None = any rate the client declares.
+# The rates the server serves, in and out.
+MIN_RATE_HZ = 8_000
+MAX_RATE_HZ = 48_000
+
 FIXED_RATE = {G711_ULAW: 8_000, G711_ALAW: 8_000, OPUS: 48_000}
 
 # Formats the server decodes and encodes.
@@ -75,6 +79,13 @@ def resolve_format(
         name = canonical_name(spec, param=param, supported=supported)
         rate = None
     rate = rate_hz or rate or DEFAULT_RATE[name]
+    if not MIN_RATE_HZ <= rate <= MAX_RATE_HZ:
+        # Every rate reaches a resampler: an absurd one is work without bound.
+        raise ProtocolError(
+            "invalid_audio",
+            f"sample rate {rate} Hz is outside the rates served ({MIN_RATE_HZ}-{MAX_RATE_HZ} Hz)",
+            param=param,
+        )
     fixed = FIXED_RATE.get(name)
     if fixed is not None and rate != fixed:
         raise ProtocolError(

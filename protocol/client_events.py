@@ -132,22 +132,22 @@ class ResponseOverrides(msgspec.Struct, omit_defaults=True):
         """The voice asked for, in either spelling (top level wins)."""
         if not isinstance(self.voice, UnsetType):
             return self.voice
-        return self._audio_output().voice
+        return self.audio_output().voice
 
     def format_named(self) -> AudioFormatSpec | UnsetType:
         """The output format asked for, in either spelling (top level wins)."""
         if not isinstance(self.output_audio_format, UnsetType):
             return self.output_audio_format
-        return self._audio_output().format
+        return self.audio_output().format
 
     def rate_named(self) -> int | UnsetType:
         """vLLM-Omni's ``audio.output.sample_rate_hz``."""
-        return self._audio_output().sample_rate_hz
+        return self.audio_output().sample_rate_hz
 
     def speed_named(self) -> float | UnsetType:
-        return self._audio_output().speed
+        return self.audio_output().speed
 
-    def _audio_output(self) -> AudioOutputConfig:
+    def audio_output(self) -> AudioOutputConfig:
         if isinstance(self.audio, UnsetType) or isinstance(self.audio.output, UnsetType):
             return AudioOutputConfig()
         return self.audio.output

@@ -576,7 +576,8 @@ def test_an_unsupported_response_format_is_refused_with_its_param():
         response_config(
             session_config(), overrides({"audio": {"output": {"format": {"type": "audio/flac"}}}})
         )
-    assert ga.value.param == "response.output_audio_format"
+    # named as the client spelled it, as session refusals are
+    assert ga.value.param == "response.audio.output.format"
 
 
 def test_response_audio_output_rate_and_speed_apply():

@@ -121,6 +121,60 @@ CASES = [
         None,
     ),
     ("binary garbage", b"\xff\xfe", "invalid_json", None),
+    (
+        "nested too deep",
+        '{"type":"session.update","session":{"metadata":{"k":' + "[" * 975 + "]" * 975 + "}}}",
+        "invalid_json",
+        None,
+    ),
+    (
+        "absurd output rate",
+        json.dumps({"type": "session.update", "session": {"output_sample_rate_hz": 2_400_000_000}}),
+        "invalid_audio",
+        "session.output_sample_rate_hz",
+    ),
+    (
+        "input rate below the served",
+        json.dumps({"type": "session.update", "session": {"input_sample_rate_hz": 4000}}),
+        "invalid_audio",
+        "session.input_sample_rate_hz",
+    ),
+    (
+        "GA format rate above the served",
+        json.dumps(
+            {
+                "type": "session.update",
+                "session": {"audio": {"output": {"format": {"type": "audio/pcm", "rate": 96000}}}},
+            }
+        ),
+        "invalid_audio",
+        "session.audio.output.format",
+    ),
+    (
+        "append rate above the served",
+        json.dumps(
+            {
+                "type": "input_audio_buffer.append",
+                "audio": b64(b"\x00\x00"),
+                "sample_rate_hz": 96000,
+            }
+        ),
+        "invalid_audio",
+        "format",
+    ),
+    (
+        "response rate above the served",
+        json.dumps(
+            {
+                "type": "response.create",
+                "response": {
+                    "audio": {"output": {"format": {"type": "audio/pcm", "rate": 192000}}}
+                },
+            }
+        ),
+        "invalid_audio",
+        "response.audio.output.format",
+    ),
 ]
 
 

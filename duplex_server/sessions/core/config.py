@@ -255,12 +255,15 @@ def response_output_format(
     for (a format, a rate, or both), else the session's ``current`` one."""
     if overrides is None:
         return current
-    return _format(
-        overrides.format_named(),
-        overrides.rate_named(),
-        current,
+    out = overrides.audio_output()
+    param = _spelled(
         "response.output_audio_format",
-        SUPPORTED_OUTPUT,
+        (overrides.output_audio_format, "response.output_audio_format"),
+        (out.format, "response.audio.output.format"),
+        (out.sample_rate_hz, "response.audio.output.sample_rate_hz"),
+    )
+    return _format(
+        overrides.format_named(), overrides.rate_named(), current, param, SUPPORTED_OUTPUT
     )
 
 
