@@ -202,6 +202,7 @@ def serve(config: ServerConfig) -> None:
 
     from duplex_server.app import create_app
     from duplex_server.sessions.log.sqlite_store import StoreError
+    from duplex_server.transport import uvicorn_config
 
     try:
         app = create_app(config)
@@ -211,15 +212,7 @@ def serve(config: ServerConfig) -> None:
         level=config.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s"
     )
     _tune_gc()
-    uvicorn.run(
-        app,
-        host=config.host,
-        port=config.port,
-        log_level=config.log_level,
-        ws_max_size=max(16 * 1024 * 1024, 2 * config.max_frame_bytes),
-        ws_ping_interval=None,
-        ws_per_message_deflate=config.ws_per_message_deflate,
-    )
+    uvicorn.Server(uvicorn_config(app, config)).run()
 
 
 def _add_audit(sub: argparse._SubParsersAction) -> None:

@@ -16,6 +16,7 @@ from duplex_server.bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from duplex_server.sessions.core.state import SessionState, fold, initial_state
 from duplex_server.sessions.runtime.manager import SessionManager
+from duplex_server.transport import uvicorn_config
 from tests import openai_conformance
 from tests.redisproc import RedisServer
 from tests.wsclient import WsClient
@@ -107,11 +108,7 @@ async def running_server(config: ServerConfig) -> AsyncIterator[RunningServer]:
         original(session_id, reason)
 
     manager._closed = capture  # type: ignore[method-assign]
-    uv = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=config.port, log_level="warning", ws_ping_interval=None
-        )
-    )
+    uv = uvicorn.Server(uvicorn_config(app, config, log_level="warning"))
     task = asyncio.create_task(uv.serve())
     while not uv.started:
         await asyncio.sleep(0.01)

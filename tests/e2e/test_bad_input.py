@@ -244,3 +244,25 @@ async def test_flood_is_rate_limited_without_losing_accepted_events(server):
     rejected = {e["error"]["event_id"] for e in errors}
     assert len(accepted) + len(rejected) == 200
     assert not rejected & {r.event_id for r in accepted}
+
+
+@pytest.mark.server_config(max_frame_bytes=BIG)
+async def test_a_frame_past_the_envelope_is_refused_before_it_is_buffered(server):
+    """Up to the limit plus the envelope a frame gets a coded error (above);
+    past that the WebSocket layer closes the socket (1009) without reading it
+    whole, and other sessions carry on."""
+    import websockets
+
+    from duplex_server.transport import FRAME_ENVELOPE_BYTES
+
+    bystander, _ = await server.open()
+    client, _ = await server.open()
+    frame = json.dumps(
+        {"type": "input_audio_buffer.append", "audio": "A" * (BIG + FRAME_ENVELOPE_BYTES)}
+    )
+    await client.send_raw(frame)
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await client.recv(timeout=5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    await bystander.send({"type": "session.heartbeat"})
+    await bystander.expect("session.heartbeat_ack")
