@@ -33,8 +33,11 @@ class Session:
     """A session driven the way the actor drives it: every command stepped,
     every record kept, every event's type noted."""
 
-    def __init__(self, overlap_policy: str = "barge_in_on_speech") -> None:
+    def __init__(
+        self, overlap_policy: str = "barge_in_on_speech", create_response: bool = True
+    ) -> None:
         self.overlap_policy = overlap_policy
+        self.create_response = create_response
         self.state = self.initial()
         self.log: list = []
         self.events: list[str] = []
@@ -44,7 +47,10 @@ class Session:
         """A server VAD session (set here: echo itself has no ears)."""
         state = initial_state("sess_heard001", MODEL.name, MODEL.turn_detection_types)
         state.config.turn_detection = TurnDetection(
-            type="server_vad", create_response=True, interrupt_response=True, prefix_padding_ms=300
+            type="server_vad",
+            create_response=self.create_response,
+            interrupt_response=True,
+            prefix_padding_ms=300,
         )
         state.config.overlap_policy = self.overlap_policy
         return state
@@ -173,4 +179,25 @@ def test_a_failed_recognition_is_told_before_the_turn_it_spoils():
         "conversation.item.done",
     ]
     assert session.state.items[-1].role == "user" and session.state.response is None
+    assert session.refold() == session.state
+
+
+def test_a_second_turn_in_the_same_append_stops_without_an_empty_commit():
+    """Speech, pause, speech, pause in one chunk: the first commit takes it
+    all; the second stop is recorded (the user is no longer speaking) and
+    commits nothing, instead of refusing a commit nobody sent."""
+    session = Session(create_response=False)
+    hearing = Hearing(MODEL, lambda message: None)
+    session.run(hearing.decide(session.state, Transition("speech_started", 100.0)))
+    session.speak(2000)
+    first = hearing.decide(session.state, Transition("speech_stopped", 700.0))
+    session.run(first, HandlerContext(MODEL))
+    session.run(hearing.decide(session.state, Transition("speech_started", 1200.0)))
+    second = hearing.decide(session.state, Transition("speech_stopped", 1800.0))
+    assert isinstance(second, TurnEnded)
+    committed = len(session.state.items)
+    session.run(second)
+    assert not session.state.user_speaking
+    assert len(session.state.items) == committed
+    assert session.events[-1] == "input_audio_buffer.speech_stopped"
     assert session.refold() == session.state

@@ -84,7 +84,7 @@ def test_each_model_gets_the_feed_for_its_port():
     assert isinstance(open_feed(build_model("scripted"), "s", post, lambda: 0), UnitFeed)
 
 
-def test_a_model_with_neither_port_is_refused():
+def test_a_model_takes_input_exactly_one_way():
     class Mute:
         name = "mute"
         streaming = None
@@ -92,6 +92,14 @@ def test_a_model_with_neither_port_is_refused():
 
     with pytest.raises(ValueError, match="neither by unit nor by turn"):
         open_feed(Mute(), "s", lambda message: None, lambda: 0)  # type: ignore[arg-type]
+
+    class Both:
+        name = "both"
+        streaming = build_model("scripted")
+        answering = build_model("echo")
+
+    with pytest.raises(ValueError, match="both ports"):
+        open_feed(Both(), "s", lambda message: None, lambda: 0)  # type: ignore[arg-type]
 
 
 async def test_the_adapter_hands_over_recent_turns_and_returns_unit_outputs():

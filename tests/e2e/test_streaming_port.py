@@ -47,6 +47,12 @@ async def test_the_model_takes_the_floor_on_its_schedule(server):
     assert len(audio) == SPEAK_UNITS * 24_000 * UNIT_MS // 1000 * 2  # one unit of tone each
     transcript = next(e for e in events if e["type"] == "response.output_audio_transcript.done")
     assert transcript["transcript"] == " ".join(WORDS[:SPEAK_UNITS])
+    # the floor changes hands as turn.events; giving it back is a listen decision
+    taken = events[types_of(events).index("response.created") - 1]
+    assert (taken["type"], taken["event"]) == ("turn.event", "assistant_generating")
+    after = [e for e in await client.recv_until("turn.event") if e["type"] != "rate_limits.updated"]
+    assert types_of(after) == ["response.listen", "turn.event"]
+    assert after[0]["reason"] == "model_end_of_turn" and after[1]["event"] == "idle"
 
 
 async def test_the_model_yields_when_the_user_talks_over_it(server):
@@ -59,6 +65,9 @@ async def test_the_model_yields_when_the_user_talks_over_it(server):
     assert done["status"] == "cancelled"
     assert done["status_details"]["reason"] == "turn_detected"
     assert done["duplex"]["reason"] == "model_yield"
+    after = await client.recv_until("turn.event")
+    listened = next(e for e in after if e["type"] == "response.listen")
+    assert listened["reason"] == "model_yield" and after[-1]["event"] == "user_speaking"
     # ... and while the user goes on talking it keeps listening
     await append_units(client, tone_pcm16(UNIT_MS * (LISTEN_UNITS + 2), amp=12_000))
     await client.send({"type": "session.heartbeat"})
@@ -105,3 +114,36 @@ async def test_requests_of_a_turn_port_do_not_make_it_answer(server):
     done = events[-1]["response"]
     assert done["status"] == "completed"
     assert not [e for e in events if e["type"] == "response.output_audio.delta"]
+
+
+async def test_a_failing_model_is_told_and_the_session_carries_on(server, monkeypatch):
+    """A native model whose step raises: the client gets engine_error (an
+    answer in progress ends failed), the session keeps serving, and the
+    model is stepped no more."""
+    from duplex_server.models import scripted
+
+    steps = 0
+    original = scripted.ScriptedSession.step
+
+    async def failing(self, unit):
+        nonlocal steps
+        steps += 1
+        if self.spoken:
+            raise RuntimeError("model fell over")
+        return await original(self, unit)
+
+    monkeypatch.setattr(scripted.ScriptedSession, "step", failing)
+    client, _ = await server.open()
+    await append_units(client, quiet(UNIT_MS * (LISTEN_UNITS + 2)))
+    events = await client.recv_until("response.done", timeout=RESPONSE_TIMEOUT_S)
+    done = events[-1]["response"]
+    assert (done["status"], done["duplex"]["reason"]) == ("failed", "engine_error")
+    error = next(e for e in events if e["type"] == "error")
+    assert (
+        error["error"]["code"] == "engine_error" and "model fell over" in error["error"]["message"]
+    )
+    stepped = steps
+    await append_units(client, quiet(UNIT_MS * 4))
+    await client.send({"type": "session.heartbeat"})
+    await client.recv_until("session.heartbeat_ack")
+    assert steps == stepped

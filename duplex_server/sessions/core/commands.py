@@ -98,6 +98,9 @@ class HandlerContext:
     # transcript, and the client is told why first.
     transcription_error: ProtocolError | None = None
     decode_stream: Callable[[bytes], bytes] | None = None
+    # Why the runtime cannot take more audio now (a model behind real time,
+    # the session's input budget spent): the append is refused, rate_limited.
+    input_throttled: str | None = None
 
 
 # Each handler takes its own event type; the table is keyed by that type.
@@ -235,6 +238,8 @@ def decode_audio(data: bytes, fmt: AudioFormat, event_id: str | None, param: str
 def audio_append(batch: Batch, event: ce.InputAudioAppend, ctx: HandlerContext) -> Effects:
     """``ctx.decode_stream``: the session's decoder for codecs whose packets
     depend on the ones before (Opus); the runtime keeps it."""
+    if ctx.input_throttled is not None:
+        raise ProtocolError("rate_limited", ctx.input_throttled, event_id=event.event_id)
     stream_decoder = ctx.decode_stream
     state = batch.state
     _check_epoch(state, event)

@@ -117,6 +117,9 @@ def turn_ended(batch: Batch, command: TurnEnded, ctx: HandlerContext) -> Effects
     # A failed recognition is told first, as for a client's commit.
     tell_transcription_error(batch, ctx)
     speech_transition(batch, Transition("speech_stopped", command.at_ms))
+    if not batch.state.input.chunks and not batch.state.input.text:
+        # Two utterances in one append: the first commit took all of it.
+        return Effects()
     respond = False if command.deferred else command.response_create
     commit = ce.InputAudioCommit(response_create=respond)
     return audio_commit(batch, commit, replace(ctx, transcription_error=None))

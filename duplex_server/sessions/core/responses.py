@@ -49,6 +49,7 @@ from protocol.server_events import (
     ResponseStatusDetails,
     ServerEvent,
     StatusError,
+    TurnEvent,
 )
 
 # Our finer cause of a response's end -> the nearest reason OpenAI defines
@@ -269,16 +270,20 @@ def project_unit_outputs(
     outputs: list[UnitOutput],
     encoder_for: Callable[[str], Callable[[bytes, int], bytes] | None],
 ) -> None:
-    """A native duplex model's per-unit decisions and output, onto the wire
-    and into the log: ``speak`` (or the first audio or text) opens a response
-    and holds it open across units; ``end_of_turn`` (or ``listen`` while
-    speaking) completes it; ``yield`` ends it cut short. ``listen`` while
-    listening changes nothing and is not logged (it comes every unit).
+    """Model output onto the wire and into the log. A turn model's chunks
+    (no decision) go into the response the session opened. A native duplex
+    model decides the floor per unit: ``speak`` (or the first audio or text)
+    opens a response and holds it open across units; ``end_of_turn`` (or
+    ``listen`` while speaking) completes it; ``yield`` ends it cut short;
+    each change of the floor is a ``turn.event``, and giving it back a
+    logged listen decision (``response.listen``). ``listen`` while listening
+    changes nothing and is not logged (it comes every unit).
     ``encoder_for(response_id)``: the stream encoder of formats with state."""
     for output in outputs:
         response = batch.state.response
         produced = bool(output.audio or output.text)
         if response is None and (output.decision == "speak" or produced):
+            _turn_event(batch, "assistant_generating")
             response = start_response(batch)
         if response is not None and produced:
             chunk = ModelChunk(
@@ -287,8 +292,18 @@ def project_unit_outputs(
             emit_chunk(batch, response, chunk, encoder_for(response.id))
         if response is not None and output.decision in ("end_of_turn", "listen"):
             finish_response(batch, "completed")
+            listen(batch, "model_end_of_turn")
+            _turn_event(batch, "idle")
         elif response is not None and output.decision == "yield":
             finish_response(batch, "cancelled", "model_yield")
+            listen(batch, "model_yield")
+            _turn_event(batch, "user_speaking")
+
+
+def _turn_event(batch: Batch, event: str) -> None:
+    """Who has the floor now, as the model decided it."""
+    state = batch.state
+    batch.emit(TurnEvent(event=event, turn_id=state.turn_id, epoch=state.epoch))
 
 
 def advance_epoch(batch: Batch, reason: FenceReason) -> None:

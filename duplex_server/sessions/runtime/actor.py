@@ -130,7 +130,7 @@ class SessionActor:
         self._mailbox: asyncio.Queue[object] = asyncio.Queue()
         self._pending_client = 0
         # The model, unit by unit or turn by turn, behind one interface.
-        self._model = open_feed(model, session_id, self.post, lambda: self.state.epoch)
+        self._feed = open_feed(model, session_id, self.post, lambda: self.state.epoch)
         self._task: asyncio.Task[None] | None = None  # held: the loop keeps only weak refs
         self.last_activity = time.monotonic()
         self.closed = asyncio.Event()
@@ -221,7 +221,7 @@ class SessionActor:
         self.lease.fence = fence
         self.journal.restore(journal_entries(records), self.state.server_event_seq)
         for item_id, pcm in recent_turn_audio(self.state, records, RECENT_TURNS):
-            self._model.keep_turn(item_id, pcm)
+            self._feed.keep_turn(item_id, pcm)
         batch = self.new_batch()
         if self.state.response is not None:
             finish_response(batch, "incomplete", "server_restart")
@@ -291,8 +291,8 @@ class SessionActor:
     # --- the loop ----------------------------------------------------------
 
     async def _run(self) -> None:
-        self._model.start()
         try:
+            self._feed.start()
             while self.state.closed_reason is None and self.lifecycle.serving:
                 message = await self._mailbox.get()
                 await self._dispatch(message)
@@ -304,11 +304,14 @@ class SessionActor:
             if self.attachment is not None:
                 await self.attachment.close(CloseCode.INTERNAL_ERROR, "internal error")
         finally:
-            await self._model.close()
-            self.closed.set()
-            moved = self.lifecycle.phase is Phase.MOVED
-            reason = "moved" if moved else (self.state.closed_reason or "shutdown")
-            self._on_closed(self.session_id, reason)
+            self.hearing.close()
+            try:
+                await self._feed.close()
+            finally:
+                self.closed.set()
+                moved = self.lifecycle.phase is Phase.MOVED
+                reason = "moved" if moved else (self.state.closed_reason or "shutdown")
+                self._on_closed(self.session_id, reason)
 
     async def _dispatch(self, message: object) -> None:
         if self._dirty and isinstance(message, mb.NEEDS_LOG) and not await self._heal():
@@ -339,6 +342,8 @@ class SessionActor:
             await self._run_heard(self.hearing.partial(self.state, message))
         elif isinstance(message, mb.UnitOutputs):
             await self._on_unit_outputs(message)
+        elif isinstance(message, mb.ModelFailed):
+            await self._on_model_failed(message)
 
     def new_batch(self, event_id: str | None = None) -> Batch:
         return Batch(self.state, self.model.capabilities, _now_ms(), event_id)
@@ -406,7 +411,7 @@ class SessionActor:
         with it is wrong, and a response whose output cannot be recorded must
         not carry on with a hole in it, so its stream stops here."""
         self._dirty = True
-        self._model.stop_all()
+        self._feed.stop_all()
 
     async def _heal(self) -> bool:
         """Refold from the log once the store answers again; ends as failed
@@ -454,7 +459,7 @@ class SessionActor:
         (``handoff``): stop writing, tell the socket, let the lease go."""
         if not self.lifecycle.serving:
             return
-        self._model.stop_all()
+        self._feed.stop_all()
         attachment = self.attachment
         self.attachment = None
         if attachment is not None:
@@ -493,15 +498,6 @@ class SessionActor:
         self.last_activity = time.monotonic()
         if event.event_id is not None and event.event_id in self.state.recent_event_ids:
             return  # a retried event: applied once already, its outputs are journaled
-        if isinstance(event, InputAudioAppend) and self._model.full:
-            await self.reject(
-                ProtocolError(
-                    "rate_limited",
-                    "the model is behind real time on this session's audio; slow down",
-                    event_id=event.event_id,
-                )
-            )
-            return
         done = await self._execute(event, await self._context_for(event))
         if done is None:
             return
@@ -534,7 +530,14 @@ class SessionActor:
             transcript, error = await self.hearing.transcribe(self.state)
             return HandlerContext(self.model, transcript=transcript, transcription_error=error)
         if isinstance(command, InputAudioAppend):
-            return HandlerContext(self.model, decode_stream=self.codecs.decode_opus)
+            throttled = (
+                "the model is behind real time on this session's audio; slow down"
+                if self._feed.full
+                else None
+            )
+            return HandlerContext(
+                self.model, decode_stream=self.codecs.decode_opus, input_throttled=throttled
+            )
         return HandlerContext(self.model)
 
     # --- hearing: server VAD, partial transcripts, speech over the answer ----
@@ -565,9 +568,9 @@ class SessionActor:
 
     async def apply_effects(self, effects: Effects) -> None:
         for item_id, pcm in effects.audio:
-            self._model.keep_turn(item_id, pcm)
+            self._feed.keep_turn(item_id, pcm)
         for response_id in effects.abort:
-            self._model.stop(response_id)
+            self._feed.stop(response_id)
         if effects.start is not None:
             self._start_stream(effects.start)
         if effects.trim_to is not None:
@@ -582,7 +585,7 @@ class SessionActor:
     def _feed_model(self, batch: Batch) -> None:
         for record in batch.records:
             if isinstance(record.body, AudioBody):
-                self._model.feed(record.body.pcm, record.body.sample_rate_hz)
+                self._feed.feed(record.body.pcm, record.body.sample_rate_hz)
 
     async def _on_unit_outputs(self, message: mb.UnitOutputs) -> None:
         """What the model decided for the units it stepped; output of an
@@ -594,8 +597,19 @@ class SessionActor:
         if batch.records:
             await self.commit_batch(batch)
 
+    async def _on_model_failed(self, message: mb.ModelFailed) -> None:
+        """The model gave up on this session: the client hears why, and an
+        answer it was giving ends failed."""
+        if self.state.closed_reason is not None:
+            return
+        batch = self.new_batch()
+        batch.emit(Error(error=error_body(ProtocolError("engine_error", message.error))))
+        if self.state.response is not None:
+            finish_response(batch, "failed", "engine_error")
+        await self.commit_batch(batch)
+
     def _start_stream(self, response: Response) -> None:
-        self._model.answer(
+        self._feed.answer(
             ResponseRequest(
                 session_id=self.session_id,
                 response_id=response.id,
@@ -612,7 +626,7 @@ class SessionActor:
 
     async def _on_chunks(self, message: mb.Chunks) -> None:
         """Output of a response the session opened (a turn model's answer)."""
-        outputs = self._model.take(message.response_id)
+        outputs = self._feed.take(message.response_id)
         if not outputs or not self._is_current(message.response_id, message.epoch):
             return  # fenced off: stale output never reaches the log
         batch = self.new_batch()
@@ -626,7 +640,7 @@ class SessionActor:
         return self.codecs.stream_encoder(response_id, fmt)
 
     async def _on_stream_end(self, message: mb.StreamEnd) -> None:
-        self._model.forget(message.response_id)
+        self._feed.forget(message.response_id)
         if not self._is_current(message.response_id, message.epoch):
             return
         batch = self.new_batch()
@@ -747,12 +761,12 @@ class SessionActor:
             self._end_requested = False  # not recorded: the reaper asks again
             return
         if aborted:
-            self._model.stop(aborted)
+            self._feed.stop(aborted)
         await self._finish_close()
 
     async def _on_suspend(self) -> None:
         """Hand the session over to the next process: detach, tell the client to resume."""
-        self._model.stop_all()
+        self._feed.stop_all()
         attachment = self.attachment
         if attachment is not None:
             self.attachment = None

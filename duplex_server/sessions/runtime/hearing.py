@@ -151,6 +151,11 @@ class Hearing:
         elif isinstance(command, TurnEnded):
             self._reply_pending = command.deferred
 
+    def close(self) -> None:
+        """The session is over: a partial transcript in flight is dropped."""
+        if self._partial_task is not None:
+            self._partial_task.cancel()
+
     def _maybe_partial(self, state: SessionState, listening: Listening) -> None:
         """While the user speaks, transcribe what is buffered every
         ``PARTIAL_EVERY_MS`` of audio, off the actor (one at a time); the

@@ -92,4 +92,12 @@ class UnitOutputs:
     epoch: int
 
 
-NEEDS_LOG = (Client, Reject, Chunks, StreamEnd, Resume, Partial, UnitOutputs)
+@dataclass
+class ModelFailed:
+    """A native duplex model's step raised: it says nothing more this session."""
+
+    error: str
+    epoch: int
+
+
+NEEDS_LOG = (Client, Reject, Chunks, StreamEnd, Resume, Partial, UnitOutputs, ModelFailed)

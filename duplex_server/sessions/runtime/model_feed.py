@@ -71,6 +71,8 @@ def open_feed(
     from duplex_server.sessions.runtime.turn_feed import TurnFeed
     from duplex_server.sessions.runtime.unit_feed import UnitFeed
 
+    if model.streaming is not None and model.answering is not None:
+        raise ValueError(f"model {model.name!r} offers both ports; a model takes input one way")
     if model.streaming is not None:
         return UnitFeed(model.streaming, session_id, post, epoch)
     if model.answering is not None:

@@ -60,6 +60,7 @@ class UnitFeed:
         self._queue: asyncio.Queue[InputUnit] = asyncio.Queue()
         self._last_input = 0.0
         self._tasks: list[asyncio.Task[None]] = []
+        self._failed = False  # the model raised: nothing is stepped any more
 
     def start(self) -> None:
         session = self._session = self._model.open(self._session_id)
@@ -73,6 +74,8 @@ class UnitFeed:
 
     def feed(self, pcm16: bytes, sample_rate_hz: int) -> None:
         """Audio the session just logged, at the client's rate."""
+        if self._failed:
+            return
         self._last_input = asyncio.get_running_loop().time()
         pcm = resample_pcm16(pcm16, sample_rate_hz, self._framer.sample_rate_hz)
         for unit in self._framer.push(pcm):
@@ -113,13 +116,21 @@ class UnitFeed:
         while True:
             unit = await self._queue.get()
             epoch = self._epoch()
-            outputs = await session.step(unit)
+            try:
+                outputs = await session.step(unit)
+            except Exception as exc:  # noqa: BLE001 - told to the session, logged in full
+                # A model bug ends the model's part in this session, loudly; the
+                # session itself (its log, its socket) carries on.
+                log.exception("model step failed in session %s", self._session_id)
+                self._failed = True
+                self._post(mb.ModelFailed(f"{type(exc).__name__}: {exc}", epoch))
+                return
             if outputs:
                 self._post(mb.UnitOutputs(outputs=outputs, epoch=epoch))
 
     async def _clock(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._failed:
             await asyncio.sleep(self._unit_s)
             quiet = loop.time() - self._last_input
             if quiet >= self._unit_s * QUIET_UNITS and self._queue.empty():
