@@ -231,7 +231,8 @@ async def test_response_overrides_in_the_ga_spelling(server):
     refused = [
         ({"conversation": "none"}, "response.conversation"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "response.input"),
-        ({"audio": {"output": {"format": {"type": "audio/flac"}}}}, "response.output_audio_format"),
+        # named as spelled, as session refusals are
+        ({"audio": {"output": {"format": {"type": "audio/flac"}}}}, "response.audio.output.format"),
     ]
     for response, param in refused:
         await client.send({"type": "response.create", "event_id": "r", "response": response})
