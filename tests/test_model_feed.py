@@ -122,6 +122,17 @@ async def test_the_adapter_hands_over_recent_turns_and_returns_unit_outputs():
     assert feed.take("resp_1") == []
 
 
+async def test_a_turn_models_tool_call_passes_through_the_adapter():
+    from duplex_server.sessions.core.model_port import FunctionCallPart
+
+    posted: list[object] = []
+    call = FunctionCallPart(call_id="call_1", name="lookup", arguments="{}")
+    feed = TurnFeed(Recorder([ModelChunk(function_call=call)]), posted.append)
+    feed.answer(request())
+    await settle(posted)
+    assert feed.take("resp_1") == [UnitOutput(function_call=call)]
+
+
 async def test_a_failing_model_ends_its_answer_with_the_reason():
     posted: list[object] = []
     feed = TurnFeed(Recorder([ModelChunk(text="a")], fail=True), posted.append)

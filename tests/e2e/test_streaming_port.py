@@ -147,3 +147,34 @@ async def test_a_failing_model_is_told_and_the_session_carries_on(server, monkey
     await client.send({"type": "session.heartbeat"})
     await client.recv_until("session.heartbeat_ack")
     assert steps == stepped
+
+
+async def test_a_tool_call_reaches_the_client_as_openai_shapes_it(server, monkeypatch):
+    """A native model's tool call: a function_call output item, its arguments
+    events, and the item in response.done and in the conversation (every
+    event checked against the openai SDK's models by the conformance fixture)."""
+    from duplex_server.models import scripted
+    from duplex_server.sessions.core.model_port import FunctionCallPart, UnitOutput
+
+    original = scripted.ScriptedSession.step
+
+    async def calling(self, unit):
+        outputs = await original(self, unit)
+        if self.spoken == 2:  # the second unit of the answer also calls a tool
+            call = FunctionCallPart(call_id="call_7", name="lookup", arguments='{"q": "tide"}')
+            outputs.append(UnitOutput(function_call=call))
+        return outputs
+
+    monkeypatch.setattr(scripted.ScriptedSession, "step", calling)
+    client, _ = await server.open()
+    await append_units(client, quiet(UNIT_MS * (LISTEN_UNITS + SPEAK_UNITS + 2)))
+    events = await client.recv_until("response.done", timeout=RESPONSE_TIMEOUT_S)
+    done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+    assert (done["call_id"], done["name"], done["arguments"]) == (
+        "call_7",
+        "lookup",
+        '{"q": "tide"}',
+    )
+    output = events[-1]["response"]["output"]
+    assert [item["type"] for item in output] == ["message", "function_call"]
+    assert output[1]["call_id"] == "call_7" and events[-1]["response"]["status"] == "completed"

@@ -20,12 +20,23 @@ from protocol.server_events import Capabilities
 from protocol.session_config import Tool
 
 
+class FunctionCallPart(msgspec.Struct, frozen=True):
+    """A complete tool call the model made (``arguments``: its JSON text).
+    It becomes a ``function_call`` item of the response that made it."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
 class ModelChunk(msgspec.Struct):
-    """One slice of a response: pcm16 audio at ``sample_rate_hz`` and/or text."""
+    """One slice of a response: pcm16 audio at ``sample_rate_hz``, text, and
+    a tool call, any of them."""
 
     audio: bytes = b""
     sample_rate_hz: int = 24_000
     text: str = ""
+    function_call: FunctionCallPart | None = None
 
 
 class HistoryItem(msgspec.Struct, frozen=True):
@@ -123,12 +134,13 @@ class UnitOutput(msgspec.Struct):
     """What the model decided and produced for one unit: a floor decision
     (``speak`` takes the floor, ``end_of_turn`` ends its answer, ``yield``
     gives the floor back mid-answer, ``listen`` keeps listening) and any
-    audio (pcm16 at ``sample_rate_hz``) and text it emitted."""
+    audio (pcm16 at ``sample_rate_hz``), text and tool call it emitted."""
 
     decision: UnitDecision | None = None
     audio: bytes = b""
     sample_rate_hz: int = 24_000
     text: str = ""
+    function_call: FunctionCallPart | None = None
 
 
 class UnitSession(Protocol):

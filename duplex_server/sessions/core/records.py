@@ -75,6 +75,7 @@ class ItemBody(Body, tag="item"):
     previous_item_id: str | None = None
     content_index: int = 0
     audio_end_ms: float = 0.0
+    response_id: str | None = None  # the response whose output it is (a model's tool call)
 
 
 class AckBody(Body, tag="ack"):

@@ -15,11 +15,11 @@ import msgspec
 from duplex_server.audio import encode_from_pcm16, pcm16_duration_ms
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.config import response_output_format
-from duplex_server.sessions.core.items import to_wire
-from duplex_server.sessions.core.model_port import ModelChunk, UnitOutput
-from duplex_server.sessions.core.records import DecisionBody, FenceBody, FenceReason
+from duplex_server.sessions.core.items import Item, to_wire
+from duplex_server.sessions.core.model_port import FunctionCallPart, ModelChunk, UnitOutput
+from duplex_server.sessions.core.records import DecisionBody, FenceBody, FenceReason, ItemBody
 from duplex_server.sessions.core.snapshot import ledger
-from duplex_server.sessions.core.state import Response
+from duplex_server.sessions.core.state import Response, SessionState
 from protocol.client_events import ResponseOverrides
 from protocol.items import ContentPart
 from protocol.server_events import (
@@ -27,6 +27,8 @@ from protocol.server_events import (
     AudioDeltaMetadata,
     ContentPartAdded,
     ContentPartDone,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
     ItemAdded,
     ItemDone,
     OpenAIStatusReason,
@@ -70,12 +72,11 @@ def _is_audio(response: Response) -> bool:
 
 def response_object(batch: Batch, response: Response) -> ResponseObject:
     state = batch.state
-    item = state.find_item(response.item_id)
     return ResponseObject(
         id=response.id,
         status=response.status,  # type: ignore[arg-type]  # the fold keeps these five
         status_details=status_details(response),
-        output=[to_wire(item)] if item is not None else [],
+        output=[to_wire(item) for item in _output_items(state, response)],
         modalities=list(response.modalities),
         output_modalities=list(response.modalities),
         metadata=response.metadata,
@@ -86,6 +87,11 @@ def response_object(batch: Batch, response: Response) -> ResponseObject:
             reason=response.reason or None,
         ),
     )
+
+
+def _output_items(state: SessionState, response: Response) -> list[Item]:
+    ids = [response.item_id, *response.call_item_ids]
+    return [item for item in map(state.find_item, ids) if item is not None]
 
 
 def status_details(response: Response) -> ResponseStatusDetails | None:
@@ -265,6 +271,50 @@ def finish_response(batch: Batch, status: str, reason: str = "") -> None:
     )
 
 
+def emit_function_call(batch: Batch, response: Response, call: FunctionCallPart) -> None:
+    """A tool call the model made: a ``function_call`` item of the response,
+    in the conversation and in the response's output, its arguments told
+    whole (the model hands over a complete call)."""
+    state, rid = batch.state, response.id
+    item_id = f"{response.item_id}_call{len(response.call_item_ids) + 1}"
+    previous = state.items[-1].id if state.items else None
+    item = Item(
+        id=item_id,
+        type="function_call",
+        call_id=call.call_id,
+        name=call.name,
+        arguments=call.arguments,
+    )
+    body = ItemBody(
+        op="create", item_id=item_id, item=item, previous_item_id=previous, response_id=rid
+    )
+    batch.fact(body, origin="server")
+    index = len(response.call_item_ids)  # the message is output 0
+    wire = to_wire(item)
+    batch.emit(OutputItemAdded(response_id=rid, output_index=index, item=wire), response_id=rid)
+    emit_twins(batch, ItemAdded(item=wire, previous_item_id=previous), rid)
+    call_id, arguments = call.call_id, call.arguments
+    batch.emit(
+        FunctionCallArgumentsDelta(
+            response_id=rid, item_id=item_id, output_index=index, call_id=call_id, delta=arguments
+        ),
+        response_id=rid,
+    )
+    batch.emit(
+        FunctionCallArgumentsDone(
+            response_id=rid,
+            item_id=item_id,
+            output_index=index,
+            call_id=call_id,
+            name=call.name,
+            arguments=arguments,
+        ),
+        response_id=rid,
+    )
+    batch.emit(OutputItemDone(response_id=rid, output_index=index, item=wire), response_id=rid)
+    batch.emit(ItemDone(item=wire, previous_item_id=previous), response_id=rid)
+
+
 def project_unit_outputs(
     batch: Batch,
     outputs: list[UnitOutput],
@@ -281,15 +331,17 @@ def project_unit_outputs(
     ``encoder_for(response_id)``: the stream encoder of formats with state."""
     for output in outputs:
         response = batch.state.response
-        produced = bool(output.audio or output.text)
+        produced = bool(output.audio or output.text or output.function_call)
         if response is None and (output.decision == "speak" or produced):
             _turn_event(batch, "assistant_generating")
             response = start_response(batch)
-        if response is not None and produced:
+        if response is not None and (output.audio or output.text):
             chunk = ModelChunk(
                 audio=output.audio, sample_rate_hz=output.sample_rate_hz, text=output.text
             )
             emit_chunk(batch, response, chunk, encoder_for(response.id))
+        if response is not None and output.function_call is not None:
+            emit_function_call(batch, response, output.function_call)
         if response is not None and output.decision in ("end_of_turn", "listen"):
             finish_response(batch, "completed")
             listen(batch, "model_end_of_turn")

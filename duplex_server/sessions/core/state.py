@@ -48,6 +48,8 @@ class Response(msgspec.Struct):
     metadata: dict[str, str] | None = None  # the client's, echoed back as OpenAI does
     requested: bool = False  # a response.create asked for it (or was folded into it)
     overrides: ResponseOverrides | None = None  # that response.create's, if any
+    # Its output items after the assistant message: the tool calls it made.
+    call_item_ids: list[str] = msgspec.field(default_factory=list)
 
 
 class InputBuffer(msgspec.Struct):
@@ -193,6 +195,9 @@ def _item(state: SessionState, body: ItemBody, seq: int) -> None:
             )
         state.items.insert(index, item)
         state.item_count += 1
+        response = state.response
+        if response is not None and body.response_id == response.id:
+            response.call_item_ids.append(item.id)
     elif body.op == "delete":
         state.items = [it for it in state.items if it.id != body.item_id]
     elif body.op == "truncate":

@@ -68,7 +68,10 @@ class TurnFeed:
                 pending = self._pending.setdefault(request.response_id, [])
                 pending.append(
                     UnitOutput(
-                        audio=chunk.audio, sample_rate_hz=chunk.sample_rate_hz, text=chunk.text
+                        audio=chunk.audio,
+                        sample_rate_hz=chunk.sample_rate_hz,
+                        text=chunk.text,
+                        function_call=chunk.function_call,
                     )
                 )
                 if len(pending) == 1:
