@@ -77,6 +77,8 @@ def create_app(config: ServerConfig) -> Starlette:
             journal_max_events=config.journal_max_events,
             journal_max_bytes=config.journal_max_bytes,
             retain_audio=config.retain_audio,
+            max_input_realtime_factor=config.max_input_realtime_factor,
+            input_burst_ms=config.input_burst_ms,
             retention_s=config.retention_s,
             purge_interval_s=config.purge_interval_s,
             lease_ttl_s=config.lease_ttl_ms / 1000,

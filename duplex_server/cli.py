@@ -106,6 +106,19 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="largest client frame; bigger ones get payload_too_large",
     )
     p.add_argument(
+        "--max-input-realtime-factor",
+        type=float,
+        default=DEFAULTS.max_input_realtime_factor,
+        help="input media admitted per second of wall time, per session (0: unbounded); "
+        "beyond it and the burst, appends get rate_limited",
+    )
+    p.add_argument(
+        "--input-burst-ms",
+        type=float,
+        default=DEFAULTS.input_burst_ms,
+        help="media a session may send ahead of its realtime factor",
+    )
+    p.add_argument(
         "--mailbox-size",
         type=int,
         default=DEFAULTS.mailbox_size,
@@ -168,6 +181,8 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         disconnect_grace_s=args.disconnect_grace_s,
         max_frame_bytes=args.max_frame_bytes,
         mailbox_size=args.mailbox_size,
+        max_input_realtime_factor=args.max_input_realtime_factor,
+        input_burst_ms=args.input_burst_ms,
         journal_max_events=args.journal_max_events,
         journal_max_bytes=args.journal_max_bytes,
         retain_audio=args.retain_audio,

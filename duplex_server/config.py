@@ -32,6 +32,8 @@ class ServerConfig:
     journal_max_events: int = ActorSettings.journal_max_events
     journal_max_bytes: int = ActorSettings.journal_max_bytes
     retain_audio: str = ActorSettings.retain_audio
+    max_input_realtime_factor: float = ActorSettings.max_input_realtime_factor
+    input_burst_ms: float = ActorSettings.input_burst_ms
     retention_s: float = ManagerSettings.retention_s
     purge_interval_s: float = ManagerSettings.purge_interval_s
     api_key: str | None = None

@@ -120,14 +120,20 @@ async def running_server(config: ServerConfig) -> AsyncIterator[RunningServer]:
 
 
 @pytest.fixture
-async def voice_server(tmp_path) -> AsyncIterator[RunningServer]:
-    """The cascade model listening for the test phrases (memory store)."""
+async def voice_server(tmp_path, request) -> AsyncIterator[RunningServer]:
+    """The cascade model listening for the test phrases (memory store);
+    a ``server_config`` marker overrides settings, as for ``server``."""
     from tests.speech import PHRASES
 
     phrases = tmp_path / "phrases.txt"
     phrases.write_text("\n".join(PHRASES))
+    marker = request.node.get_closest_marker("server_config")
     config = ServerConfig(
-        port=free_port(), store="memory", model="cascade", asr_phrases=str(phrases)
+        port=free_port(),
+        store="memory",
+        model="cascade",
+        asr_phrases=str(phrases),
+        **(marker.kwargs if marker else {}),
     )
     async with running_server(config) as running:
         yield running

@@ -266,3 +266,28 @@ async def test_a_frame_past_the_envelope_is_refused_before_it_is_buffered(server
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
     await bystander.send({"type": "session.heartbeat"})
     await bystander.expect("session.heartbeat_ack")
+
+
+@pytest.mark.server_config(max_input_realtime_factor=2.0, input_burst_ms=1000.0)
+async def test_input_faster_than_the_budget_is_rate_limited(server):
+    """Far more audio than real time allows: what is past the burst is refused
+    (rate_limited, naming each event), what was admitted is in the log in
+    order, and another session's heartbeat is answered meanwhile."""
+    bystander, _ = await server.open()
+    client, created = await server.open()
+    for index in range(40):  # 4 s of audio, sent at once
+        await client.append(tone_pcm16(100), event_id=f"a{index}")
+    await client.send({"type": "session.heartbeat"})
+    events = await client.recv_until("session.heartbeat_ack")
+    refused = [e["error"]["event_id"] for e in events if e["type"] == "error"]
+    assert refused and all(
+        e["error"]["code"] == "rate_limited" for e in events if e["type"] == "error"
+    )
+    admitted = 40 - len(refused)
+    assert 10 <= admitted < 40  # the 1 s burst, and a little earned meanwhile
+    assert refused == [f"a{i}" for i in range(40) if f"a{i}" in refused]
+    await bystander.send({"type": "session.heartbeat"})
+    await bystander.recv_until("session.heartbeat_ack")
+    records = await server.app.state.log.read(created["session"]["id"])
+    audio = [r for r in records if r.body.__class__.__name__ == "AudioBody"]
+    assert len(audio) == admitted

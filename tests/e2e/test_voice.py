@@ -218,6 +218,9 @@ async def test_silence_only_keeps_a_bounded_buffer(voice_server):
     assert actor.state.input.end_ms == 6000.0  # the timeline still counts all of it
 
 
+# Ten minutes sent at once: the input budget (a separate bound, tested in
+# test_bad_input) is lifted so the buffer's own bound is what refuses.
+@pytest.mark.server_config(max_input_realtime_factor=0)
 async def test_a_monologue_is_bounded_with_a_clear_error(voice_server):
     from duplex_server.sessions.core.commands import MAX_INPUT_MS
 

@@ -59,6 +59,7 @@ from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.codecs import SessionCodecs
 from duplex_server.sessions.runtime.hearing import Hearing
+from duplex_server.sessions.runtime.input_budget import InputBudget
 from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
 from duplex_server.sessions.runtime.lease import SessionLease, SessionMoved
 from duplex_server.sessions.runtime.lifecycle import Lifecycle, Phase
@@ -100,6 +101,10 @@ class ActorSettings:
     # "all": keep input audio in the log; "uncommitted": once the client has
     # acknowledged a turn's commit, its samples are compacted to metadata.
     retain_audio: str = "all"
+    # Input media admitted per second of wall time, and the burst beyond it
+    # (token bucket, runtime/input_budget.py); a factor of 0 lifts the bound.
+    max_input_realtime_factor: float = 2.0
+    input_burst_ms: float = 10_000.0
     # Called with (frame received -> records appended) in seconds, for metrics.
     observe_append: Callable[[float], None] = field(default=_ignore)
 
@@ -142,6 +147,9 @@ class SessionActor:
         # nothing is served until a refold from the log succeeds.
         self._dirty = False
         self.codecs = SessionCodecs()
+        self.input_budget = InputBudget(
+            settings.max_input_realtime_factor, settings.input_burst_ms, time.monotonic()
+        )
         self.hearing = Hearing(model, self.post)
         self._end_requested = False
 
@@ -505,6 +513,7 @@ class SessionActor:
         self.settings.observe_append(time.perf_counter() - message.received_at)
         await self.apply_effects(effects)
         if isinstance(event, InputAudioAppend):
+            self._charge_input(batch)
             self._feed_model(batch)
             await self._hear(batch)
 
@@ -530,11 +539,12 @@ class SessionActor:
             transcript, error = await self.hearing.transcribe(self.state)
             return HandlerContext(self.model, transcript=transcript, transcription_error=error)
         if isinstance(command, InputAudioAppend):
-            throttled = (
-                "the model is behind real time on this session's audio; slow down"
-                if self._feed.full
-                else None
-            )
+            throttled = None
+            if self._feed.full:
+                throttled = "the model is behind real time on this session's audio; slow down"
+            elif not self.input_budget.admits(time.monotonic()):
+                factor = self.settings.max_input_realtime_factor
+                throttled = f"audio is arriving faster than {factor:g}x real time; slow down"
             return HandlerContext(
                 self.model, decode_stream=self.codecs.decode_opus, input_throttled=throttled
             )
@@ -581,6 +591,10 @@ class SessionActor:
             await self._finish_close()
 
     # --- the model: its input and its output ---------------------------------
+
+    def _charge_input(self, batch: Batch) -> None:
+        media_ms = sum(r.body.duration_ms for r in batch.records if isinstance(r.body, AudioBody))
+        self.input_budget.charge(media_ms, time.monotonic())
 
     def _feed_model(self, batch: Batch) -> None:
         for record in batch.records:

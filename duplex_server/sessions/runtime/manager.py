@@ -50,6 +50,8 @@ class ManagerSettings:
     journal_max_events: int = ActorSettings.journal_max_events
     journal_max_bytes: int = ActorSettings.journal_max_bytes
     retain_audio: str = ActorSettings.retain_audio
+    max_input_realtime_factor: float = ActorSettings.max_input_realtime_factor
+    input_burst_ms: float = ActorSettings.input_burst_ms
     retention_s: float = 7 * 24 * 3600.0
     purge_interval_s: float = 60.0
     # Shared stores: how long a lease lives unrenewed (renewed every third of it).
@@ -78,6 +80,8 @@ class SessionManager:
             journal_max_events=s.journal_max_events,
             journal_max_bytes=s.journal_max_bytes,
             retain_audio=s.retain_audio,
+            max_input_realtime_factor=s.max_input_realtime_factor,
+            input_burst_ms=s.input_burst_ms,
         )
         if s.observe_append is not None:
             settings.observe_append = s.observe_append
