@@ -79,6 +79,7 @@ def create_app(config: ServerConfig) -> Starlette:
             retain_audio=config.retain_audio,
             max_input_realtime_factor=config.max_input_realtime_factor,
             input_burst_ms=config.input_burst_ms,
+            max_session_media_bytes=config.max_session_media_bytes,
             retention_s=config.retention_s,
             purge_interval_s=config.purge_interval_s,
             lease_ttl_s=config.lease_ttl_ms / 1000,

@@ -119,6 +119,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="media a session may send ahead of its realtime factor",
     )
     p.add_argument(
+        "--max-session-media-bytes",
+        type=int,
+        default=DEFAULTS.max_session_media_bytes,
+        help="audio samples and video frames one session may send in its life "
+        "(0: unbounded); beyond it, appends get resource_exhausted",
+    )
+    p.add_argument(
         "--mailbox-size",
         type=int,
         default=DEFAULTS.mailbox_size,
@@ -183,6 +190,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         mailbox_size=args.mailbox_size,
         max_input_realtime_factor=args.max_input_realtime_factor,
         input_burst_ms=args.input_burst_ms,
+        max_session_media_bytes=args.max_session_media_bytes,
         journal_max_events=args.journal_max_events,
         journal_max_bytes=args.journal_max_bytes,
         retain_audio=args.retain_audio,

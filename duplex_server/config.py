@@ -34,6 +34,7 @@ class ServerConfig:
     retain_audio: str = ActorSettings.retain_audio
     max_input_realtime_factor: float = ActorSettings.max_input_realtime_factor
     input_burst_ms: float = ActorSettings.input_burst_ms
+    max_session_media_bytes: int = ActorSettings.max_session_media_bytes
     retention_s: float = ManagerSettings.retention_s
     purge_interval_s: float = ManagerSettings.purge_interval_s
     api_key: str | None = None

@@ -20,6 +20,7 @@ PlaybackCommitPolicy = Literal["ack_only", "commit_all_on_done"]
 Unit = Annotated[float, Meta(ge=0.0, le=1.0)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 PositiveFloat = Annotated[float, Meta(gt=0.0)]
+MAX_IDLE_TIMEOUT_S = 24 * 3600.0
 
 
 Eagerness = Literal["low", "medium", "high", "auto"]
@@ -122,6 +123,7 @@ class SessionUpdate(msgspec.Struct, omit_defaults=True):
     speed: PositiveFloat | UnsetType = UNSET
     overlap_policy: OverlapPolicy | UnsetType = UNSET
     playback_commit_policy: PlaybackCommitPolicy | UnsetType = UNSET
-    idle_timeout_s: PositiveFloat | None | UnsetType = UNSET
+    # A session may ask to be kept a day without a word, not forever.
+    idle_timeout_s: Annotated[float, Meta(gt=0.0, le=MAX_IDLE_TIMEOUT_S)] | None | UnsetType = UNSET
     ref_audio: str | None | UnsetType = UNSET
     extra_body: ExtraBody | UnsetType = UNSET

@@ -122,6 +122,24 @@ CASES = [
     ),
     ("binary garbage", b"\xff\xfe", "invalid_json", None),
     (
+        "too many video frames",
+        json.dumps(
+            {
+                "type": "input_audio_buffer.append",
+                "audio": b64(b"\x00\x00"),
+                "video_frames": [b64(b"\xff\xd8")] * 9,
+            }
+        ),
+        "invalid_event",
+        "video_frames",
+    ),
+    (
+        "idle timeout beyond the server's cap",
+        json.dumps({"type": "session.update", "session": {"idle_timeout_s": 1e300}}),
+        "invalid_event",
+        "session.idle_timeout_s",
+    ),
+    (
         "nested too deep",
         '{"type":"session.update","session":{"metadata":{"k":' + "[" * 975 + "]" * 975 + "}}}",
         "invalid_json",
@@ -291,3 +309,15 @@ async def test_input_faster_than_the_budget_is_rate_limited(server):
     records = await server.app.state.log.read(created["session"]["id"])
     audio = [r for r in records if r.body.__class__.__name__ == "AudioBody"]
     assert len(audio) == admitted
+
+
+@pytest.mark.server_config(max_session_media_bytes=20_000, max_input_realtime_factor=0)
+async def test_a_sessions_media_is_bounded_over_its_life(server):
+    client, created = await server.open()
+    for index in range(5):  # 4,800 bytes each: 24,000 in all, past the 20,000 cap
+        await client.append(tone_pcm16(100), event_id=f"a{index}")
+    await client.append(tone_pcm16(100), event_id="past")
+    error = await client.expect("error")
+    assert (error["error"]["code"], error["error"]["event_id"]) == ("resource_exhausted", "past")
+    await client.send({"type": "input_audio_buffer.commit"})  # the rest of the session works
+    await client.recv_until("response.done")

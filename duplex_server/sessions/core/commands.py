@@ -98,9 +98,9 @@ class HandlerContext:
     # transcript, and the client is told why first.
     transcription_error: ProtocolError | None = None
     decode_stream: Callable[[bytes], bytes] | None = None
-    # Why the runtime cannot take more audio now (a model behind real time,
-    # the session's input budget spent): the append is refused, rate_limited.
-    input_throttled: str | None = None
+    # Why the runtime cannot take more input now (its budget is spent, the
+    # model is behind real time): the append is refused with this error.
+    input_refused: ProtocolError | None = None
 
 
 # Each handler takes its own event type; the table is keyed by that type.
@@ -238,8 +238,9 @@ def decode_audio(data: bytes, fmt: AudioFormat, event_id: str | None, param: str
 def audio_append(batch: Batch, event: ce.InputAudioAppend, ctx: HandlerContext) -> Effects:
     """``ctx.decode_stream``: the session's decoder for codecs whose packets
     depend on the ones before (Opus); the runtime keeps it."""
-    if ctx.input_throttled is not None:
-        raise ProtocolError("rate_limited", ctx.input_throttled, event_id=event.event_id)
+    if ctx.input_refused is not None:
+        ctx.input_refused.event_id = event.event_id
+        raise ctx.input_refused
     stream_decoder = ctx.decode_stream
     state = batch.state
     _check_epoch(state, event)
@@ -271,10 +272,7 @@ def audio_append(batch: Batch, event: ce.InputAudioAppend, ctx: HandlerContext) 
             param="sample_rate_hz",
             event_id=event.event_id,
         )
-    frames = [
-        decode_base64(strip_data_url(frame), param=f"video_frames.{index}", event_id=event.event_id)
-        for index, frame in enumerate(event.video_frames)
-    ]
+    frames = _video_frames(event)
     batch.fact(
         AudioBody(
             pcm=pcm,
@@ -288,6 +286,33 @@ def audio_append(batch: Batch, event: ce.InputAudioAppend, ctx: HandlerContext) 
     for data in frames:
         batch.fact(FrameBody(data=data, audio_ms=state.input.audio_ms))
     return Effects()
+
+
+MAX_VIDEO_FRAMES = 8  # per append
+MAX_VIDEO_FRAME_BYTES = 1024 * 1024  # decoded
+
+
+def _video_frames(event: ce.InputAudioAppend) -> list[bytes]:
+    if len(event.video_frames) > MAX_VIDEO_FRAMES:
+        raise ProtocolError(
+            "invalid_event",
+            f"at most {MAX_VIDEO_FRAMES} video frames per append",
+            param="video_frames",
+            event_id=event.event_id,
+        )
+    frames = []
+    for index, frame in enumerate(event.video_frames):
+        param = f"video_frames.{index}"
+        data = decode_base64(strip_data_url(frame), param=param, event_id=event.event_id)
+        if len(data) > MAX_VIDEO_FRAME_BYTES:
+            raise ProtocolError(
+                "payload_too_large",
+                f"a video frame is at most {MAX_VIDEO_FRAME_BYTES} bytes",
+                param=param,
+                event_id=event.event_id,
+            )
+        frames.append(data)
+    return frames
 
 
 # One uncommitted turn holds at most this much audio (a monologue is bounded;

@@ -64,7 +64,11 @@ from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MA
 from duplex_server.sessions.runtime.lease import SessionLease, SessionMoved
 from duplex_server.sessions.runtime.lifecycle import Lifecycle, Phase
 from duplex_server.sessions.runtime.model_feed import open_feed
-from duplex_server.sessions.runtime.recovery import journal_entries, recent_turn_audio
+from duplex_server.sessions.runtime.recovery import (
+    journal_entries,
+    media_bytes,
+    recent_turn_audio,
+)
 from duplex_server.sessions.runtime.retention import AudioRetention
 from duplex_server.sessions.runtime.turn_feed import RECENT_TURNS
 from protocol.client_events import ClientEvent, InputAudioAppend, InputAudioCommit, SessionResume
@@ -105,6 +109,8 @@ class ActorSettings:
     # (token bucket, runtime/input_budget.py); a factor of 0 lifts the bound.
     max_input_realtime_factor: float = 2.0
     input_burst_ms: float = 10_000.0
+    # Media (audio samples, video frames) one session may put in the log.
+    max_session_media_bytes: int = 1024 * 1024 * 1024
     # Called with (frame received -> records appended) in seconds, for metrics.
     observe_append: Callable[[float], None] = field(default=_ignore)
 
@@ -148,7 +154,10 @@ class SessionActor:
         self._dirty = False
         self.codecs = SessionCodecs()
         self.input_budget = InputBudget(
-            settings.max_input_realtime_factor, settings.input_burst_ms, time.monotonic()
+            settings.max_input_realtime_factor,
+            settings.input_burst_ms,
+            settings.max_session_media_bytes,
+            time.monotonic(),
         )
         self.hearing = Hearing(model, self.post)
         self._end_requested = False
@@ -228,6 +237,7 @@ class SessionActor:
         self.state = fold(records, self._initial())
         self.lease.fence = fence
         self.journal.restore(journal_entries(records), self.state.server_event_seq)
+        self.input_budget.used_bytes = media_bytes(records)
         for item_id, pcm in recent_turn_audio(self.state, records, RECENT_TURNS):
             self._feed.keep_turn(item_id, pcm)
         batch = self.new_batch()
@@ -539,14 +549,13 @@ class SessionActor:
             transcript, error = await self.hearing.transcribe(self.state)
             return HandlerContext(self.model, transcript=transcript, transcription_error=error)
         if isinstance(command, InputAudioAppend):
-            throttled = None
-            if self._feed.full:
-                throttled = "the model is behind real time on this session's audio; slow down"
-            elif not self.input_budget.admits(time.monotonic()):
-                factor = self.settings.max_input_realtime_factor
-                throttled = f"audio is arriving faster than {factor:g}x real time; slow down"
+            refused = self.input_budget.refusal(time.monotonic())
+            if refused is None and self._feed.full:
+                refused = ProtocolError(
+                    "rate_limited", "the model is behind real time on this session's audio"
+                )
             return HandlerContext(
-                self.model, decode_stream=self.codecs.decode_opus, input_throttled=throttled
+                self.model, decode_stream=self.codecs.decode_opus, input_refused=refused
             )
         return HandlerContext(self.model)
 
@@ -594,7 +603,7 @@ class SessionActor:
 
     def _charge_input(self, batch: Batch) -> None:
         media_ms = sum(r.body.duration_ms for r in batch.records if isinstance(r.body, AudioBody))
-        self.input_budget.charge(media_ms, time.monotonic())
+        self.input_budget.charge(media_ms, media_bytes(batch.records), time.monotonic())
 
     def _feed_model(self, batch: Batch) -> None:
         for record in batch.records:

@@ -52,6 +52,7 @@ class ManagerSettings:
     retain_audio: str = ActorSettings.retain_audio
     max_input_realtime_factor: float = ActorSettings.max_input_realtime_factor
     input_burst_ms: float = ActorSettings.input_burst_ms
+    max_session_media_bytes: int = ActorSettings.max_session_media_bytes
     retention_s: float = 7 * 24 * 3600.0
     purge_interval_s: float = 60.0
     # Shared stores: how long a lease lives unrenewed (renewed every third of it).
@@ -82,6 +83,7 @@ class SessionManager:
             retain_audio=s.retain_audio,
             max_input_realtime_factor=s.max_input_realtime_factor,
             input_burst_ms=s.input_burst_ms,
+            max_session_media_bytes=s.max_session_media_bytes,
         )
         if s.observe_append is not None:
             settings.observe_append = s.observe_append

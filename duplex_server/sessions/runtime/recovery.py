@@ -1,8 +1,8 @@
-"""Pure helpers that turn a dead process's log back into a live actor's caches."""
+"""Pure helpers that read a log back into a live actor's caches and budgets."""
 
 from __future__ import annotations
 
-from duplex_server.sessions.core.records import AudioBody, ItemBody, OutBody, Record
+from duplex_server.sessions.core.records import AudioBody, FrameBody, ItemBody, OutBody, Record
 from duplex_server.sessions.core.state import SessionState
 
 
@@ -40,3 +40,17 @@ def _samples(records: list[Record]) -> bytes:
         elif isinstance(record.body, ItemBody):
             chunks.extend(record.body.audio)
     return b"".join(chunks)
+
+
+def media_bytes(records: list[Record]) -> int:
+    """Audio samples and video frames the records hold (a session's media budget)."""
+    total = 0
+    for record in records:
+        body = record.body
+        if isinstance(body, AudioBody):
+            total += len(body.pcm)
+        elif isinstance(body, FrameBody):
+            total += len(body.data)
+        elif isinstance(body, ItemBody):
+            total += sum(len(audio) for audio in body.audio)
+    return total
