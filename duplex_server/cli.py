@@ -158,6 +158,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--api-key",
+        type=_api_key,
         default=DEFAULTS.api_key,
         help="require this key (Bearer header or subprotocol); default: none",
     )
@@ -174,6 +175,19 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         default=DEFAULTS.log_level,
         choices=["critical", "error", "warning", "info", "debug"],
     )
+
+
+MIN_API_KEY_CHARS = 16
+
+
+def _api_key(value: str) -> str:
+    """An empty or guessable key would look like protection and be none."""
+    if len(value.strip()) < MIN_API_KEY_CHARS:
+        raise argparse.ArgumentTypeError(
+            f"an API key needs at least {MIN_API_KEY_CHARS} characters "
+            "(an empty or short one protects nothing)"
+        )
+    return value
 
 
 def _config(args: argparse.Namespace) -> ServerConfig:
@@ -223,6 +237,7 @@ def _tune_gc() -> None:
 def serve(config: ServerConfig) -> None:
     import uvicorn
 
+    from duplex_server import redaction
     from duplex_server.app import create_app
     from duplex_server.sessions.log.sqlite_store import StoreError
     from duplex_server.transport import uvicorn_config
@@ -230,12 +245,14 @@ def serve(config: ServerConfig) -> None:
     try:
         app = create_app(config)
     except (ValueError, StoreError) as exc:
-        sys.exit(f"duplex-server: {exc}")
+        sys.exit(f"duplex-server: {redaction.redact(str(exc))}")
     logging.basicConfig(
         level=config.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s"
     )
     _tune_gc()
-    uvicorn.Server(uvicorn_config(app, config)).run()
+    server = uvicorn.Server(uvicorn_config(app, config))
+    redaction.install()  # after uvicorn configured its loggers
+    server.run()
 
 
 def _add_audit(sub: argparse._SubParsersAction) -> None:

@@ -15,11 +15,13 @@ from starlette.responses import (
 )
 
 from duplex_server.auth import is_authorized
+from duplex_server.redaction import redact
 from duplex_server.sessions.core.records import to_line
 from duplex_server.sessions.core.snapshot import session_object
 from duplex_server.sessions.log.store import UnknownSession
 
 _encoder = msgspec.json.Encoder()
+MAX_SEQ = 2**63  # record seqs are signed 64-bit in every store
 WEB_DIR = Path(__file__).parent / "web"
 
 
@@ -44,19 +46,22 @@ async def voice_page(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    """``degraded`` (still HTTP 200: the process serves) while the store does not answer."""
+    """``degraded`` (still HTTP 200: the process serves) while the store does
+    not answer. Anyone may ask whether the server lives; the details (the
+    store, with any password redacted, the replica, the load) are for
+    callers with the key when the server has one."""
     state = request.app.state
     store_ok = await state.log.ping()
-    return _json(
-        {
-            "status": "ok" if store_ok else "degraded",
+    status: dict[str, object] = {"status": "ok" if store_ok else "degraded"}
+    if _unauthorized(request) is None:
+        status |= {
             "store_reachable": store_ok,
             "sessions": len(state.manager.actors),
             "model": state.model.name,
-            "store": state.config.store,
+            "store": redact(state.config.store),
             "replica_id": state.config.replica_id,
         }
-    )
+    return _json(status)
 
 
 async def models(request: Request) -> Response:
@@ -77,6 +82,8 @@ async def models(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    if (denied := _unauthorized(request)) is not None:
+        return denied
     state = request.app.state
     return PlainTextResponse(
         state.metrics.render(len(state.manager.actors)), media_type="text/plain; version=0.0.4"
@@ -106,6 +113,8 @@ async def session_events(request: Request) -> Response:
         after = int(request.query_params.get("after", "0"))
     except ValueError:
         return _error(400, "invalid_request", "after must be an integer")
+    if not 0 <= after < MAX_SEQ:
+        return _error(400, "invalid_request", f"after must be between 0 and {MAX_SEQ - 1}")
     try:
         records = await request.app.state.log.read(session_id, after)
     except UnknownSession:
