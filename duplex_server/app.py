@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -116,4 +117,5 @@ def create_app(config: ServerConfig) -> Starlette:
     app.state.manager = manager
     app.state.metrics = metrics
     app.state.decoder = FrameDecoder(config.max_frame_bytes)
+    app.state.sockets_per_address = Counter()  # open WebSockets per client address
     return app

@@ -163,6 +163,24 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="require this key (Bearer header or subprotocol); default: none",
     )
     p.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=DEFAULTS.header_timeout_s,
+        help="a connection whose request head is not whole within this is closed",
+    )
+    p.add_argument(
+        "--handshake-timeout-s",
+        type=float,
+        default=DEFAULTS.handshake_timeout_s,
+        help="an autostart=0 socket that sends no event within this gets config_timeout",
+    )
+    p.add_argument(
+        "--max-connections-per-ip",
+        type=int,
+        default=DEFAULTS.max_connections_per_ip,
+        help="open HTTP connections, and open WebSockets, per client address (0: no cap)",
+    )
+    p.add_argument(
         "--replica-id", default=default_replica_id(), help="this process's lease owner id"
     )
     p.add_argument(
@@ -210,6 +228,9 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         retain_audio=args.retain_audio,
         retention_s=args.retention_s,
         api_key=args.api_key,
+        header_timeout_s=args.header_timeout_s,
+        handshake_timeout_s=args.handshake_timeout_s,
+        max_connections_per_ip=args.max_connections_per_ip,
         replica_id=args.replica_id,
         log_level=args.log_level,
         ws_per_message_deflate=args.ws_per_message_deflate,

@@ -38,6 +38,12 @@ class ServerConfig:
     retention_s: float = ManagerSettings.retention_s
     purge_interval_s: float = ManagerSettings.purge_interval_s
     api_key: str | None = None
+    # A request head must arrive whole within this; an autostart=0 socket
+    # must send its first event within handshake_timeout_s.
+    header_timeout_s: float = 10.0
+    handshake_timeout_s: float = 10.0
+    # Open HTTP connections, and open WebSockets, per client address (0: no cap).
+    max_connections_per_ip: int = 64
     replica_id: str = field(default_factory=default_replica_id)
     log_level: str = "info"
     ws_per_message_deflate: bool = False

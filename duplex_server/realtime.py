@@ -7,8 +7,11 @@ socket's end. Everything else happens in the actor.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections import Counter
 
+from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from duplex_server.auth import is_authorized
@@ -76,14 +79,18 @@ class RealtimeConnection:
         )
         self.actor: SessionActor | None = None
 
-    async def run(self, autostart: bool, model: str | None) -> None:
+    async def run(self, autostart: bool, model: str | None, handshake_timeout_s: float) -> None:
         if autostart:
             patch = SessionUpdate(model=model) if model else SessionUpdate()
             if not await self._open(patch, handshake=False):
                 return
+        deadline = asyncio.get_running_loop().time() + handshake_timeout_s
         try:
             while True:
-                message = await self.websocket.receive()
+                message = await self._receive(deadline)
+                if message is None:
+                    await self._handshake_timed_out(handshake_timeout_s)
+                    break
                 if message["type"] == "websocket.disconnect":
                     break
                 frame = message.get("text")
@@ -95,6 +102,28 @@ class RealtimeConnection:
         finally:
             if self.actor is not None:
                 self.actor.detach(self.attachment.generation)
+
+    async def _receive(self, deadline: float) -> Message | None:
+        """The next message; until a session is open, None once the
+        handshake deadline passes (a socket that never opens one would hold
+        its slot forever)."""
+        if self.actor is not None:
+            return await self.websocket.receive()
+        remaining = deadline - asyncio.get_running_loop().time()
+        try:
+            return await asyncio.wait_for(self.websocket.receive(), max(0.0, remaining))
+        except TimeoutError:
+            return None
+
+    async def _handshake_timed_out(self, timeout_s: float) -> None:
+        await self._send_error(
+            ProtocolError(
+                "config_timeout",
+                f"no session was opened within {timeout_s:g} s: send session.update "
+                "(or session.resume) first",
+            )
+        )
+        await self.attachment.close(CloseCode.POLICY_VIOLATION, "config_timeout")
 
     async def _send_error(self, err: ProtocolError) -> None:
         await self.attachment.send_now(_error_frame(err))
@@ -181,6 +210,25 @@ def _flag(value: str | None, default: bool) -> bool:
 
 
 async def realtime_endpoint(websocket: WebSocket) -> None:
+    """One socket; a client address holds at most ``max_connections_per_ip``
+    of them (refused before the upgrade: HTTP 403)."""
+    app_state = websocket.app.state
+    address = websocket.client.host if websocket.client else ""
+    sockets: Counter[str] = app_state.sockets_per_address
+    cap = app_state.config.max_connections_per_ip
+    if cap and sockets[address] >= cap:
+        await websocket.close(CloseCode.TRY_AGAIN_LATER, "too many connections from this address")
+        return
+    sockets[address] += 1
+    try:
+        await _serve_socket(websocket)
+    finally:
+        sockets[address] -= 1
+        if not sockets[address]:
+            del sockets[address]
+
+
+async def _serve_socket(websocket: WebSocket) -> None:
     app_state = websocket.app.state
     offered = websocket.scope.get("subprotocols", [])
     subprotocol = "realtime" if "realtime" in offered else None
@@ -196,4 +244,4 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         params.get("duplex"), False
     )
     connection = RealtimeConnection(websocket, app_state.manager, app_state.decoder, duplex)
-    await connection.run(autostart, params.get("model"))
+    await connection.run(autostart, params.get("model"), app_state.config.handshake_timeout_s)

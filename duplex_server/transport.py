@@ -1,10 +1,22 @@
 """How the server meets the network: uvicorn's settings, one place for the
-CLI and the tests, so the limits the tests exercise are the ones served."""
+CLI and the tests, so the limits the tests exercise are the ones served.
+
+uvicorn closes an idle keep-alive connection, but not one that never
+finishes a request head: a client that connects and says nothing, or sends
+half a request, would hold a socket (and a file descriptor) forever. The
+HTTP protocol here gives every request head a deadline and caps the HTTP
+connections one client address may hold; a connection that upgrades to a
+WebSocket leaves that count, and the WebSocket endpoint caps its own.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
+
 import uvicorn
 from starlette.applications import Starlette
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from duplex_server.config import ServerConfig
 
@@ -12,6 +24,62 @@ from duplex_server.config import ServerConfig
 # this is read and refused with a coded payload_too_large; anything larger is
 # refused by the WebSocket layer (close 1009) before it is buffered.
 FRAME_ENVELOPE_BYTES = 64 * 1024
+
+
+def guarded_http(header_timeout_s: float, max_per_address: int) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with a deadline for each request head
+    and at most ``max_per_address`` open HTTP connections per client address
+    (0: no cap)."""
+    open_per_address: Counter[str] = Counter()
+
+    class GuardedHttp(HttpToolsProtocol):
+        _address: str | None = None
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            address = self.client[0] if self.client else ""
+            if max_per_address and open_per_address[address] >= max_per_address:
+                transport.close()
+                return
+            open_per_address[address] += 1
+            self._address = address
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            self._arm()  # each request on a kept-alive connection gets its own deadline
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def handle_websocket_upgrade(self) -> None:
+            self._release()  # the WebSocket endpoint counts it from here
+            super().handle_websocket_upgrade()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._release()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(header_timeout_s, self.transport.close)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _release(self) -> None:
+            self._disarm()
+            if self._address is not None:
+                open_per_address[self._address] -= 1
+                if not open_per_address[self._address]:
+                    del open_per_address[self._address]
+                self._address = None
+
+    return GuardedHttp
 
 
 def uvicorn_config(
@@ -22,6 +90,7 @@ def uvicorn_config(
         host=config.host,
         port=config.port,
         log_level=log_level or config.log_level,
+        http=guarded_http(config.header_timeout_s, config.max_connections_per_ip),
         ws_max_size=config.max_frame_bytes + FRAME_ENVELOPE_BYTES,
         ws_ping_interval=None,
         ws_per_message_deflate=config.ws_per_message_deflate,

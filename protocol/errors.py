@@ -27,6 +27,7 @@ ERROR_CLASS: dict[str, str] = {
     "native_text_append_unsupported": INVALID_REQUEST,
     "stale_epoch": INVALID_REQUEST,
     "session_not_open": INVALID_REQUEST,
+    "config_timeout": INVALID_REQUEST,
     "session_resume_expired": INVALID_REQUEST,
     "session_resume_invalid": INVALID_REQUEST,
     "resource_exhausted": RATE_LIMIT,

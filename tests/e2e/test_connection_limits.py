@@ -1,0 +1,77 @@
+"""One client cannot hold the server's sockets: request heads have a
+deadline, a client address holds a bounded number of connections and
+WebSockets, and a socket that opens no session is closed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import websockets
+
+from tests.wsclient import WsClient
+
+
+async def _closed_within(reader: asyncio.StreamReader, timeout_s: float) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(1024), timeout_s) == b""
+    except TimeoutError:
+        return False
+
+
+@pytest.mark.server_config(header_timeout_s=0.5)
+async def test_a_silent_or_half_sent_request_is_closed_at_the_header_deadline(server):
+    silent_reader, silent = await asyncio.open_connection("127.0.0.1", server.config.port)
+    half_reader, half = await asyncio.open_connection("127.0.0.1", server.config.port)
+    half.write(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+    await half.drain()
+    assert await _closed_within(silent_reader, 10.0)
+    assert await _closed_within(half_reader, 10.0)
+    for writer in (silent, half):
+        writer.close()
+    bystander, _ = await server.open()  # the server serves on
+    await bystander.send({"type": "session.heartbeat"})
+    await bystander.expect("session.heartbeat_ack")
+
+
+@pytest.mark.server_config(header_timeout_s=30.0, max_connections_per_ip=3)
+async def test_an_address_holds_a_bounded_number_of_http_connections(server):
+    held = [await asyncio.open_connection("127.0.0.1", server.config.port) for _ in range(3)]
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.config.port)
+    assert await _closed_within(reader, 10.0)  # the fourth is closed at once
+    writer.close()
+    _, first = held.pop()
+    first.close()
+    await asyncio.sleep(0.2)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.config.port)
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    for _, other in [*held, (reader, writer)]:
+        other.close()
+
+
+@pytest.mark.server_config(max_connections_per_ip=2)
+async def test_an_address_holds_a_bounded_number_of_websockets(server):
+    first, _ = await server.open()
+    second, _ = await server.open()
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        await WsClient.connect(server.ws_url)
+    assert refused.value.response.status_code == 403
+    await first.close()
+    await asyncio.sleep(0.2)
+    third, _ = await server.open()  # a slot came free
+    await third.send({"type": "session.heartbeat"})
+    await third.recv_until("session.heartbeat_ack")
+    await second.send({"type": "session.heartbeat"})
+    await second.recv_until("session.heartbeat_ack")
+
+
+@pytest.mark.server_config(handshake_timeout_s=0.5)
+async def test_a_socket_that_opens_no_session_is_closed(server):
+    client = await WsClient.connect(server.ws_url + "&autostart=0")
+    error = await client.expect("error")
+    assert error["error"]["code"] == "config_timeout"
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await client.recv(timeout=5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
