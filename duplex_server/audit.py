@@ -68,11 +68,18 @@ def show_log(reader: SqliteReader, session_id: str) -> list[str]:
     lines = []
     for record in reader.records(session_id):
         event = f" [{record.event_id}]" if record.event_id else ""
-        lines.append(
+        line = (
             f"{record.seq:>6}  {_when(record.ts_ms)}  e{record.epoch:<3} {record.origin:8} "
             f"{record.kind:8} {_summary(record.body)}{event}"
         )
+        lines.append(printable(line))
     return lines
+
+
+def printable(text: str) -> str:
+    """Clients choose event ids and texts: escape what a terminal would act
+    on (escape sequences, carriage returns) instead of printing it raw."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
 def _readable(value: object) -> object:

@@ -43,3 +43,23 @@ async def test_inspect_and_replay(tmp_path):
     assert missing.returncode != 0 and "no session sess_missing" in missing.stderr
     absent = cli("replay", str(tmp_path / "absent.db"), "x")
     assert absent.returncode != 0 and "no such session database" in absent.stderr
+
+
+async def test_inspect_escapes_what_a_client_wrote_and_reads_any_path(tmp_path):
+    folder = tmp_path / "logs#1?"
+    folder.mkdir()
+    db = folder / "audit.db"
+    server = ServerProcess(f"sqlite:{db}").start()
+    try:
+        client = await WsClient.connect(server.ws_url)
+        session_id = (await client.expect("session.created"))["session"]["id"]
+        await client.append(tone_pcm16(100), event_id="\x1b[2J\x1b]0;owned\x07\rfake")
+        await client.send({"type": "session.heartbeat"})
+        await client.recv_until("session.heartbeat_ack")
+        await client.close()
+    finally:
+        server.stop()
+    log = cli("inspect", str(db), session_id)
+    assert log.returncode == 0, log.stderr
+    assert "\x1b" not in log.stdout and "\r" not in log.stdout and "\x07" not in log.stdout
+    assert "[\\x1b[2J\\x1b]0;owned\\x07\\rfake]" in log.stdout

@@ -455,7 +455,8 @@ class SqliteReader:
         if not self.path.exists():
             raise StoreError(f"{self.path}: no such session database")
         check_database(self.path)
-        self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        # As a URI, so read-only; as_uri() escapes what a URI would misread ('#', '?').
+        self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
 
     def sessions(self) -> list[SessionRow]:
         rows = self._conn.execute(
