@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
@@ -109,6 +111,7 @@ def create_app(config: ServerConfig) -> Starlette:
             WebSocketRoute("/v1/realtime", realtime_endpoint),
             WebSocketRoute("/v1/duplex", realtime_endpoint),
         ],
+        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=config.allowed_hosts)],
         lifespan=lifespan,
     )
     app.state.config = config

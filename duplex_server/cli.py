@@ -181,6 +181,21 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="open HTTP connections, and open WebSockets, per client address (0: no cap)",
     )
     p.add_argument(
+        "--allowed-origins",
+        type=_names,
+        default=DEFAULTS().allowed_origins,
+        help="comma-separated Origins whose WebSockets are accepted (a browser page "
+        "elsewhere is refused with 403); default: any",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        type=_names,
+        default=DEFAULTS().allowed_hosts,
+        help="comma-separated Host names served (others get 400); default: any",
+    )
+    p.add_argument("--ssl-certfile", default=None, help="serve https/wss with this certificate")
+    p.add_argument("--ssl-keyfile", default=None, help="the certificate's private key")
+    p.add_argument(
         "--replica-id", default=default_replica_id(), help="this process's lease owner id"
     )
     p.add_argument(
@@ -208,7 +223,13 @@ def _api_key(value: str) -> str:
     return value
 
 
+def _names(value: str) -> list[str]:
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
 def _config(args: argparse.Namespace) -> ServerConfig:
+    if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
+        raise SystemExit("duplex-server: --ssl-certfile and --ssl-keyfile go together")
     return ServerConfig(
         host=args.host,
         port=args.port,
@@ -231,6 +252,10 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         header_timeout_s=args.header_timeout_s,
         handshake_timeout_s=args.handshake_timeout_s,
         max_connections_per_ip=args.max_connections_per_ip,
+        allowed_origins=args.allowed_origins,
+        allowed_hosts=args.allowed_hosts,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
         replica_id=args.replica_id,
         log_level=args.log_level,
         ws_per_message_deflate=args.ws_per_message_deflate,

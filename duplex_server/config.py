@@ -44,6 +44,13 @@ class ServerConfig:
     handshake_timeout_s: float = 10.0
     # Open HTTP connections, and open WebSockets, per client address (0: no cap).
     max_connections_per_ip: int = 64
+    # Browser pages whose WebSockets are accepted (an Origin header not listed
+    # is refused; none listed: any), and the Host names served ("*": any).
+    allowed_origins: list[str] = field(default_factory=list)
+    allowed_hosts: list[str] = field(default_factory=lambda: ["*"])
+    # TLS: both set, the server speaks https and wss only.
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
     replica_id: str = field(default_factory=default_replica_id)
     log_level: str = "info"
     ws_per_message_deflate: bool = False

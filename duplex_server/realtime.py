@@ -211,13 +211,20 @@ def _flag(value: str | None, default: bool) -> bool:
 
 async def realtime_endpoint(websocket: WebSocket) -> None:
     """One socket; a client address holds at most ``max_connections_per_ip``
-    of them (refused before the upgrade: HTTP 403)."""
+    of them, and a browser page may open one only from an allowed Origin
+    (both refused before the upgrade: HTTP 403)."""
     app_state = websocket.app.state
     address = websocket.client.host if websocket.client else ""
     sockets: Counter[str] = app_state.sockets_per_address
     cap = app_state.config.max_connections_per_ip
     if cap and sockets[address] >= cap:
         await websocket.close(CloseCode.TRY_AGAIN_LATER, "too many connections from this address")
+        return
+    origin = websocket.headers.get("origin")
+    allowed = app_state.config.allowed_origins
+    if allowed and origin is not None and origin not in allowed:
+        # A page elsewhere must not drive a user's browser into this server.
+        await websocket.close(CloseCode.POLICY_VIOLATION, "origin not allowed")
         return
     sockets[address] += 1
     try:

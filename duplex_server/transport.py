@@ -94,4 +94,6 @@ def uvicorn_config(
         ws_max_size=config.max_frame_bytes + FRAME_ENVELOPE_BYTES,
         ws_ping_interval=None,
         ws_per_message_deflate=config.ws_per_message_deflate,
+        ssl_certfile=config.ssl_certfile,
+        ssl_keyfile=config.ssl_keyfile,
     )
