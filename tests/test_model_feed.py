@@ -156,3 +156,25 @@ async def test_a_stopped_answer_is_aborted_and_says_nothing_more():
     assert model.aborted == ["resp_1"]
     assert feed.take("resp_1") == []
     assert not any(isinstance(message, mb.StreamEnd) for message in posted)
+
+
+def test_model_audio_is_encoded_in_bounded_pieces():
+    from duplex_server.sessions.core.model_port import FunctionCallPart
+    from duplex_server.sessions.runtime.model_feed import MAX_OUTPUT_PIECE_MS, bounded
+
+    rate = 24_000
+    audio = bytes(range(256)) * (rate * 5 // 256)  # 2.5 s of pcm16
+    call = FunctionCallPart(call_id="c", name="n", arguments="{}")
+    ending = UnitOutput(
+        decision="end_of_turn", audio=audio, sample_rate_hz=rate, text="hi", function_call=call
+    )
+    pieces = bounded(ending)
+    assert b"".join(p.audio for p in pieces) == audio
+    assert all(len(p.audio) <= rate * MAX_OUTPUT_PIECE_MS // 1000 * 2 for p in pieces)
+    assert [p.text for p in pieces] == ["hi", "", ""]
+    assert [p.decision for p in pieces] == [None, None, "end_of_turn"]
+    assert [p.function_call for p in pieces] == [None, None, call]
+    speaking = bounded(UnitOutput(decision="speak", audio=audio, sample_rate_hz=rate))
+    assert [p.decision for p in speaking] == ["speak", None, None]
+    small = UnitOutput(audio=b"\x00\x00" * 10)
+    assert bounded(small) == [small]

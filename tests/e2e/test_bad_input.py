@@ -321,3 +321,32 @@ async def test_a_sessions_media_is_bounded_over_its_life(server):
     assert (error["error"]["code"], error["error"]["event_id"]) == ("resource_exhausted", "past")
     await client.send({"type": "input_audio_buffer.commit"})  # the rest of the session works
     await client.recv_until("response.done")
+
+
+async def test_a_large_append_is_decoded_off_the_event_loop(server, monkeypatch):
+    """Big appends are decoded on a worker thread (the loop keeps serving);
+    what they say, and what is wrong with them, is unchanged."""
+    import asyncio
+
+    from duplex_server.sessions.runtime import actor as actor_module
+
+    offloaded = []
+    real = asyncio.to_thread
+
+    async def counting(function, *args):
+        offloaded.append(function.__name__)
+        return await real(function, *args)
+
+    monkeypatch.setattr(actor_module.asyncio, "to_thread", counting)
+    client, created = await server.open()
+    await client.append(tone_pcm16(6000), event_id="big")  # 288 KB: past the offload size
+    await client.append(tone_pcm16(100), event_id="small")
+    await client.send_raw(
+        json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\x01" * 300_001)})
+    )
+    error = await client.expect("error")
+    assert (error["error"]["code"], error["error"]["param"]) == ("invalid_audio", "audio")
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("input_audio_buffer.committed")
+    assert events[-1]["event"]["audio_ms"] == 6100.0
+    assert offloaded == ["decode_append", "decode_append"]  # the big one and the bad one

@@ -101,6 +101,9 @@ class HandlerContext:
     # Why the runtime cannot take more input now (its budget is spent, the
     # model is behind real time): the append is refused with this error.
     input_refused: ProtocolError | None = None
+    # A large append's pcm16, decoded by the runtime off the event loop (or
+    # why it could not be); None: the handler decodes it.
+    decoded: bytes | ProtocolError | None = None
 
 
 # Each handler takes its own event type; the table is keyed by that type.
@@ -215,6 +218,29 @@ def _check_epoch(state: SessionState, event: ce.ClientEvent) -> None:
         )
 
 
+def append_format(state: SessionState, event: ce.InputAudioAppend) -> AudioFormat:
+    """The format an append's audio is in, after the checks that come before
+    decoding it (its epoch, its format and rate)."""
+    _check_epoch(state, event)
+    return _input_format(state, event)
+
+
+def decode_append(
+    event: ce.InputAudioAppend, fmt: AudioFormat, stream_decoder: Callable[[bytes], bytes] | None
+) -> bytes:
+    """An append's audio as pcm16 (pure apart from ``stream_decoder``'s state:
+    Opus packets depend on the ones before); ProtocolError if undecodable."""
+    raw = decode_base64(event.audio, param="audio", event_id=event.event_id)
+    if stream_decoder is not None and fmt.name == OPUS:
+        try:
+            return stream_decoder(raw)
+        except ValueError as exc:  # the codec's error: an undecodable packet
+            raise ProtocolError(
+                "invalid_audio", str(exc), param="audio", event_id=event.event_id
+            ) from None
+    return decode_audio(raw, fmt, event.event_id, "audio")
+
+
 def _input_format(state: SessionState, event: ce.InputAudioAppend) -> AudioFormat:
     if event.format is None and event.sample_rate_hz is None:
         return state.config.input_format
@@ -237,24 +263,16 @@ def decode_audio(data: bytes, fmt: AudioFormat, event_id: str | None, param: str
 
 def audio_append(batch: Batch, event: ce.InputAudioAppend, ctx: HandlerContext) -> Effects:
     """``ctx.decode_stream``: the session's decoder for codecs whose packets
-    depend on the ones before (Opus); the runtime keeps it."""
+    depend on the ones before (Opus); the runtime keeps it. ``ctx.decoded``:
+    a large append the runtime already decoded off the event loop."""
     if ctx.input_refused is not None:
         ctx.input_refused.event_id = event.event_id
         raise ctx.input_refused
-    stream_decoder = ctx.decode_stream
     state = batch.state
-    _check_epoch(state, event)
-    fmt = _input_format(state, event)
-    raw = decode_base64(event.audio, param="audio", event_id=event.event_id)
-    if stream_decoder is not None and fmt.name == OPUS:
-        try:
-            pcm = stream_decoder(raw)
-        except ValueError as exc:  # the codec's error: an undecodable packet
-            raise ProtocolError(
-                "invalid_audio", str(exc), param="audio", event_id=event.event_id
-            ) from None
-    else:
-        pcm = decode_audio(raw, fmt, event.event_id, "audio")
+    fmt = append_format(state, event)
+    if isinstance(ctx.decoded, ProtocolError):
+        raise ctx.decoded
+    pcm = ctx.decoded if ctx.decoded is not None else decode_append(event, fmt, ctx.decode_stream)
     duration_ms = pcm16_duration_ms(len(pcm), fmt.sample_rate_hz)
     if state.input.audio_ms + duration_ms > MAX_INPUT_MS:
         raise ProtocolError(

@@ -16,7 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import Effects, HandlerContext, check_session_patch
+from duplex_server.sessions.core.commands import (
+    Effects,
+    HandlerContext,
+    append_format,
+    check_session_patch,
+    decode_append,
+)
 from duplex_server.sessions.core.config import (
     merge_config,
     response_config,
@@ -88,6 +94,10 @@ from protocol.server_events import (
 from protocol.session_config import SessionUpdate
 
 log = logging.getLogger(__name__)
+
+# Appends larger than this (base64 characters: ~190 KB of samples, 4 s of
+# 24 kHz pcm16) are decoded on a worker thread instead of the event loop.
+OFFLOAD_DECODE_CHARS = 256 * 1024
 
 DRAIN_TIMEOUT_S = 2.0
 
@@ -554,10 +564,30 @@ class SessionActor:
                 refused = ProtocolError(
                     "rate_limited", "the model is behind real time on this session's audio"
                 )
+            decoded = None
+            if refused is None and len(command.audio) > OFFLOAD_DECODE_CHARS:
+                decoded = await self._decode_off_loop(command)
             return HandlerContext(
-                self.model, decode_stream=self.codecs.decode_opus, input_refused=refused
+                self.model,
+                decode_stream=self.codecs.decode_opus,
+                input_refused=refused,
+                decoded=decoded,
             )
         return HandlerContext(self.model)
+
+    async def _decode_off_loop(self, event: InputAudioAppend) -> bytes | ProtocolError | None:
+        """Decode (and for Opus, run the session's decoder over) a large
+        append on a worker thread, so one client's big chunk never holds the
+        event loop; the actor waits, other sessions run. None when the
+        append is refused before decoding (the handler says why)."""
+        try:
+            fmt = append_format(self.state, event)
+        except ProtocolError:
+            return None
+        try:
+            return await asyncio.to_thread(decode_append, event, fmt, self.codecs.decode_opus)
+        except ProtocolError as err:
+            return err
 
     # --- hearing: server VAD, partial transcripts, speech over the answer ----
 

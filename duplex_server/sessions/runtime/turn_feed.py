@@ -29,6 +29,7 @@ import msgspec
 
 from duplex_server.sessions.core.model_port import Answering, ResponseRequest, UnitOutput
 from duplex_server.sessions.runtime import mailbox as mb
+from duplex_server.sessions.runtime.model_feed import bounded
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +67,15 @@ class TurnFeed:
         try:
             async for chunk in self.model.stream(request):
                 pending = self._pending.setdefault(request.response_id, [])
-                pending.append(
-                    UnitOutput(
-                        audio=chunk.audio,
-                        sample_rate_hz=chunk.sample_rate_hz,
-                        text=chunk.text,
-                        function_call=chunk.function_call,
-                    )
+                was_empty = not pending
+                output = UnitOutput(
+                    audio=chunk.audio,
+                    sample_rate_hz=chunk.sample_rate_hz,
+                    text=chunk.text,
+                    function_call=chunk.function_call,
                 )
-                if len(pending) == 1:
+                pending.extend(bounded(output))
+                if was_empty:
                     self._post(mb.Chunks(request.response_id, request.epoch))
         except asyncio.CancelledError:
             raise

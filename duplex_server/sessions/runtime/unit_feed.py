@@ -32,6 +32,7 @@ from duplex_server.sessions.core.model_port import (
 )
 from duplex_server.sessions.core.units import UnitFramer
 from duplex_server.sessions.runtime import mailbox as mb
+from duplex_server.sessions.runtime.model_feed import bounded
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,8 @@ class UnitFeed:
                 self._post(mb.ModelFailed(f"{type(exc).__name__}: {exc}", epoch))
                 return
             if outputs:
-                self._post(mb.UnitOutputs(outputs=outputs, epoch=epoch))
+                pieces = [piece for output in outputs for piece in bounded(output)]
+                self._post(mb.UnitOutputs(outputs=pieces, epoch=epoch))
 
     async def _clock(self) -> None:
         loop = asyncio.get_running_loop()
