@@ -14,6 +14,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from duplex_server import http_routes
+from duplex_server.auth import KeyRing
 from duplex_server.config import ServerConfig
 from duplex_server.metrics import Metrics
 from duplex_server.models import build_model
@@ -58,7 +59,16 @@ def read_phrases(path: str | None) -> list[str] | None:
     return phrases
 
 
+def key_ring(config: ServerConfig) -> KeyRing:
+    if config.api_keys_file is not None:
+        if config.api_key is not None:
+            raise ValueError("--api-key and --api-keys-file: choose one")
+        return KeyRing.load(config.api_keys_file)
+    return KeyRing.single(config.api_key)
+
+
 def create_app(config: ServerConfig) -> Starlette:
+    keys = key_ring(config)
     log = open_store(config)
     model = build_model(
         config.model,
@@ -115,6 +125,7 @@ def create_app(config: ServerConfig) -> Starlette:
         lifespan=lifespan,
     )
     app.state.config = config
+    app.state.keys = keys
     app.state.log = log
     app.state.model = model
     app.state.manager = manager

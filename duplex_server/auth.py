@@ -1,16 +1,105 @@
-"""Optional API-key check for HTTP and WebSocket requests.
+"""Who is calling: API keys, the principal each names, and its scopes.
 
-Browsers cannot set headers on a WebSocket, so the key is also accepted as
-the ``openai-insecure-api-key.<key>`` subprotocol, as OpenAI's own endpoint does.
+A key is presented as ``Authorization: Bearer KEY`` or, since browsers
+cannot set headers on a WebSocket, as the ``openai-insecure-api-key.KEY``
+subprotocol, as OpenAI's own endpoint takes it. The server keeps only each
+key's SHA-256 (``--api-keys-file``: one JSON object a line, written by
+``duplex-server keys add``), so a leaked file gives no key away; a key is
+looked up by its digest. A principal is the name a key carries, its scopes
+(``realtime``: open and resume sessions; ``batch``: the batch routes;
+``admin``: every session's log, details and metrics) and its session quota.
+A server with no keys at all is open: everyone is the anonymous principal
+with every scope.
 """
 
 from __future__ import annotations
 
-import hmac
+import hashlib
+import json
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
 
 from starlette.requests import HTTPConnection
 
 SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
+SCOPES = ("realtime", "batch", "admin")
+KEY_PREFIX = "dsk_"
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    scopes: frozenset[str]
+    max_sessions: int = 0  # live sessions it may hold at once (0: the server's cap only)
+
+    def may(self, scope: str) -> bool:
+        return scope in self.scopes
+
+    def owns(self, owner: str | None) -> bool:
+        """Whether a session opened by ``owner`` is this principal's to use:
+        its own, or any for ``admin``."""
+        return self.may("admin") or owner is None or owner == self.name
+
+
+ANONYMOUS = Principal("anonymous", frozenset(SCOPES))
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class KeyFileError(ValueError):
+    """``--api-keys-file`` does not say what keys to accept."""
+
+
+class KeyRing:
+    def __init__(self, by_digest: dict[str, Principal]) -> None:
+        self._by_digest = by_digest
+
+    @property
+    def open(self) -> bool:
+        return not self._by_digest
+
+    @classmethod
+    def single(cls, key: str | None) -> KeyRing:
+        """``--api-key``: one key, every scope."""
+        if key is None:
+            return cls({})
+        return cls({key_digest(key): Principal("default", frozenset(SCOPES))})
+
+    @classmethod
+    def load(cls, path: str | Path) -> KeyRing:
+        by_digest: dict[str, Principal] = {}
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as exc:
+            raise KeyFileError(f"--api-keys-file {path}: {exc.strerror}") from None
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                scopes = frozenset(entry["scopes"])
+                principal = Principal(entry["name"], scopes, int(entry.get("max_sessions", 0)))
+                digest = str(entry["sha256"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise KeyFileError(f"--api-keys-file {path}:{number}: {exc!r}") from None
+            if not scopes <= set(SCOPES) or len(digest) != 64:
+                raise KeyFileError(f"--api-keys-file {path}:{number}: unknown scope or bad digest")
+            by_digest[digest] = principal
+        if not by_digest:
+            raise KeyFileError(f"--api-keys-file {path}: no keys in the file")
+        return cls(by_digest)
+
+    def principal(self, key: str | None) -> Principal | None:
+        """The principal ``key`` names; None for a missing or unknown key
+        (anonymous on an open server)."""
+        if self.open:
+            return ANONYMOUS
+        if key is None:
+            return None
+        return self._by_digest.get(key_digest(key))
 
 
 def presented_key(conn: HTTPConnection) -> str | None:
@@ -23,8 +112,24 @@ def presented_key(conn: HTTPConnection) -> str | None:
     return None
 
 
-def is_authorized(conn: HTTPConnection, api_key: str | None) -> bool:
-    if api_key is None:
-        return True
-    key = presented_key(conn)
-    return key is not None and hmac.compare_digest(key.encode(), api_key.encode())
+def caller(conn: HTTPConnection) -> Principal | None:
+    """The principal of the request's key (None: missing or wrong key)."""
+    keys: KeyRing = conn.app.state.keys
+    return keys.principal(presented_key(conn))
+
+
+def new_key_entry(name: str, scopes: list[str], max_sessions: int) -> tuple[str, str]:
+    """A fresh key and the line that makes a keys file accept it."""
+    unknown = set(scopes) - set(SCOPES)
+    if unknown:
+        raise ValueError(f"unknown scopes {sorted(unknown)}; known: {', '.join(SCOPES)}")
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    line = json.dumps(
+        {
+            "name": name,
+            "sha256": key_digest(key),
+            "scopes": sorted(scopes),
+            "max_sessions": max_sessions,
+        }
+    )
+    return key, line

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import sys
 
 from duplex_server.config import ServerConfig, default_replica_id
@@ -163,6 +164,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="require this key (Bearer header or subprotocol); default: none",
     )
     p.add_argument(
+        "--api-keys-file",
+        default=DEFAULTS.api_keys_file,
+        help="accept the keys in this file (one JSON object a line, names, hashes, scopes, "
+        "quotas; write it with `duplex-server keys add`) instead of --api-key",
+    )
+    p.add_argument(
         "--header-timeout-s",
         type=float,
         default=DEFAULTS.header_timeout_s,
@@ -249,6 +256,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         retain_audio=args.retain_audio,
         retention_s=args.retention_s,
         api_key=args.api_key,
+        api_keys_file=args.api_keys_file,
         header_timeout_s=args.header_timeout_s,
         handshake_timeout_s=args.handshake_timeout_s,
         max_connections_per_ip=args.max_connections_per_ip,
@@ -311,6 +319,36 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:
     replay.add_argument("--model", default="echo", choices=MODEL_NAMES)
 
 
+def _add_keys(sub: argparse._SubParsersAction) -> None:
+    keys = sub.add_parser("keys", help="manage the API keys of --api-keys-file")
+    actions = keys.add_subparsers(dest="keys_action", required=True)
+    add = actions.add_parser("add", help="make a key, print it once, store only its hash")
+    add.add_argument("path", help="the keys file (created if missing)")
+    add.add_argument("name", help="the key's principal: the sessions it opens are its")
+    add.add_argument(
+        "--scopes",
+        type=_names,
+        default=["realtime"],
+        help="realtime, batch, admin (comma-separated)",
+    )
+    add.add_argument(
+        "--max-sessions", type=int, default=0, help="live sessions it may hold (0: no quota)"
+    )
+
+
+def _keys(args: argparse.Namespace) -> None:
+    from duplex_server.auth import new_key_entry
+
+    try:
+        key, line = new_key_entry(args.name, args.scopes, args.max_sessions)
+    except ValueError as exc:
+        sys.exit(f"duplex-server: {exc}")
+    # Readable by its owner only: hashes, but also names and quotas.
+    with os.fdopen(os.open(args.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a") as out:
+        out.write(line + "\n")
+    print(key)
+
+
 def _audit(args: argparse.Namespace) -> None:
     from duplex_server import audit
     from duplex_server.sessions.log.sqlite_store import SqliteReader, StoreError
@@ -335,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_audit(sub)
+    _add_keys(sub)
     from duplex_server.bench.cli import add_bench
 
     add_bench(sub)
@@ -343,6 +382,8 @@ def main(argv: list[str] | None = None) -> None:
         serve(_config(args))
     elif args.command in ("inspect", "replay"):
         _audit(args)
+    elif args.command == "keys":
+        _keys(args)
     else:
         args.run(args)
 

@@ -38,6 +38,7 @@ class ServerConfig:
     retention_s: float = ManagerSettings.retention_s
     purge_interval_s: float = ManagerSettings.purge_interval_s
     api_key: str | None = None
+    api_keys_file: str | None = None  # named keys with scopes and quotas (auth.KeyRing)
     # A request head must arrive whole within this; an autostart=0 socket
     # must send its first event within handshake_timeout_s.
     header_timeout_s: float = 10.0

@@ -14,9 +14,9 @@ from starlette.responses import (
     StreamingResponse,
 )
 
-from duplex_server.auth import is_authorized
+from duplex_server.auth import Principal, caller
 from duplex_server.redaction import redact
-from duplex_server.sessions.core.records import to_line
+from duplex_server.sessions.core.records import ConfigBody, to_line
 from duplex_server.sessions.core.snapshot import session_object
 from duplex_server.sessions.log.store import UnknownSession
 
@@ -30,14 +30,30 @@ def _json(payload: object, status: int = 200) -> Response:
 
 
 def _error(status: int, code: str, message: str) -> Response:
-    kind = "authentication_error" if status == 401 else "invalid_request_error"
+    kind = "authentication_error" if status in (401, 403) else "invalid_request_error"
     return JSONResponse({"error": {"type": kind, "code": code, "message": message}}, status)
 
 
-def _unauthorized(request: Request) -> Response | None:
-    if is_authorized(request, request.app.state.config.api_key):
+def _principal(request: Request, scope: str | None = None) -> Principal | Response:
+    """The caller, or the response that refuses it: 401 for a missing or
+    wrong key, 403 for a key without ``scope``."""
+    principal = caller(request)
+    if principal is None:
+        return _error(401, "unauthorized", "missing or wrong API key")
+    if scope is not None and not principal.may(scope):
+        return _error(403, "forbidden", f"this key lacks the {scope!r} scope")
+    return principal
+
+
+def _not_yours(principal: Principal, owner: str | None) -> Response | None:
+    if principal.owns(owner):
         return None
-    return _error(401, "unauthorized", "missing or wrong API key")
+    return _error(403, "forbidden", "this session was opened with another key")
+
+
+def _owner(records: list) -> str | None:
+    opening = next((r.body for r in records if isinstance(r.body, ConfigBody)), None)
+    return opening.owner if opening is not None else None
 
 
 async def voice_page(request: Request) -> Response:
@@ -53,7 +69,8 @@ async def health(request: Request) -> Response:
     state = request.app.state
     store_ok = await state.log.ping()
     status: dict[str, object] = {"status": "ok" if store_ok else "degraded"}
-    if _unauthorized(request) is None:
+    principal = caller(request)
+    if principal is not None and principal.may("admin"):
         status |= {
             "store_reachable": store_ok,
             "sessions": len(state.manager.actors),
@@ -82,7 +99,7 @@ async def models(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    if (denied := _unauthorized(request)) is not None:
+    if isinstance(denied := _principal(request, "admin"), Response):
         return denied
     state = request.app.state
     return PlainTextResponse(
@@ -91,8 +108,9 @@ async def metrics(request: Request) -> Response:
 
 
 async def session_detail(request: Request) -> Response:
-    if (denied := _unauthorized(request)) is not None:
-        return denied
+    """A live session's object, or how an ended one ended: its owner's (or an admin's)."""
+    if isinstance(principal := _principal(request), Response):
+        return principal
     session_id = request.path_params["session_id"]
     manager = request.app.state.manager
     actor = manager.actors.get(session_id)
@@ -100,14 +118,23 @@ async def session_detail(request: Request) -> Response:
         ended = manager.ended_reason(session_id)
         if ended is None:
             return _error(404, "session_not_found", f"no session {session_id}")
+        try:
+            owner = _owner(await request.app.state.log.read(session_id))
+        except UnknownSession:
+            owner = None  # purged: only how it ended is left
+        if (refused := _not_yours(principal, owner)) is not None:
+            return refused
         return _json({"id": session_id, "state": "closed", "reason": ended})
+    if (refused := _not_yours(principal, actor.state.owner)) is not None:
+        return refused
     return _json(session_object(actor.state, actor.model.capabilities))
 
 
 async def session_events(request: Request) -> Response:
-    """The session's log as JSON lines (``?after=SEQ`` to page)."""
-    if (denied := _unauthorized(request)) is not None:
-        return denied
+    """The session's log as JSON lines (``?after=SEQ`` to page): its owner's
+    (or an admin's)."""
+    if isinstance(principal := _principal(request), Response):
+        return principal
     session_id = request.path_params["session_id"]
     try:
         after = int(request.query_params.get("after", "0"))
@@ -115,10 +142,14 @@ async def session_events(request: Request) -> Response:
         return _error(400, "invalid_request", "after must be an integer")
     if not 0 <= after < MAX_SEQ:
         return _error(400, "invalid_request", f"after must be between 0 and {MAX_SEQ - 1}")
+    log = request.app.state.log
     try:
-        records = await request.app.state.log.read(session_id, after)
+        records = await log.read(session_id, after)
+        opening = records if after == 0 else await log.read(session_id)
     except UnknownSession:
         return _error(404, "session_not_found", f"no session {session_id}")
+    if (refused := _not_yours(principal, _owner(opening))) is not None:
+        return refused
 
     async def lines():
         for record in records:

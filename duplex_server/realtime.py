@@ -11,10 +11,11 @@ import asyncio
 import logging
 from collections import Counter
 
+from starlette.responses import JSONResponse
 from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from duplex_server.auth import is_authorized
+from duplex_server.auth import ANONYMOUS, Principal, caller
 from duplex_server.sessions.runtime.actor import SessionActor
 from duplex_server.sessions.runtime.attachment import Attachment, TransportClosed
 from duplex_server.sessions.runtime.manager import SessionManager
@@ -65,9 +66,11 @@ class RealtimeConnection:
         websocket: WebSocket,
         manager: SessionManager,
         decoder: FrameDecoder,
+        principal: Principal,
         duplex: bool = True,
     ) -> None:
         self.websocket = websocket
+        self.principal = principal  # sessions it opens are its; it resumes only its own
         self.duplex = duplex
         self.manager = manager
         self.decoder = decoder
@@ -133,7 +136,12 @@ class RealtimeConnection:
     ) -> bool:
         try:
             self.actor = await self.manager.open(
-                self.attachment, patch, handshake, openai_semantics=not self.duplex
+                self.attachment,
+                patch,
+                handshake,
+                openai_semantics=not self.duplex,
+                owner=None if self.principal is ANONYMOUS else self.principal.name,
+                owner_quota=self.principal.max_sessions,
             )
         except ProtocolError as err:
             err.event_id = err.event_id or event_id
@@ -190,7 +198,7 @@ class RealtimeConnection:
             return
         fresh = Attachment(self.attachment.transport, dialect=self.attachment.dialect)
         try:
-            actor = await self.manager.resume(fresh, request)
+            actor = await self.manager.resume(fresh, request, self.principal.owns)
         except ProtocolError as err:
             await self._send_error(err)
             return
@@ -237,18 +245,23 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
 
 async def _serve_socket(websocket: WebSocket) -> None:
     app_state = websocket.app.state
+    principal = caller(websocket)
+    if principal is None or not principal.may("realtime"):
+        # Refused before the upgrade: no half-open socket for a wrong key.
+        status, code = (401, "unauthorized") if principal is None else (403, "forbidden")
+        message = "missing or wrong API key" if principal is None else "this key lacks realtime"
+        body = {"error": {"type": "authentication_error", "code": code, "message": message}}
+        await websocket.send_denial_response(JSONResponse(body, status))
+        return
     offered = websocket.scope.get("subprotocols", [])
     subprotocol = "realtime" if "realtime" in offered else None
     await websocket.accept(subprotocol=subprotocol)
-    if not is_authorized(websocket, app_state.config.api_key):
-        err = ProtocolError("unauthorized", "missing or wrong API key")
-        await websocket.send_text(_error_frame(err).decode())
-        await websocket.close(CloseCode.POLICY_VIOLATION, "unauthorized")
-        return
     params = websocket.query_params
     autostart = _flag(params.get("autostart"), True) and "resume" not in params
     duplex = websocket.url.path.rstrip("/").endswith("/v1/duplex") or _flag(
         params.get("duplex"), False
     )
-    connection = RealtimeConnection(websocket, app_state.manager, app_state.decoder, duplex)
+    connection = RealtimeConnection(
+        websocket, app_state.manager, app_state.decoder, principal, duplex
+    )
     await connection.run(autostart, params.get("model"), app_state.config.handshake_timeout_s)

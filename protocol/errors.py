@@ -34,6 +34,7 @@ ERROR_CLASS: dict[str, str] = {
     "rate_limited": RATE_LIMIT,
     "payload_too_large": INVALID_REQUEST,
     "unauthorized": AUTHENTICATION,
+    "forbidden": AUTHENTICATION,
     "engine_error": SERVER_ERROR,
     "storage_unavailable": SERVER_ERROR,
 }

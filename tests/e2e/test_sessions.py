@@ -206,9 +206,11 @@ async def test_shutdown_tells_attached_clients(server):
 
 @pytest.mark.server_config(api_key="sekrit")
 async def test_api_key(server):
-    denied = await WsClient.connect(server.ws_url)
-    error = await denied.expect("error")
-    assert error["error"]["code"] == "unauthorized"
+    # refused before the upgrade (issue 16): an HTTP 401, no half-open socket
+    with pytest.raises(websockets.InvalidStatus) as denied:
+        await WsClient.connect(server.ws_url)
+    assert denied.value.response.status_code == 401
+    assert b'"unauthorized"' in denied.value.response.body
     allowed = await WsClient.connect(
         server.ws_url, additional_headers={"Authorization": "Bearer sekrit"}
     )

@@ -32,6 +32,9 @@ class ConfigBody(Body, tag="config"):
 
     patch: SessionUpdate
     openai_semantics: bool | None = None
+    # The principal (API key name) that opened the session: set by the
+    # opening record only; resume and the log routes are its alone.
+    owner: str | None = None
 
 
 class AudioBody(Body, tag="audio"):

@@ -91,6 +91,7 @@ class SessionState(msgspec.Struct):
     lease: Lease = msgspec.field(default_factory=Lease)
     recent_event_ids: list[str] = msgspec.field(default_factory=list)
     closed_reason: str | None = None
+    owner: str | None = None  # the principal that opened it (None: an open server's)
 
     def find_item(self, item_id: str) -> Item | None:
         for item in reversed(self.items):  # lookups are almost always of recent items
@@ -133,6 +134,8 @@ def _config(state: SessionState, body: ConfigBody, seq: int) -> None:
     state.config = merge_config(state.config, body.patch, state.turn_detection_types)
     if body.openai_semantics is not None:
         state.config.openai_semantics = body.openai_semantics
+    if body.owner is not None:
+        state.owner = body.owner
 
 
 def _audio(state: SessionState, body: AudioBody, seq: int) -> None:

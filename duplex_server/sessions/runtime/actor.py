@@ -69,6 +69,7 @@ from duplex_server.sessions.runtime.input_budget import InputBudget
 from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
 from duplex_server.sessions.runtime.lease import SessionLease, SessionMoved
 from duplex_server.sessions.runtime.lifecycle import Lifecycle, Phase
+from duplex_server.sessions.runtime.mailbox import OwnerCheck, anyone, not_yours
 from duplex_server.sessions.runtime.model_feed import open_feed
 from duplex_server.sessions.runtime.recovery import (
     journal_entries,
@@ -196,6 +197,7 @@ class SessionActor:
         patch: SessionUpdate,
         handshake: bool,
         openai_semantics: bool = False,
+        owner: str | None = None,
     ) -> None:
         """Create the log, take the lease, announce ``session.created`` to the socket."""
         # A refused opening patch stores nothing: checked before the log exists.
@@ -207,7 +209,7 @@ class SessionActor:
         batch = self.new_batch()
         self._lease_fact(batch, "attach", 1, token)
         opening = with_default_turn_detection(patch, self.model.turn_detection_types)
-        batch.fact(ConfigBody(patch=opening, openai_semantics=openai_semantics))
+        batch.fact(ConfigBody(patch=opening, openai_semantics=openai_semantics, owner=owner))
         if handshake:
             batch.emit(SessionUpdated(session=self._snapshot()))
         if not await self.commit_batch(batch):
@@ -288,9 +290,13 @@ class SessionActor:
         self._mailbox.put_nowait(mb.Reject(error, generation))
         return True
 
-    async def resume(self, attachment: Attachment, request: SessionResume) -> None:
+    async def resume(
+        self, attachment: Attachment, request: SessionResume, may_use: OwnerCheck = anyone
+    ) -> None:
+        """``may_use(owner)``: whether the caller may take a session its
+        ``owner`` opened (checked against the log's owner, in the actor)."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._mailbox.put_nowait(mb.Resume(attachment, request, done))
+        self._mailbox.put_nowait(mb.Resume(attachment, request, done, may_use))
         await done
 
     def detach(self, generation: int) -> None:
@@ -711,6 +717,9 @@ class SessionActor:
         request = message.request
         state = self.state
         cursor = request.last_received_server_event_seq
+        if not message.may_use(state.owner):
+            message.done.set_exception(not_yours(request))
+            return
         if not token_matches(request.resume_token, state.lease.token_hash):
             message.done.set_exception(
                 ProtocolError(

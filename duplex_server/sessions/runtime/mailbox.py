@@ -8,6 +8,7 @@ changes and lifecycle orders.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from duplex_server.sessions.core.model_port import UnitOutput
@@ -47,11 +48,29 @@ class StreamEnd:
     error: str | None
 
 
+# Whether a caller may use a session its owner (a principal's name) opened.
+OwnerCheck = Callable[[str | None], bool]
+
+
+def anyone(owner: str | None) -> bool:
+    return True
+
+
+def not_yours(request: SessionResume) -> ProtocolError:
+    return ProtocolError(
+        "forbidden",
+        "this session was opened with another key",
+        param="session_id",
+        event_id=request.event_id,
+    )
+
+
 @dataclass
 class Resume:
     attachment: Attachment
     request: SessionResume
     done: asyncio.Future[None]
+    may_use: OwnerCheck = anyone
 
 
 @dataclass

@@ -23,6 +23,7 @@ from duplex_server.sessions.log.tokens import new_session_id, token_matches
 from duplex_server.sessions.runtime.actor import ActorSettings, SessionActor
 from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.lease import SessionMoved
+from duplex_server.sessions.runtime.mailbox import OwnerCheck, anyone, not_yours
 from protocol.client_events import SessionResume
 from protocol.errors import ProtocolError
 from protocol.session_config import SessionUpdate
@@ -95,17 +96,27 @@ class SessionManager:
         patch: SessionUpdate,
         handshake: bool,
         openai_semantics: bool = False,
+        owner: str | None = None,
+        owner_quota: int = 0,
     ) -> SessionActor:
+        """``owner``: the principal opening it; it may hold ``owner_quota``
+        live sessions at once (0: only the server's cap applies)."""
         if len(self.actors) >= self.settings.max_sessions:
             raise ProtocolError(
                 "resource_exhausted",
                 f"server is at capacity ({self.settings.max_sessions} sessions); retry later",
             )
+        held = sum(1 for actor in self.actors.values() if actor.state.owner == owner)
+        if owner_quota and held >= owner_quota:
+            raise ProtocolError(
+                "resource_exhausted",
+                f"this key holds its quota of {owner_quota} live sessions; close one first",
+            )
         session_id = new_session_id()
         actor = SessionActor(session_id, self.log, self.model, self._actor_settings(), self._closed)
         self.actors[session_id] = actor
         try:
-            await actor.open(attachment, patch, handshake, openai_semantics)
+            await actor.open(attachment, patch, handshake, openai_semantics, owner)
         except LogError as exc:
             self.actors.pop(session_id, None)
             raise ProtocolError(
@@ -118,17 +129,19 @@ class SessionManager:
             self.settings.on_open()
         return actor
 
-    async def resume(self, attachment: Attachment, request: SessionResume) -> SessionActor:
+    async def resume(
+        self, attachment: Attachment, request: SessionResume, may_use: OwnerCheck = anyone
+    ) -> SessionActor:
         actor = self.actors.get(request.session_id)
         if actor is not None:
             try:
-                await actor.resume(attachment, request)
+                await actor.resume(attachment, request, may_use)
                 return actor
             except SessionMoved:
                 await actor.closed.wait()  # it stopped without writing; take it back below
         if self.log.shared and request.session_id not in self._ended:
-            actor = await self._take_over(request)
-            await actor.resume(attachment, request)
+            actor = await self._take_over(request, may_use)
+            await actor.resume(attachment, request, may_use)
             return actor
         if request.session_id in self._ended:
             raise ProtocolError(
@@ -219,7 +232,7 @@ class SessionManager:
 
     # --- shared stores: takeover, lease keeping, orphans --------------------
 
-    async def _take_over(self, request: SessionResume) -> SessionActor:
+    async def _take_over(self, request: SessionResume, may_use: OwnerCheck) -> SessionActor:
         """Serve here a session another replica owns or owned: check the token
         against the log, ask the owner to let go (or wait out a dead owner's
         lease), then rebuild the session from its stream."""
@@ -231,15 +244,15 @@ class SessionManager:
                 actor = self.actors.get(session_id)
                 if actor is not None:
                     return actor  # a concurrent resume took it over already
-                return await self._take_over_locked(request)
+                return await self._take_over_locked(request, may_use)
         finally:
             takeover.users -= 1
             if takeover.users == 0:  # kept only while resumes wait on it
                 self._takeovers.pop(session_id, None)
 
-    async def _take_over_locked(self, request: SessionResume) -> SessionActor:
+    async def _take_over_locked(self, request: SessionResume, may_use: OwnerCheck) -> SessionActor:
         session_id = request.session_id
-        self._check_resumable(request, await self._read_for_resume(request))
+        self._check_resumable(request, await self._read_for_resume(request), may_use)
         fence = await self._acquire_waiting(request)
         records = await self.log.read(session_id)
         now_ms = int(time.time() * 1000)
@@ -267,7 +280,9 @@ class SessionManager:
                 "storage_unavailable", f"cannot read the session: {exc}", event_id=request.event_id
             ) from exc
 
-    def _check_resumable(self, request: SessionResume, records: list[Record]) -> None:
+    def _check_resumable(
+        self, request: SessionResume, records: list[Record], may_use: OwnerCheck
+    ) -> None:
         state = fold(
             records,
             initial_state(request.session_id, self.model.name, self.model.turn_detection_types),
@@ -279,6 +294,8 @@ class SessionManager:
                 param="session_id",
                 event_id=request.event_id,
             )
+        if not may_use(state.owner):
+            raise not_yours(request)  # another key's session: nothing moves
         if not token_matches(request.resume_token, state.lease.token_hash):
             # Checked before disturbing the owner: a wrong token moves nothing.
             raise ProtocolError(
