@@ -140,6 +140,32 @@ CASES = [
         "session.idle_timeout_s",
     ),
     (
+        "assistant message with user content",
+        json.dumps(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "input_text", "text": "hi"}],
+                },
+            }
+        ),
+        "invalid_event",
+        "item.content.0.type",
+    ),
+    (
+        "unknown content type",
+        json.dumps(
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "message", "role": "user", "content": [{"type": "video"}]},
+            }
+        ),
+        "invalid_event",
+        "item.content.0.type",
+    ),
+    (
         "nested too deep",
         '{"type":"session.update","session":{"metadata":{"k":' + "[" * 975 + "]" * 975 + "}}}",
         "invalid_json",

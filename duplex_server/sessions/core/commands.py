@@ -521,6 +521,7 @@ def _client_item(state: SessionState, event: ce.ItemCreate) -> tuple[Item, list[
             param="item.role",
             event_id=event.event_id,
         )
+    _check_content_types(event)
     parts = []
     audio: list[bytes] = []
     for index, content in enumerate(wire.content):
@@ -558,6 +559,33 @@ def _client_item(state: SessionState, event: ce.ItemCreate) -> tuple[Item, list[
         output=_given(wire.output),
     )
     return item, audio
+
+
+# The content each role's messages carry, in either dialect's spelling.
+_CONTENT_TYPES = {
+    "user": ("input_text", "input_audio"),
+    "system": ("input_text",),
+    "assistant": ("output_text", "output_audio", "text", "audio"),
+}
+
+
+def _check_content_types(event: ce.ItemCreate) -> None:
+    """A message's parts must be what its role says (an assistant speaks
+    output_text/output_audio, a user input_text/input_audio, a system
+    input_text); other items carry no content parts."""
+    wire = event.item
+    role = wire.role if isinstance(wire.role, str) else ""
+    allowed = _CONTENT_TYPES.get(role, ()) if wire.type == "message" else ()
+    for index, content in enumerate(wire.content):
+        if content.type not in allowed:
+            where = f"a {wire.role} message" if wire.type == "message" else f"a {wire.type} item"
+            raise ProtocolError(
+                "invalid_event",
+                f"{where} cannot carry {content.type!r} content"
+                + (f"; it takes {', '.join(allowed)}" if allowed else ""),
+                param=f"item.content.{index}.type",
+                event_id=event.event_id,
+            )
 
 
 def _given(value: str | UnsetType) -> str | None:
