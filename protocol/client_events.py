@@ -20,6 +20,7 @@ from protocol.session_config import (
     Modality,
     SessionUpdate,
     Tool,
+    ToolChoice,
     TurnDetection,
 )
 
@@ -119,7 +120,7 @@ class ResponseOverrides(msgspec.Struct, omit_defaults=True):
     voice: str | UnsetType = UNSET
     output_audio_format: AudioFormatSpec | UnsetType = UNSET
     tools: list[Tool] | UnsetType = UNSET
-    tool_choice: str | UnsetType = UNSET
+    tool_choice: ToolChoice | UnsetType = UNSET
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | UnsetType = UNSET
     max_output_tokens: NonNegInt | Literal["inf"] | UnsetType = UNSET
     max_response_output_tokens: NonNegInt | Literal["inf"] | UnsetType = UNSET

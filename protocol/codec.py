@@ -15,7 +15,7 @@ from typing import Any, cast
 import msgspec
 import msgspec.inspect as mi
 
-from protocol.client_events import CLIENT_EVENT_TYPES, AnyClientEvent
+from protocol.client_events import CLIENT_EVENT_TYPES, AnyClientEvent, InputAudioAppend
 from protocol.errors import ProtocolError
 from protocol.server_events import AnyServerEvent, ServerEvent
 
@@ -78,6 +78,53 @@ def check_nesting(data: bytes) -> None:
     raise ProtocolError("invalid_json", f"frame nests arrays and objects deeper than {MAX_NESTING}")
 
 
+# Integers a session log can hold (its records are msgpack: int64 or uint64).
+MIN_INT, MAX_INT = -(2**63), 2**64 - 1
+_log_encoder = msgspec.msgpack.Encoder()
+
+
+def check_integers(event: AnyClientEvent, data: bytes) -> None:
+    """Refuse an event holding an integer no log can store (``invalid_event``),
+    wherever it is: a tool's JSON Schema is stored verbatim, and one such
+    number made the session's append fail and the session end. Encoding the
+    event as the log would is the check (C speed, under a microsecond); only
+    a refusal decodes the frame again to name the field."""
+    try:
+        _log_encoder.encode(event)
+    except OverflowError:
+        try:
+            raw = msgspec.json.decode(data)
+        except msgspec.DecodeError:
+            # The typed decoder skips unknown keys unread (invalid UTF-8 and all);
+            # this one refuses them: the field goes unnamed.
+            raw = None
+        path = _out_of_range(raw)
+        where = f" at {path}" if path else ""
+        raise ProtocolError(
+            "invalid_event",
+            f"an integer{where} is outside the range served ({MIN_INT} to {MAX_INT})",
+            param=path or None,
+            event_id=_event_id_of(raw),
+        ) from None
+
+
+def _out_of_range(value: Any) -> str | None:
+    """The dotted path of the first integer outside [MIN_INT, MAX_INT], without recursion."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, bool):
+            continue
+        if isinstance(node, int):
+            if not MIN_INT <= node <= MAX_INT:
+                return path
+        elif isinstance(node, dict):
+            stack.extend((child, f"{path}.{key}" if path else key) for key, child in node.items())
+        elif isinstance(node, list):
+            stack.extend((child, f"{path}.{i}" if path else str(i)) for i, child in enumerate(node))
+    return None
+
+
 def _depth(value: Any) -> int:
     """Nesting depth of decoded JSON, without recursion."""
     deepest, stack = 0, [(value, 1)]
@@ -110,7 +157,9 @@ class FrameDecoder:
         try:
             event = self._typed.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return self._decode_slowly(data)
+            event = self._decode_slowly(data)
+        if not isinstance(event, InputAudioAppend):  # the hot path: typed fields only
+            check_integers(event, data)
         # Media payloads stay base64 here: the session decodes them exactly once,
         # with the same invalid_audio error this gate would give.
         return event

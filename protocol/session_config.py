@@ -60,7 +60,7 @@ class InputTranscription(msgspec.Struct, omit_defaults=True):
     prompt: str | UnsetType = UNSET
 
 
-Rate = Annotated[int, Meta(gt=0)]
+Rate = Annotated[int, Meta(gt=0)]  # the served range: audio_formats.resolve_format
 
 
 class AudioInputConfig(msgspec.Struct, omit_defaults=True):
@@ -82,8 +82,13 @@ class AudioConfig(msgspec.Struct, omit_defaults=True):
     output: AudioOutputConfig | UnsetType = UNSET
 
 
+# The tools a session can offer a model, and how it may use them. (OpenAI's
+# object form of tool_choice, naming one function, is not taken yet.)
+ToolChoice = Literal["auto", "none", "required"]
+
+
 class Tool(msgspec.Struct, omit_defaults=True):
-    type: str = "function"
+    type: Literal["function"] = "function"
     name: str = ""
     description: str = ""
     # A JSON Schema is open-ended by nature; it is stored and echoed verbatim.
@@ -116,7 +121,7 @@ class SessionUpdate(msgspec.Struct, omit_defaults=True):
     turn_detection: TurnDetection | None | UnsetType = UNSET
     input_audio_transcription: InputTranscription | None | UnsetType = UNSET
     tools: list[Tool] | UnsetType = UNSET
-    tool_choice: str | UnsetType = UNSET
+    tool_choice: ToolChoice | UnsetType = UNSET
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | UnsetType = UNSET
     max_response_output_tokens: NonNegInt | Literal["inf"] | UnsetType = UNSET
     max_output_tokens: NonNegInt | Literal["inf"] | UnsetType = UNSET

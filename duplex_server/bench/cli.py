@@ -90,3 +90,23 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--count", type=int, default=500, help="round trips per round and path")
     p.add_argument("--rounds", type=int, default=4, help="alternating rounds")
+
+    p = _kind(
+        kinds,
+        "fuzz",
+        "duplex_server.bench.fuzz",
+        "generated client frames (valid, boundary, invalid) against one server; "
+        "passes only with no server exception and every heartbeat answered",
+    )
+    p.add_argument("--frames", type=int, default=100_000, help="frames to send in all")
+    p.add_argument("--seed", type=int, default=0, help="the generators' seed")
+    p.add_argument("--sessions", type=int, default=4, help="concurrent client sockets")
+    p.add_argument(
+        "--session-frames", type=int, default=2500, help="frames per session before a new one"
+    )
+    p.add_argument("--batch", type=int, default=25, help="frames between heartbeat checks")
+    p.add_argument(
+        "--store",
+        default="sqlite",
+        help="server --store: sqlite (a temp file), sqlite:PATH, memory",
+    )
