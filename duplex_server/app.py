@@ -14,7 +14,8 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from duplex_server import http_routes
-from duplex_server.auth import KeyRing
+from duplex_server.auth import EphemeralKeys, KeyRing
+from duplex_server.client_secrets import client_secrets
 from duplex_server.config import ServerConfig
 from duplex_server.metrics import Metrics
 from duplex_server.models import build_model
@@ -115,6 +116,7 @@ def create_app(config: ServerConfig) -> Starlette:
             Mount("/static", StaticFiles(directory=http_routes.WEB_DIR), name="static"),
             Route("/health", http_routes.health),
             Route("/v1/models", http_routes.models),
+            Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
             Route("/metrics", http_routes.metrics),
             Route("/v1/sessions/{session_id}", http_routes.session_detail),
             Route("/v1/sessions/{session_id}/events", http_routes.session_events),
@@ -126,6 +128,7 @@ def create_app(config: ServerConfig) -> Starlette:
     )
     app.state.config = config
     app.state.keys = keys
+    app.state.ephemeral = EphemeralKeys()
     app.state.log = log
     app.state.model = model
     app.state.manager = manager

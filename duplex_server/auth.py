@@ -17,10 +17,15 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from starlette.requests import HTTPConnection
+
+from protocol.errors import ProtocolError
+from protocol.session_config import SessionUpdate
 
 SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 SCOPES = ("realtime", "batch", "admin")
@@ -133,3 +138,56 @@ def new_key_entry(name: str, scopes: list[str], max_sessions: int) -> tuple[str,
         }
     )
     return key, line
+
+
+EPHEMERAL_PREFIX = "ek_"
+MAX_EPHEMERAL_KEYS = 10_000  # unused ones held at once (each expires)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What an ephemeral key grants: one session, as the principal that
+    minted it (realtime only), opened with the config it was minted with."""
+
+    principal: Principal
+    expires_at: float  # unix seconds
+    session: SessionUpdate | None
+
+
+class EphemeralKeys:
+    """Short-lived keys minted for browsers (``POST /v1/realtime/client_secrets``),
+    so a page never holds the real key. Each opens one session, once, before
+    it expires. They live in this process: a page connects to the replica
+    that minted its key, or mints another."""
+
+    def __init__(
+        self, limit: int = MAX_EPHEMERAL_KEYS, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._limit = limit
+        self._clock = clock
+        self._by_digest: dict[str, Grant] = {}
+
+    def mint(
+        self, principal: Principal, ttl_s: float, session: SessionUpdate | None
+    ) -> tuple[str, Grant]:
+        """A new key and what it grants. Raises ``resource_exhausted`` while
+        ``limit`` unexpired keys wait to be used."""
+        now = self._clock()
+        if len(self._by_digest) >= self._limit:
+            self._by_digest = {d: g for d, g in self._by_digest.items() if g.expires_at > now}
+        if len(self._by_digest) >= self._limit:
+            raise ProtocolError(
+                "resource_exhausted", "too many client secrets waiting; retry later"
+            )
+        realtime_only = Principal(principal.name, frozenset({"realtime"}), principal.max_sessions)
+        grant = Grant(realtime_only, now + ttl_s, session)
+        key = EPHEMERAL_PREFIX + secrets.token_urlsafe(32)
+        self._by_digest[key_digest(key)] = grant
+        return key, grant
+
+    def take(self, key: str) -> Grant | None:
+        """The key's grant, used up: None if unknown, used or expired."""
+        grant = self._by_digest.pop(key_digest(key), None)
+        if grant is None or grant.expires_at <= self._clock():
+            return None
+        return grant

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from duplex_server.auth import ANONYMOUS, Principal, caller
+from duplex_server.auth import ANONYMOUS, EPHEMERAL_PREFIX, Principal, caller, presented_key
 from duplex_server.sessions.runtime.actor import SessionActor
 from duplex_server.sessions.runtime.attachment import Attachment, TransportClosed
 from duplex_server.sessions.runtime.manager import SessionManager
@@ -68,9 +68,11 @@ class RealtimeConnection:
         decoder: FrameDecoder,
         principal: Principal,
         duplex: bool = True,
+        bound: SessionUpdate | None = None,
     ) -> None:
         self.websocket = websocket
         self.principal = principal  # sessions it opens are its; it resumes only its own
+        self.bound = bound  # a client secret's session config: the session opens with it
         self.duplex = duplex
         self.manager = manager
         self.decoder = decoder
@@ -84,7 +86,7 @@ class RealtimeConnection:
 
     async def run(self, autostart: bool, model: str | None, handshake_timeout_s: float) -> None:
         if autostart:
-            patch = SessionUpdate(model=model) if model else SessionUpdate()
+            patch = self.bound or (SessionUpdate(model=model) if model else SessionUpdate())
             if not await self._open(patch, handshake=False):
                 return
         deadline = asyncio.get_running_loop().time() + handshake_timeout_s
@@ -140,7 +142,7 @@ class RealtimeConnection:
                 patch,
                 handshake,
                 openai_semantics=not self.duplex,
-                owner=None if self.principal is ANONYMOUS else self.principal.name,
+                owner=None if self.principal.name == ANONYMOUS.name else self.principal.name,
                 owner_quota=self.principal.max_sessions,
             )
         except ProtocolError as err:
@@ -164,7 +166,11 @@ class RealtimeConnection:
         if isinstance(event, SessionResume):
             await self._resume(event)
         elif self.actor is None:
-            if isinstance(event, SessionUpdateEvent):
+            if isinstance(event, SessionUpdateEvent) and self.bound is not None:
+                # The secret's config opens the session; the client's update follows it.
+                if await self._open(self.bound, handshake=False, event_id=event.event_id):
+                    await self._on_frame(frame)
+            elif isinstance(event, SessionUpdateEvent):
                 await self._open(event.session, handshake=True, event_id=event.event_id)
             else:
                 await self._send_error(
@@ -211,6 +217,16 @@ class RealtimeConnection:
         self.actor = actor
 
 
+def _authenticate(websocket: WebSocket) -> tuple[Principal | None, SessionUpdate | None]:
+    """The caller, and the session config its key was minted with: a client
+    secret (``ek_``) is used up here, the first time it is presented."""
+    key = presented_key(websocket)
+    if key is not None and key.startswith(EPHEMERAL_PREFIX):
+        grant = websocket.app.state.ephemeral.take(key)
+        return (grant.principal, grant.session) if grant is not None else (None, None)
+    return caller(websocket), None
+
+
 def _flag(value: str | None, default: bool) -> bool:
     if value is None:
         return default
@@ -245,7 +261,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
 
 async def _serve_socket(websocket: WebSocket) -> None:
     app_state = websocket.app.state
-    principal = caller(websocket)
+    principal, bound = _authenticate(websocket)
     if principal is None or not principal.may("realtime"):
         # Refused before the upgrade: no half-open socket for a wrong key.
         status, code = (401, "unauthorized") if principal is None else (403, "forbidden")
@@ -262,6 +278,6 @@ async def _serve_socket(websocket: WebSocket) -> None:
         params.get("duplex"), False
     )
     connection = RealtimeConnection(
-        websocket, app_state.manager, app_state.decoder, principal, duplex
+        websocket, app_state.manager, app_state.decoder, principal, duplex, bound
     )
     await connection.run(autostart, params.get("model"), app_state.config.handshake_timeout_s)

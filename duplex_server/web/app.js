@@ -209,11 +209,26 @@ async function start() {
   player.port.onmessage = (event) => onPlayed(event.data.played);
   player.connect(context.destination);
   const scheme = location.protocol === "https:" ? "wss" : "ws";
-  socket = new WebSocket(`${scheme}://${location.host}/v1/realtime?duplex=1`);
+  socket = new WebSocket(`${scheme}://${location.host}/v1/realtime?duplex=1`, await protocols());
   socket.onmessage = (message) => onServerEvent(JSON.parse(message.data));
   socket.onclose = () => setStatus("disconnected");
   ackTimer = setInterval(sendAck, 250);
   $("stop").disabled = false;
+}
+
+// A server with keys: trade the key the user typed for a client secret, so
+// the key itself never rides in a WebSocket subprotocol.
+async function protocols() {
+  const key = $("key").value.trim();
+  if (!key) return ["realtime"];
+  const minted = await fetch("/v1/realtime/client_secrets", {
+    method: "POST",
+    headers: { Authorization: `Bearer ${key}`, "Content-Type": "application/json" },
+    body: "{}",
+  });
+  if (!minted.ok) throw new Error(`the key was refused (HTTP ${minted.status})`);
+  const secret = await minted.json();
+  return ["realtime", `openai-insecure-api-key.${secret.value}`];
 }
 
 function stop() {

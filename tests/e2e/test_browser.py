@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import wave
 
+import pytest
 from playwright.async_api import async_playwright
 
 from duplex_server.sessions.core.records import AckBody, CommitBody, DecisionBody, OutBody
@@ -87,3 +88,44 @@ async def test_voice_page_hears_a_question_and_plays_the_answer(voice_server, tm
     ]
     checked = [check_event(p.decode(), "ga") for p in sent if p is not None]
     assert len(checked) > 20 and [v for v in checked if v is not None] == []
+
+
+KEY = "page-" + "k" * 27
+
+
+@pytest.mark.server_config(api_key=KEY)
+async def test_voice_page_trades_its_key_for_a_client_secret(voice_server, tmp_path):
+    """On a server with keys the page mints a client secret with the key its
+    user typed and opens its socket with that: the key itself never rides in
+    a WebSocket subprotocol. Without a key it is refused."""
+    wav = tmp_path / "quiet.wav"
+    with wave.open(str(wav), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(RATE)
+        out.writeframes(silence(3000, RATE))
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[*FLAGS, f"--use-file-for-fake-audio-capture={wav}%noloop"],
+        )
+        ephemeral = voice_server.app.state.ephemeral
+        taken = []
+        take = ephemeral.take
+        ephemeral.take = lambda key: taken.append(take(key)) or taken[-1]
+        try:
+            page = await browser.new_page()
+            await page.goto(voice_server.http_url + "/")
+            await page.click("#start")  # no key: the socket is refused
+            await page.wait_for_function("window.duplexState.status === 'disconnected'")
+            await page.click("#stop")
+            await page.fill("#key", KEY)
+            await page.click("#start")
+            await page.wait_for_function("window.duplexState.status === 'listening'")
+            state = await page.evaluate("window.duplexState")
+        finally:
+            await browser.close()
+    assert state["errors"] == []
+    (actor,) = voice_server.manager.actors.values()
+    assert actor.state.owner == "default"  # the key's principal, through the secret
+    assert len(taken) == 1 and taken[0] is not None  # the socket presented a secret, once

@@ -15,6 +15,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from duplex_server.sessions.core.commands import check_session_patch
+from duplex_server.sessions.core.config import merge_config
 from duplex_server.sessions.core.model_port import ModelPort
 from duplex_server.sessions.core.records import Record
 from duplex_server.sessions.core.state import fold, initial_state
@@ -128,6 +130,13 @@ class SessionManager:
         if self.settings.on_open is not None:
             self.settings.on_open()
         return actor
+
+    def check_opening_patch(self, patch: SessionUpdate) -> None:
+        """Raise what opening a session with ``patch`` would (a client
+        secret's config is checked when it is minted, not when it is used)."""
+        check_session_patch(patch, self.model, None)
+        blank = initial_state("sess_check", self.model.name, self.model.turn_detection_types)
+        merge_config(blank.config, patch, self.model.turn_detection_types)
 
     async def resume(
         self, attachment: Attachment, request: SessionResume, may_use: OwnerCheck = anyone
