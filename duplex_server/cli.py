@@ -188,6 +188,18 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="open HTTP connections, and open WebSockets, per client address (0: no cap)",
     )
     p.add_argument(
+        "--max-sessions-per-ip",
+        type=int,
+        default=DEFAULTS.max_sessions_per_ip,
+        help="live sessions opened from one client address (0: no cap)",
+    )
+    p.add_argument(
+        "--max-sessions-per-key",
+        type=int,
+        default=DEFAULTS.max_sessions_per_key,
+        help="live sessions one key holds, unless the keys file gives it a quota (0: no cap)",
+    )
+    p.add_argument(
         "--allowed-origins",
         type=_names,
         default=DEFAULTS().allowed_origins,
@@ -260,6 +272,8 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         header_timeout_s=args.header_timeout_s,
         handshake_timeout_s=args.handshake_timeout_s,
         max_connections_per_ip=args.max_connections_per_ip,
+        max_sessions_per_ip=args.max_sessions_per_ip,
+        max_sessions_per_key=args.max_sessions_per_key,
         allowed_origins=args.allowed_origins,
         allowed_hosts=args.allowed_hosts,
         ssl_certfile=args.ssl_certfile,

@@ -44,7 +44,13 @@ class ServerConfig:
     header_timeout_s: float = 10.0
     handshake_timeout_s: float = 10.0
     # Open HTTP connections, and open WebSockets, per client address (0: no cap).
-    max_connections_per_ip: int = 64
+    # Generous: a relay (an agent framework's backend) opens every session
+    # from one address; still well under max_sessions.
+    max_connections_per_ip: int = 256
+    # Live sessions (attached or waiting for a resume) opened from one
+    # address, and by one key unless the keys file gives it a quota (0: no cap).
+    max_sessions_per_ip: int = 256
+    max_sessions_per_key: int = 0
     # Browser pages whose WebSockets are accepted (an Origin header not listed
     # is refused; none listed: any), and the Host names served ("*": any).
     allowed_origins: list[str] = field(default_factory=list)

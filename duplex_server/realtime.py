@@ -16,6 +16,7 @@ from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from duplex_server.auth import ANONYMOUS, EPHEMERAL_PREFIX, Principal, caller, presented_key
+from duplex_server.config import ServerConfig
 from duplex_server.sessions.runtime.actor import SessionActor
 from duplex_server.sessions.runtime.attachment import Attachment, TransportClosed
 from duplex_server.sessions.runtime.manager import SessionManager
@@ -73,6 +74,7 @@ class RealtimeConnection:
         self.websocket = websocket
         self.principal = principal  # sessions it opens are its; it resumes only its own
         self.bound = bound  # a client secret's session config: the session opens with it
+        self.limits: ServerConfig = websocket.app.state.config
         self.duplex = duplex
         self.manager = manager
         self.decoder = decoder
@@ -143,7 +145,9 @@ class RealtimeConnection:
                 handshake,
                 openai_semantics=not self.duplex,
                 owner=None if self.principal.name == ANONYMOUS.name else self.principal.name,
-                owner_quota=self.principal.max_sessions,
+                owner_quota=self.principal.max_sessions or self.limits.max_sessions_per_key,
+                address=self.websocket.client.host if self.websocket.client else "",
+                address_quota=self.limits.max_sessions_per_ip,
             )
         except ProtocolError as err:
             err.event_id = err.event_id or event_id

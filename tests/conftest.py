@@ -27,6 +27,7 @@ class RunningServer:
     config: ServerConfig
     app: object
     final_states: dict[str, SessionState] = field(default_factory=dict)
+    final_records: dict[str, list] = field(default_factory=dict)
 
     @property
     def base(self) -> str:
@@ -64,7 +65,8 @@ class RunningServer:
         await self.manager.shutdown()
         assert not self.manager.actors
         for session_id, state in self.final_states.items():
-            records = await log.read(session_id)
+            kept = self.final_records.get(session_id)
+            records = kept if kept is not None else await log.read(session_id)
             model = self.app.state.model  # type: ignore[attr-defined]
             rebuilt = fold(
                 records, initial_state(session_id, model.name, model.turn_detection_types)
@@ -108,6 +110,16 @@ async def running_server(config: ServerConfig) -> AsyncIterator[RunningServer]:
         original(session_id, reason)
 
     manager._closed = capture  # type: ignore[method-assign]
+    log = app.state.log
+    delete = log.delete
+
+    async def keep_then_delete(session_id: str) -> None:
+        # The memory store drops a closed session's log at once: keep it for
+        # the refold check.
+        running.final_records[session_id] = await log.read(session_id)
+        await delete(session_id)
+
+    log.delete = keep_then_delete
     uv = uvicorn.Server(uvicorn_config(app, config, log_level="warning"))
     task = asyncio.create_task(uv.serve())
     while not uv.started:

@@ -63,7 +63,15 @@ class ServerProcess:
         self.store = store
         self.extra = extra
         self.port = port or free_port()
-        self.flags: dict[str, FlagValue] = {"model": model, "log_level": log_level, **flags}
+        # Every bench and test client connects from this one address: the
+        # per-address caps would measure themselves, not the server.
+        per_address: dict[str, FlagValue] = {"max_connections_per_ip": 0, "max_sessions_per_ip": 0}
+        self.flags: dict[str, FlagValue] = {
+            "model": model,
+            "log_level": log_level,
+            **per_address,
+            **flags,
+        }
         self.ws_path = ws_path
         self.max_file_bytes = max_file_bytes
         self.cwd = cwd

@@ -75,3 +75,57 @@ async def test_a_socket_that_opens_no_session_is_closed(server):
     with pytest.raises(websockets.ConnectionClosed) as closed:
         await client.recv(timeout=5)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
+@pytest.mark.server_config(max_sessions_per_ip=2)
+async def test_an_address_holds_a_bounded_number_of_sessions(server):
+    """Closing the socket frees no slot (the session waits for its resume);
+    closing the session does."""
+    first, _ = await server.open()
+    second, _ = await server.open()
+    await second.close()  # detached, still resumable: it still counts
+    third = await WsClient.connect(server.ws_url)
+    error = await third.expect("error")
+    assert error["error"]["code"] == "resource_exhausted"
+    await first.send({"type": "session.close"})
+    await first.recv_until("session.closed")
+    await asyncio.sleep(0.2)
+    fourth, _ = await server.open()
+    await fourth.send({"type": "session.heartbeat"})
+    await fourth.recv_until("session.heartbeat_ack")
+
+
+@pytest.mark.server_config(api_key="k" * 20, max_sessions_per_key=1)
+async def test_a_key_holds_a_bounded_number_of_sessions(server):
+    headers = {"Authorization": "Bearer " + "k" * 20}
+    first = await WsClient.connect(server.ws_url, additional_headers=headers)
+    await first.expect("session.created")
+    second = await WsClient.connect(server.ws_url, additional_headers=headers)
+    error = await second.expect("error")
+    assert error["error"]["code"] == "resource_exhausted"
+
+
+async def test_a_closed_session_leaves_the_memory_store_at_once(server):
+    """On the memory store nothing outlives the process, so a closed
+    session's log is dropped at close (how it ended is still told); a
+    durable store keeps it for the retention."""
+    import httpx
+
+    from duplex_server.sessions.log.store import UnknownSession
+    from tests.wsclient import tone_pcm16
+
+    client, created = await server.open()
+    session_id = created["session"]["id"]
+    await client.append(tone_pcm16(2000))
+    await client.send({"type": "session.close"})
+    await client.recv_until("session.closed")
+    await asyncio.sleep(0.2)
+    log = server.app.state.log
+    if log.durable:
+        assert await log.read(session_id)
+    else:
+        with pytest.raises(UnknownSession):
+            await log.read(session_id)
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        detail = (await http.get(f"/v1/sessions/{session_id}")).json()
+    assert detail["state"] == "closed" and detail["reason"] == "client_close"

@@ -253,7 +253,11 @@ async def test_redis_restart_during_traffic(tmp_path):
         redis.stop()  # mid-response
         assert health(server)["status"] == "degraded"
         await client.append(tone_pcm16(100), event_id="during-outage")
+        # Wait for this append's own refusal: an earlier error (the streaming
+        # answer's) must not let Redis come back while it is still queued.
         outage = await client.recv_until("error")
+        while outage[-1]["error"].get("event_id") != "during-outage":
+            outage = await client.recv_until("error")
         assert outage[-1]["error"]["code"] == "storage_unavailable"
         newcomer = await WsClient.connect(server.ws_url)
         refused = await newcomer.expect("error")

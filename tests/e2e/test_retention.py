@@ -66,6 +66,11 @@ async def test_overflowing_journal_asks_for_resync(server):
 
 @pytest.mark.server_config(retention_s=0.2, purge_interval_s=0.05, reap_interval_s=0.05)
 async def test_closed_sessions_are_deleted_after_retention(server):
+    if not server.app.state.log.durable:
+        pytest.skip(
+            "the memory store drops a closed session at close, not after retention "
+            "(test_connection_limits::test_a_closed_session_leaves_the_memory_store_at_once)"
+        )
     client, created = await server.open()
     session_id = created["session"]["id"]
     await client.send({"type": "session.close"})

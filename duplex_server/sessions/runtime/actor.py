@@ -164,6 +164,9 @@ class SessionActor:
         # nothing is served until a refold from the log succeeds.
         self._dirty = False
         self.codecs = SessionCodecs()
+        # The client address that opened it, for per-address caps ("" for a
+        # session restored from the log: it counts against no address).
+        self.address = ""
         self.input_budget = InputBudget(
             settings.max_input_realtime_factor,
             settings.input_burst_ms,

@@ -75,6 +75,7 @@ class SessionManager:
         self._keeper: asyncio.Task[None] | None = None
         self._takeovers: dict[str, _Takeover] = {}
         self._recovery_pending = False
+        self._deletions: set[asyncio.Task[None]] = set()  # closed logs leaving memory
 
     def _actor_settings(self) -> ActorSettings:
         s = self.settings
@@ -100,9 +101,13 @@ class SessionManager:
         openai_semantics: bool = False,
         owner: str | None = None,
         owner_quota: int = 0,
+        address: str = "",
+        address_quota: int = 0,
     ) -> SessionActor:
-        """``owner``: the principal opening it; it may hold ``owner_quota``
-        live sessions at once (0: only the server's cap applies)."""
+        """``owner``: the principal opening it, which may hold ``owner_quota``
+        live sessions at once; ``address``: the client's, which may hold
+        ``address_quota`` (0: only the server's cap applies). A detached
+        session waiting for its resume counts: closing sockets frees no slot."""
         if len(self.actors) >= self.settings.max_sessions:
             raise ProtocolError(
                 "resource_exhausted",
@@ -114,8 +119,15 @@ class SessionManager:
                 "resource_exhausted",
                 f"this key holds its quota of {owner_quota} live sessions; close one first",
             )
+        from_address = sum(1 for actor in self.actors.values() if actor.address == address)
+        if address_quota and from_address >= address_quota:
+            raise ProtocolError(
+                "resource_exhausted",
+                f"{address_quota} live sessions were opened from this address; close one first",
+            )
         session_id = new_session_id()
         actor = SessionActor(session_id, self.log, self.model, self._actor_settings(), self._closed)
+        actor.address = address
         self.actors[session_id] = actor
         try:
             await actor.open(attachment, patch, handshake, openai_semantics, owner)
@@ -381,6 +393,13 @@ class SessionManager:
         self._ended[session_id] = reason
         while len(self._ended) > TOMBSTONES:
             self._ended.popitem(last=False)
+        if not self.log.durable:
+            # Nothing on the memory store outlives this process, and a closed
+            # session's log (its audio above all) is of use to nobody: it
+            # leaves memory now, not after the retention. How it ended stays.
+            task = asyncio.get_running_loop().create_task(self.log.delete(session_id))
+            self._deletions.add(task)
+            task.add_done_callback(self._deletions.discard)
 
     def ended_reason(self, session_id: str) -> str | None:
         return self._ended.get(session_id)
@@ -451,3 +470,4 @@ class SessionManager:
         for actor in actors:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(actor.closed.wait(), timeout=3.0)
+        await asyncio.gather(*self._deletions)
