@@ -31,6 +31,9 @@ from protocol.session_config import SessionUpdate
 log = logging.getLogger(__name__)
 
 TRUE_VALUES = {"1", "true", "on", "yes"}
+# Resume refusals that a token guesser collects; a socket gets this many.
+GUESSES = ("session_resume_invalid", "forbidden")
+MAX_FAILED_RESUMES = 5
 FALSE_VALUES = {"0", "false", "off", "no"}
 
 
@@ -75,6 +78,7 @@ class RealtimeConnection:
         self.principal = principal  # sessions it opens are its; it resumes only its own
         self.bound = bound  # a client secret's session config: the session opens with it
         self.limits: ServerConfig = websocket.app.state.config
+        self.failed_resumes = 0
         self.duplex = duplex
         self.manager = manager
         self.decoder = decoder
@@ -131,6 +135,18 @@ class RealtimeConnection:
             )
         )
         await self.attachment.close(CloseCode.POLICY_VIOLATION, "config_timeout")
+
+    async def _failed_resume(self, request: SessionResume) -> None:
+        """A wrong token or another key's session: counted per socket, logged
+        once, and the socket closed at ``MAX_FAILED_RESUMES`` (guessing tokens
+        costs a new connection each few tries, under the per-address caps)."""
+        self.failed_resumes += 1
+        if self.failed_resumes == 1:
+            client = self.websocket.client.host if self.websocket.client else "?"
+            log.warning("failed resume of %s from %s", request.session_id[:48], client)
+        if self.failed_resumes >= MAX_FAILED_RESUMES:
+            log.warning("closing a socket after %d failed resumes", self.failed_resumes)
+            await self.attachment.close(CloseCode.POLICY_VIOLATION, "too many failed resumes")
 
     async def _send_error(self, err: ProtocolError) -> None:
         await self.attachment.send_now(_error_frame(err))
@@ -211,6 +227,8 @@ class RealtimeConnection:
             actor = await self.manager.resume(fresh, request, self.principal.owns)
         except ProtocolError as err:
             await self._send_error(err)
+            if err.code in GUESSES:
+                await self._failed_resume(request)
             return
         if previous is not None:
             # The socket's autostarted session is abandoned for the resumed one.

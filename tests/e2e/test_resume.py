@@ -193,3 +193,33 @@ async def test_retried_event_id_applies_once(server):
     assert types_of(after) == ["session.heartbeat_ack"]
     records = await server.app.state.log.read(created["session"]["id"])
     assert [r.event_id for r in records if r.event_id] == ["a-1", "c-1"]
+
+
+async def test_guessing_tokens_costs_the_socket(server, caplog):
+    """Failed resumes are counted per socket, logged once, and the socket is
+    closed at the fifth; the session guessed at is untouched."""
+    import logging
+
+    import websockets
+
+    caplog.set_level(logging.WARNING, logger="duplex_server.realtime")
+    client, created = await server.open()
+    session_id, token = created["session"]["id"], created["resume_token"]
+    guesser = await WsClient.connect(server.ws_url + "&autostart=0")
+    for index in range(5):
+        await guesser.send(
+            {
+                "type": "session.resume",
+                "session_id": session_id,
+                "resume_token": f"guess-{index:017d}",
+                "last_received_server_event_seq": 0,
+            }
+        )
+        assert (await guesser.expect("error"))["error"]["code"] == "session_resume_invalid"
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await guesser.recv(timeout=5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    failed = [r for r in caplog.records if "failed resume of" in r.getMessage()]
+    assert len(failed) == 1 and token not in failed[0].getMessage()
+    await client.send({"type": "session.heartbeat"})
+    await client.recv_until("session.heartbeat_ack")
