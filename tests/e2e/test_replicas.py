@@ -13,6 +13,9 @@ import pytest
 import redis.asyncio as aioredis
 import websockets
 
+from duplex_server.bench.server_process import free_port
+from duplex_server.config import ServerConfig
+from tests.conftest import running_server
 from tests.e2e.serverproc import ServerProcess
 from tests.e2e.test_crash_recovery import log_lines
 from tests.redisproc import RedisServer
@@ -325,3 +328,71 @@ async def test_duplex_client_resumes_on_another_replica_by_itself(redis_server):
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.fixture
+async def lone_replica(redis_server):
+    """One replica in this event loop, with renewals far apart so that only
+    the renewals a test runs itself fall where it puts them."""
+    config = ServerConfig(
+        port=free_port(),
+        store=redis_server.url,
+        redis_prefix=f"r{uuid.uuid4().hex[:10]}",
+        model="echo",
+        lease_ttl_ms=600_000,
+    )
+    async with running_server(config) as running:
+        yield running
+
+
+async def test_a_renewal_while_a_session_opens_keeps_it(lone_replica):
+    """A renewal can fall while a new session's log is still being created
+    (its actor is registered, its fence still 0): that is not a lost lease."""
+    manager, log = lone_replica.manager, lone_replica.app.state.log
+    create = log.create
+
+    async def create_after_a_renewal(session_id: str) -> None:
+        await manager.renew_leases()
+        await create(session_id)
+
+    log.create = create_after_a_renewal
+    client, _ = await lone_replica.open()
+    await manager.renew_leases()
+    assert (await next_turn(client))[-2]["response"]["status"] == "completed"
+
+
+async def test_a_renewal_overtaken_by_a_resume_here_keeps_the_session(lone_replica):
+    """A renewal asks about the fence it read; if the socket detaches (the
+    lease is let go) and resumes here (taken back, a newer fence) before the
+    store answers, the store calls the old fence lost, but the session is
+    still this replica's."""
+    manager, log = lone_replica.manager, lone_replica.app.state.log
+    client, created = await lone_replica.open()
+    session_id, token = created["session"]["id"], created["resume_token"]
+    actor = manager.actors[session_id]
+    old_fence = actor.fence
+    renew = log.renew_leases
+    resumed: list[WsClient] = []
+
+    async def renew_after_a_resume(owner: str, leases: dict[str, int]) -> dict:
+        await client.close()
+        while actor.holds_lease:
+            await asyncio.sleep(0.01)
+        again = await lone_replica.connect("autostart=0")
+        await again.send(
+            {
+                "type": "session.resume",
+                "session_id": session_id,
+                "resume_token": token,
+                "last_received_server_event_seq": 0,
+            }
+        )
+        await again.expect("session.resumed")
+        resumed.append(again)
+        return await renew(owner, leases)
+
+    log.renew_leases = renew_after_a_resume
+    await manager.renew_leases()
+    log.renew_leases = renew
+    assert actor.fence > old_fence and manager.actors[session_id] is actor
+    assert (await next_turn(resumed[0]))[-2]["response"]["status"] == "completed"

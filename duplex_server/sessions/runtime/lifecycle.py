@@ -13,7 +13,7 @@ import enum
 
 
 class Phase(enum.Enum):
-    OPENING = "opening"  # being created or rebuilt; the lease is taken
+    OPENING = "opening"  # being created or rebuilt; the lease is being taken
     ATTACHED = "attached"  # a socket is attached; the lease is held
     DETACHED = "detached"  # no socket, within the disconnect grace; the lease is held
     RELEASED = "released"  # no socket; the lease was let go to the shared store

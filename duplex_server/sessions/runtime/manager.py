@@ -357,8 +357,14 @@ class SessionManager:
             await self.renew_leases()
 
     async def renew_leases(self) -> None:
-        """Extend every lease this replica holds; stop serving any it lost."""
-        held = {sid: a.fence for sid, a in self.actors.items() if a.holds_lease}
+        """Extend every lease this replica holds; stop serving any it lost.
+
+        A lease is renewed only once taken (a session still opening has fence
+        0, which the store would call lost), and a verdict counts only for the
+        fence it was asked about: while the renewal was in flight the actor
+        may have let the lease go and taken it back with a newer fence (a
+        resume here), and that lease is not lost."""
+        held = {sid: a.fence for sid, a in self.actors.items() if a.holds_lease and a.fence}
         try:
             statuses = await self.log.renew_leases(self.settings.owner, held)
         except LogError as exc:
@@ -366,7 +372,10 @@ class SessionManager:
             return
         for session_id, status in statuses.items():
             actor = self.actors.get(session_id)
-            if status != "held" and actor is not None:
+            if status == "held" or actor is None:
+                continue
+            if actor.holds_lease and actor.fence == held[session_id]:
+                log.info("session %s: lease %s (fence %d)", session_id, status, held[session_id])
                 actor.lease_lost(status)
 
     async def expire_orphans(self, now_ms: int) -> list[str]:
