@@ -30,14 +30,13 @@ import math
 import random
 import re
 import tempfile
-import threading
 import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 import msgspec.inspect as mi
@@ -932,22 +931,11 @@ _LEVEL = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL):")
 
 
 class ServerLog:
-    """Drains a server's stderr on a thread (a full pipe would stall it) and
-    picks out what counts as a server exception: ERROR and CRITICAL records
-    and any traceback."""
+    """A server's stderr, and what in it counts as a server exception:
+    ERROR and CRITICAL records and any traceback."""
 
-    def __init__(self, stream: IO[bytes]) -> None:
-        self._stream = stream
-        self.lines: list[str] = []
-        self._thread = threading.Thread(target=self._drain, daemon=True)
-        self._thread.start()
-
-    def _drain(self) -> None:
-        for raw in self._stream:
-            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
-
-    def join(self, timeout_s: float = 10.0) -> None:
-        self._thread.join(timeout_s)
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines()
 
     def exceptions(self) -> list[list[str]]:
         """Each ERROR/CRITICAL record or traceback, with the lines under it."""
@@ -999,18 +987,13 @@ def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="dxfuzz") as tmp:
         store = f"sqlite:{Path(tmp) / 'fuzz.db'}" if args.store == "sqlite" else args.store
         server = ServerProcess(store).start()
-        assert server.proc is not None and server.proc.stderr is not None
-        server_log = ServerLog(server.proc.stderr)
         try:
             cpu.start()
             seconds = asyncio.run(_drive(server, args, tally))
             generator = cpu.report()
         finally:
-            server.proc.terminate()
-            server.proc.wait(timeout=30)
-            server_log.join()
-            server.stop()
-    exceptions = server_log.exceptions()
+            server.stop(timeout_s=30)
+            exceptions = ServerLog(server.log_text()).exceptions()
     passed = not exceptions and not tally.heartbeat_failures and not tally.faults
     print(
         json.dumps(

@@ -14,10 +14,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Self
+from typing import IO, Self
 
 HOST = "127.0.0.1"  # where `serve` listens by default
 HEALTH_POLL_S = 0.05
@@ -45,7 +46,7 @@ class ServerProcess:
     becomes ``--max-sessions 110``, and ``None`` leaves it out. ``extra`` is
     appended as given, after them, so it can override any of them.
     ``max_file_bytes`` caps the size of every file the server writes, as a
-    full disk would.
+    full disk would; ``max_open_files`` caps its file descriptors.
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class ServerProcess:
         log_level: str | None = "warning",
         ws_path: str = "/v1/realtime?duplex=1",
         max_file_bytes: int | None = None,
+        max_open_files: int | None = None,
         cwd: str | Path | None = None,
         **flags: FlagValue,
     ) -> None:
@@ -74,8 +76,12 @@ class ServerProcess:
         }
         self.ws_path = ws_path
         self.max_file_bytes = max_file_bytes
+        self.max_open_files = max_open_files
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
+        # stderr goes to a file: a pipe nobody reads fills at 64 KiB and then
+        # blocks the server on its next log line.
+        self._log: IO[bytes] | None = None
 
     @property
     def base(self) -> str:
@@ -109,12 +115,14 @@ class ServerProcess:
     def start(self, timeout_s: float = 30.0) -> Self:
         """Spawn the server and return once ``/health`` answers."""
         command = self.command()
+        self._forget_log()
+        self._log = tempfile.TemporaryFile(prefix="duplex-server-log")  # noqa: SIM115  # lives as long as this object
         self.proc = subprocess.Popen(
             command,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=self._log,
             cwd=self.cwd,
-            preexec_fn=self._limit_file_size if self.max_file_bytes else None,
+            preexec_fn=self._set_limits if self.max_file_bytes or self.max_open_files else None,
         )
         deadline = time.monotonic() + timeout_s
         while not self._healthy():
@@ -138,7 +146,6 @@ class ServerProcess:
         assert self.proc is not None, "not started"
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
-        self._close_pipe()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM (a clean shutdown), then SIGKILL if it takes longer than ``timeout_s``."""
@@ -150,7 +157,6 @@ class ServerProcess:
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 self.kill9()
-        self._close_pipe()
 
     def _healthy(self) -> bool:
         try:
@@ -159,19 +165,30 @@ class ServerProcess:
         except OSError:  # refused, not up yet, or answering an error status
             return False
 
+    def log_text(self) -> str:
+        """Everything the server wrote to stderr so far."""
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
     def _stderr(self) -> str:
-        assert self.proc is not None and self.proc.stderr is not None
-        text = self.proc.stderr.read().decode(errors="replace")
-        self._close_pipe()
+        text = self.log_text()
+        self._forget_log()
         return text.strip() or "(nothing on stderr)"
 
-    def _close_pipe(self) -> None:
-        if self.proc is not None and self.proc.stderr is not None:
-            self.proc.stderr.close()
+    def _forget_log(self) -> None:
+        """Close the server's stderr file (after a failed start; else the
+        log outlives the process, for whoever reads it after a stop)."""
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
-    def _limit_file_size(self) -> None:
+    def _set_limits(self) -> None:
         """In the child: files stop growing at max_file_bytes, like a full disk
-        (EFBIG instead of SIGXFSZ)."""
-        assert self.max_file_bytes is not None
-        resource.setrlimit(resource.RLIMIT_FSIZE, (self.max_file_bytes, self.max_file_bytes))
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        (EFBIG instead of SIGXFSZ); descriptors stop at max_open_files."""
+        if self.max_file_bytes:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (self.max_file_bytes, self.max_file_bytes))
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        if self.max_open_files:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.max_open_files, self.max_open_files))

@@ -23,6 +23,7 @@ class ServerProcess(server_process.ServerProcess):
         *extra: str,
         port: int | None = None,
         max_file_bytes: int | None = None,
+        max_open_files: int | None = None,
         **flags: server_process.FlagValue,
     ) -> None:
         super().__init__(
@@ -30,6 +31,7 @@ class ServerProcess(server_process.ServerProcess):
             *extra,
             port=port,
             max_file_bytes=max_file_bytes,
+            max_open_files=max_open_files,
             # events=both: the raw test clients see the journal as it is, both spellings
             ws_path="/v1/realtime?duplex=1&events=both",
             cwd=ROOT,
