@@ -188,6 +188,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="open HTTP connections, and open WebSockets, per client address (0: no cap)",
     )
     p.add_argument(
+        "--max-connection-rate-per-ip",
+        type=float,
+        default=DEFAULTS.max_connection_rate_per_ip,
+        help="new connections a second per client address, with a 2 s burst (0: no bound); "
+        "past it a connection is closed before it is read",
+    )
+    p.add_argument(
         "--max-sessions-per-ip",
         type=int,
         default=DEFAULTS.max_sessions_per_ip,
@@ -272,6 +279,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         header_timeout_s=args.header_timeout_s,
         handshake_timeout_s=args.handshake_timeout_s,
         max_connections_per_ip=args.max_connections_per_ip,
+        max_connection_rate_per_ip=args.max_connection_rate_per_ip,
         max_sessions_per_ip=args.max_sessions_per_ip,
         max_sessions_per_key=args.max_sessions_per_key,
         allowed_origins=args.allowed_origins,

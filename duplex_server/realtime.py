@@ -19,6 +19,7 @@ from duplex_server.auth import ANONYMOUS, EPHEMERAL_PREFIX, Principal, caller, p
 from duplex_server.config import ServerConfig
 from duplex_server.sessions.runtime.actor import SessionActor
 from duplex_server.sessions.runtime.attachment import Attachment, TransportClosed
+from duplex_server.sessions.runtime.input_budget import REFUSAL_PAUSE_S
 from duplex_server.sessions.runtime.manager import SessionManager
 from protocol.client_events import SessionResume, SessionUpdateEvent
 from protocol.close_codes import CloseCode
@@ -79,6 +80,7 @@ class RealtimeConnection:
         self.bound = bound  # a client secret's session config: the session opens with it
         self.limits: ServerConfig = websocket.app.state.config
         self.failed_resumes = 0
+        self._flood_pause_s = 0.0  # set when the mailbox refused a frame
         self.duplex = duplex
         self.manager = manager
         self.decoder = decoder
@@ -108,6 +110,7 @@ class RealtimeConnection:
                 if frame is None:
                     frame = message.get("bytes") or b""
                 await self._on_frame(frame)
+                await self._throttle()
         except WebSocketDisconnect:
             pass
         finally:
@@ -204,8 +207,19 @@ class RealtimeConnection:
         elif not self.actor.post_client(event, self.attachment.generation):
             await self._send_error(self._flooded(event.event_id))
 
-    @staticmethod
-    def _flooded(event_id: str | None = None) -> ProtocolError:
+    async def _throttle(self) -> None:
+        """Read a session past its input budget, or with its mailbox full, no
+        faster than it is refused: what it sends meanwhile waits in its own
+        TCP buffer (runtime/input_budget.py says why)."""
+        if self.actor is None:
+            return
+        pause = max(self.actor.read_pause_s(), self._flood_pause_s)
+        self._flood_pause_s = 0.0
+        if pause > 0:
+            await asyncio.sleep(pause)
+
+    def _flooded(self, event_id: str | None = None) -> ProtocolError:
+        self._flood_pause_s = REFUSAL_PAUSE_S
         return ProtocolError(
             "rate_limited", "too many events in flight; slow down", event_id=event_id
         )

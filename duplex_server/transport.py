@@ -12,6 +12,7 @@ WebSocket leaves that count, and the WebSocket endpoint caps its own.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 
 import uvicorn
@@ -26,11 +27,49 @@ from duplex_server.config import ServerConfig
 FRAME_ENVELOPE_BYTES = 64 * 1024
 
 
-def guarded_http(header_timeout_s: float, max_per_address: int) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with a deadline for each request head
-    and at most ``max_per_address`` open HTTP connections per client address
-    (0: no cap)."""
+class ConnectionRate:
+    """New connections per second per client address: a token bucket each,
+    ``per_s`` a second with a burst of ``BURST_S`` seconds' worth. Checked
+    before a byte is parsed, so a client reconnecting as fast as it can
+    (to guess resume tokens, say) costs the server an accept and a close.
+    Buckets that have refilled are forgotten once there are many."""
+
+    BURST_S = 2.0
+    FORGET_ABOVE = 4096
+
+    def __init__(self, per_s: float) -> None:
+        self.per_s = per_s  # 0: no bound
+        self._buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, at)
+
+    def admit(self, address: str, now_s: float) -> bool:
+        if self.per_s <= 0:
+            return True
+        burst = self.per_s * self.BURST_S
+        tokens, at = self._buckets.get(address, (burst, now_s))
+        tokens = min(burst, tokens + (now_s - at) * self.per_s)
+        admitted = tokens >= 1.0
+        self._buckets[address] = (tokens - 1.0 if admitted else tokens, now_s)
+        if len(self._buckets) > self.FORGET_ABOVE:
+            self._forget_full(now_s, burst)
+        return admitted
+
+    def _forget_full(self, now_s: float, burst: float) -> None:
+        self._buckets = {
+            address: (tokens, at)
+            for address, (tokens, at) in self._buckets.items()
+            if tokens + (now_s - at) * self.per_s < burst
+        }
+
+
+def guarded_http(
+    header_timeout_s: float, max_per_address: int, rate_per_address: float = 0.0
+) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with a deadline for each request head,
+    at most ``max_per_address`` open HTTP connections per client address
+    (0: no cap), and at most ``rate_per_address`` new ones a second (0: no
+    bound); a connection past either is closed at once."""
     open_per_address: Counter[str] = Counter()
+    rate = ConnectionRate(rate_per_address)
 
     class GuardedHttp(HttpToolsProtocol):
         _address: str | None = None
@@ -39,7 +78,8 @@ def guarded_http(header_timeout_s: float, max_per_address: int) -> type[HttpTool
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             address = self.client[0] if self.client else ""
-            if max_per_address and open_per_address[address] >= max_per_address:
+            over_cap = max_per_address and open_per_address[address] >= max_per_address
+            if over_cap or not rate.admit(address, time.monotonic()):
                 transport.close()
                 return
             open_per_address[address] += 1
@@ -90,7 +130,11 @@ def uvicorn_config(
         host=config.host,
         port=config.port,
         log_level=log_level or config.log_level,
-        http=guarded_http(config.header_timeout_s, config.max_connections_per_ip),
+        http=guarded_http(
+            config.header_timeout_s,
+            config.max_connections_per_ip,
+            config.max_connection_rate_per_ip,
+        ),
         ws_max_size=config.max_frame_bytes + FRAME_ENVELOPE_BYTES,
         ws_ping_interval=None,
         ws_per_message_deflate=config.ws_per_message_deflate,

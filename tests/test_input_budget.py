@@ -3,7 +3,7 @@ and at most a session's lifetime of bytes."""
 
 from __future__ import annotations
 
-from duplex_server.sessions.runtime.input_budget import InputBudget
+from duplex_server.sessions.runtime.input_budget import REFUSAL_PAUSE_S, InputBudget
 
 
 def code(budget: InputBudget, now_s: float) -> str | None:
@@ -39,3 +39,13 @@ def test_a_sessions_lifetime_of_media_is_bounded_however_slowly_sent():
     assert code(budget, 100.0) is None
     budget.charge(10.0, 1, 100.0)
     assert code(budget, 1_000_000.0) == "resource_exhausted"
+
+
+def test_a_rate_refusal_pauses_reading_the_socket_briefly():
+    budget = InputBudget(factor=2.0, burst_ms=100.0, max_bytes=0, now_s=0.0)
+    assert budget.read_pause_s(0.0) == 0.0  # nothing refused yet
+    budget.charge(100.0, 4800, 0.0)
+    assert budget.refusal(0.0) is not None
+    assert budget.read_pause_s(0.0) == REFUSAL_PAUSE_S
+    assert budget.read_pause_s(REFUSAL_PAUSE_S / 2) == REFUSAL_PAUSE_S / 2
+    assert budget.read_pause_s(REFUSAL_PAUSE_S) == 0.0

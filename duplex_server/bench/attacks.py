@@ -20,7 +20,7 @@ import contextlib
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,7 +104,7 @@ class AttackReport:
         }
 
 
-Attack = Callable[[Target, asyncio.Event], Awaitable[AttackReport]]
+Attack = Callable[[Target, asyncio.Event], Coroutine[Any, Any, AttackReport]]
 
 
 async def _event(ws: ClientConnection) -> dict[str, Any]:
@@ -126,6 +126,26 @@ async def _verdict(ws: ClientConnection, event_id: str) -> str:
         if event["type"] == "error" and event["error"].get("event_id") in (event_id, None):
             verdict = str(event["error"]["code"])  # a frame that did not parse names no event
     return verdict
+
+
+# How a server refuses a connection before reading it: a close, or a reset.
+CONNECTION_REFUSED = (websockets.InvalidHandshake, websockets.ConnectionClosed, OSError)
+RECONNECT_PAUSE_S = 0.01
+
+
+async def _connect(
+    target: Target, report: AttackReport, query: str = ""
+) -> ClientConnection | None:
+    """A new socket, or None when the server closed the connection unread
+    (counted as a refusal; a connect that hangs is not one, and raises)."""
+    try:
+        return await target.connect(query)
+    except TimeoutError:
+        raise
+    except CONNECTION_REFUSED:
+        report.refused("connection closed")
+        await asyncio.sleep(RECONNECT_PAUSE_S)
+        return None
 
 
 async def _close_code(ws: ClientConnection) -> int | None:
@@ -179,9 +199,11 @@ async def append_flood(target: Target, stop: asyncio.Event) -> AttackReport:
             frame = {"type": "input_audio_buffer.append", "audio": PCM_100MS, "event_id": event_id}
             await ws.send(json.dumps(frame))
             await asyncio.sleep(0)  # a flood, but not one that starves this process's other work
-        elapsed_s = time.monotonic() - started
         await ws.send(json.dumps({"type": "session.heartbeat", "event_id": "last"}))
         await asyncio.wait_for(reader, ANSWER_TIMEOUT_S)
+        # Until the server read the last append: it drains a throttled flood
+        # after the sending stops, earning budget meanwhile.
+        elapsed_s = time.monotonic() - started
         await _close_session(ws)
         report.facts["session_id"] = created["session"]["id"]
     admitted_ms = (report.attempts - len(refused)) * 100.0
@@ -258,7 +280,13 @@ async def session_grab(target: Target, stop: asyncio.Event) -> AttackReport:
                 ws = await held.enter_async_context(target.connect())
             except websockets.InvalidStatus as refused:
                 report.refused(f"http {refused.response.status_code}")
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(RECONNECT_PAUSE_S)
+                continue
+            except TimeoutError:
+                raise
+            except CONNECTION_REFUSED:
+                report.refused("connection closed")
+                await asyncio.sleep(RECONNECT_PAUSE_S)
                 continue
             opened = await _opened(ws)
             if opened["type"] == "session.created":
@@ -266,7 +294,7 @@ async def session_grab(target: Target, stop: asyncio.Event) -> AttackReport:
             elif opened["type"] == "error":
                 report.refused(opened["error"]["code"])
                 await ws.close()
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(RECONNECT_PAUSE_S)
         report.facts["sessions_held"] = len(sessions)
         if len(sessions) > cap:
             report.broke(f"one address opened {len(sessions)} sessions, the cap is {cap}")
@@ -360,7 +388,9 @@ async def oversized_frames(target: Target, stop: asyncio.Event) -> AttackReport:
     frame = "A" * OVERSIZED_FRAME_BYTES
     while not stop.is_set():
         report.attempts += 1
-        async with target.connect("autostart=0") as ws:
+        if (ws := await _connect(target, report, "autostart=0")) is None:
+            continue
+        async with ws:
             with contextlib.suppress(websockets.ConnectionClosed):
                 await ws.send(frame)
             code = await _close_code(ws)
@@ -379,30 +409,35 @@ async def resume_guessing(target: Target, stop: asyncio.Event) -> AttackReport:
         created = await _opened(owner)
         session_id = created["session"]["id"]
         while not stop.is_set():
-            async with target.connect("autostart=0") as ws:
-                for guess in range(5):
-                    report.attempts += 1
-                    resume = {
-                        "type": "session.resume",
-                        "session_id": session_id,
-                        "resume_token": f"guess-{report.attempts:020d}",
-                        "last_received_server_event_seq": 0,
-                        "event_id": f"g{report.attempts}",
-                    }
-                    await ws.send(json.dumps(resume))
-                    answer = await _event(ws)
-                    code = answer["error"]["code"] if answer["type"] == "error" else answer["type"]
-                    if code == "session_resume_invalid":
-                        report.refused(code)
-                    else:
-                        report.broke(f"guess {guess} answered {code}")
-                closed = await _close_code(ws)
-                if closed == 1008:
-                    report.refused("close 1008")
-                else:
-                    report.broke(f"five failed resumes left the socket open ({closed})")
+            if (ws := await _connect(target, report, "autostart=0")) is not None:
+                async with ws:
+                    await _guess_five(ws, session_id, report)
         await owner.send(json.dumps({"type": "session.close"}))
     return report
+
+
+async def _guess_five(ws: ClientConnection, session_id: str, report: AttackReport) -> None:
+    for guess in range(5):
+        report.attempts += 1
+        resume = {
+            "type": "session.resume",
+            "session_id": session_id,
+            "resume_token": f"guess-{report.attempts:020d}",
+            "last_received_server_event_seq": 0,
+            "event_id": f"g{report.attempts}",
+        }
+        await ws.send(json.dumps(resume))
+        answer = await _event(ws)
+        code = answer["error"]["code"] if answer["type"] == "error" else answer["type"]
+        if code == "session_resume_invalid":
+            report.refused(code)
+        else:
+            report.broke(f"guess {guess} answered {code}")
+    closed = await _close_code(ws)
+    if closed == 1008:
+        report.refused("close 1008")
+    else:
+        report.broke(f"five failed resumes left the socket open ({closed})")
 
 
 ATTACKS: dict[str, Attack] = {

@@ -110,3 +110,20 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         default="sqlite",
         help="server --store: sqlite (a temp file), sqlite:PATH, memory",
     )
+
+    p = _kind(
+        kinds,
+        "abuse",
+        "duplex_server.bench.abuse",
+        "each attack of the security review beside well-behaved echo sessions: their p99 "
+        "heartbeat and commit-to-audio and the server's peak RSS against a quiet window",
+    )
+    p.add_argument("--sessions", type=int, default=50, help="well-behaved echo sessions")
+    p.add_argument("--seconds", type=float, default=5.0, help="each measured window")
+    p.add_argument(
+        "--attacks", default="", help="comma-separated attacks to run (default: all of them)"
+    )
+    p.add_argument("--store", default="memory", help="server --store")
+    p.add_argument("--chunk-ms", type=int, default=100, help="bystanders' audio per append")
+    p.add_argument("--commit-every-s", type=float, default=1.0, help="bystanders' commit period")
+    p.add_argument("--ramp-s", type=float, default=2.0, help="spread bystander starts over this")

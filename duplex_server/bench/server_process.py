@@ -67,7 +67,11 @@ class ServerProcess:
         self.port = port or free_port()
         # Every bench and test client connects from this one address: the
         # per-address caps would measure themselves, not the server.
-        per_address: dict[str, FlagValue] = {"max_connections_per_ip": 0, "max_sessions_per_ip": 0}
+        per_address: dict[str, FlagValue] = {
+            "max_connections_per_ip": 0,
+            "max_connection_rate_per_ip": 0,
+            "max_sessions_per_ip": 0,
+        }
         self.flags: dict[str, FlagValue] = {
             "model": model,
             "log_level": log_level,

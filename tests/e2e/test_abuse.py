@@ -38,6 +38,7 @@ ATTACK_S = 3.0
 WINDOWS = 3  # the bystander must be answered in each third of the attack
 CAPS = {
     "max_connections_per_ip": 32,
+    "max_connection_rate_per_ip": 20.0,
     "max_sessions_per_ip": 8,
     "header_timeout_s": 1.0,
     "input_burst_ms": 1000.0,

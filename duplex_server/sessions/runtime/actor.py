@@ -285,6 +285,10 @@ class SessionActor:
         self._mailbox.put_nowait(mb.Client(event, generation, time.perf_counter()))
         return True
 
+    def read_pause_s(self) -> float:
+        """How long the socket should go unread (input past its budget)."""
+        return self.input_budget.read_pause_s(time.monotonic())
+
     def post_reject(self, error: ProtocolError, generation: int) -> bool:
         """Queue the error for a frame that did not decode (journaled in order)."""
         if self._pending_client >= self.settings.mailbox_size:
