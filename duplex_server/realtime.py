@@ -184,7 +184,7 @@ class RealtimeConnection:
             if self.actor is None:
                 await self._send_error(err)
             elif not self.actor.post_reject(err, self.attachment.generation):
-                await self._send_error(self._flooded())
+                await self._refuse_flood()
             return
         if isinstance(event, SessionResume):
             await self._resume(event)
@@ -205,7 +205,7 @@ class RealtimeConnection:
                     )
                 )
         elif not self.actor.post_client(event, self.attachment.generation):
-            await self._send_error(self._flooded(event.event_id))
+            await self._refuse_flood(event.event_id)
 
     async def _throttle(self) -> None:
         """Read a session past its input budget, or with its mailbox full, no
@@ -218,10 +218,11 @@ class RealtimeConnection:
         if pause > 0:
             await asyncio.sleep(pause)
 
-    def _flooded(self, event_id: str | None = None) -> ProtocolError:
+    async def _refuse_flood(self, event_id: str | None = None) -> None:
+        """The mailbox is full: refuse the frame, and pause reading (``_throttle``)."""
         self._flood_pause_s = REFUSAL_PAUSE_S
-        return ProtocolError(
-            "rate_limited", "too many events in flight; slow down", event_id=event_id
+        await self._send_error(
+            ProtocolError("rate_limited", "too many events in flight; slow down", event_id=event_id)
         )
 
     async def _resume(self, request: SessionResume) -> None:

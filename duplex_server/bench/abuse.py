@@ -18,21 +18,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import multiprocessing
 import os
 import time
 from multiprocessing.connection import Connection
 
-import numpy as np
 import psutil
 import websockets
 
 from duplex_server.bench import attacks
 from duplex_server.bench.generator import GeneratorCpu, validity
 from duplex_server.bench.server_process import HOST, ServerProcess
-from duplex_server.bench.sessions import BenchClient, Measures, _quantiles
+from duplex_server.bench.sessions import BenchClient, Measures, append_frame, quantiles, ratio
 
 TARGET_P99_RATIO = 2.0
 TARGET_HEARTBEAT_P99_MS = 100.0
@@ -98,8 +96,8 @@ async def _window(
     for client in clients:
         client.m = Measures()  # what comes after the window is not its
     return {
-        "heartbeat_rtt_ms": _quantiles(measures.heartbeat_rtt),
-        "commit_to_first_audio_ms": _quantiles(measures.commit_to_audio),
+        "heartbeat_rtt_ms": quantiles(measures.heartbeat_rtt),
+        "commit_to_first_audio_ms": quantiles(measures.commit_to_audio),
         "bystander_errors": measures.errors,
         "peak_rss_mib": rss.peak_mib,
         "server_cpu_percent": round(server.cpu_percent(None), 1),
@@ -141,14 +139,9 @@ async def _answer(control: Connection) -> object:
     return {"bound_held": False, "attack_failed": "the attacker process did not answer"}
 
 
-def _ratio(ours: dict, quiet: dict, key: str) -> float | None:
-    a, b = ours[key]["p99"], quiet[key]["p99"]
-    return None if a is None or not b else round(a / b, 3)
-
-
 def _judged(result: dict, quiet: dict) -> dict:
-    heartbeat = _ratio(result, quiet, "heartbeat_rtt_ms")
-    audio = _ratio(result, quiet, "commit_to_first_audio_ms")
+    heartbeat = ratio(result, quiet, "heartbeat_rtt_ms", "p99")
+    audio = ratio(result, quiet, "commit_to_first_audio_ms", "p99")
     growth = round(result["peak_rss_mib"] - quiet["peak_rss_mib"], 1)
     result.update(
         heartbeat_p99_ratio_vs_quiet=heartbeat,
@@ -167,9 +160,7 @@ def _judged(result: dict, quiet: dict) -> dict:
 
 
 async def _drive(server: ServerProcess, args: argparse.Namespace, names: list[str]) -> dict:
-    pcm = np.sin(np.arange(24 * args.chunk_ms) / 24000 * 2 * np.pi * 440) * 6000
-    audio = base64.b64encode(pcm.astype("<i2").tobytes()).decode()
-    frame = json.dumps({"type": "input_audio_buffer.append", "audio": audio})
+    frame = append_frame(args.chunk_ms)
     loop = asyncio.get_running_loop()
     windows = 1 + len(names)
     # The bystanders stream for every window; only the windows are measured.

@@ -34,7 +34,7 @@ TARGET_DURABLE_APPEND_P99_MS = 30.0
 AUDIO_RECORD_BYTES = 4800  # 100 ms of 24 kHz pcm16: what one append carries
 
 
-def _quantiles(samples: list[float]) -> dict[str, float | None]:
+def quantiles(samples: list[float]) -> dict[str, float | None]:
     if not samples:
         return {"p50": None, "p99": None}
     values = np.array(samples) * 1000.0
@@ -51,6 +51,13 @@ class Measures:
     commit_to_audio: list[float] = field(default_factory=list)
     errors: int = 0
     connect_failures: int = 0
+
+
+def append_frame(chunk_ms: int) -> str:
+    """The append every bench client sends: ``chunk_ms`` of a 24 kHz tone."""
+    pcm = np.sin(np.arange(24 * chunk_ms) / 24000 * 2 * np.pi * 440) * 6000
+    audio = base64.b64encode(pcm.astype("<i2").tobytes()).decode()
+    return json.dumps({"type": "input_audio_buffer.append", "audio": audio})
 
 
 class BenchClient:
@@ -167,13 +174,7 @@ async def _drive(
     metrics_urls: list[str] | None,
 ) -> dict:
     """Sessions spread round-robin over ``urls`` (one per server process)."""
-    pcm = np.sin(np.arange(24 * args.chunk_ms) / 24000 * 2 * np.pi * 440) * 6000
-    frame = json.dumps(
-        {
-            "type": "input_audio_buffer.append",
-            "audio": base64.b64encode(pcm.astype("<i2").tobytes()).decode(),
-        }
-    )
+    frame = append_frame(args.chunk_ms)
     measures = Measures()
     loop = asyncio.get_running_loop()
     measure_from = loop.time() + args.ramp_s + 1.0
@@ -200,8 +201,8 @@ async def _drive(
     await asyncio.gather(*tasks)
     result = {
         "appends_per_s": round(measures.appends / args.seconds, 1),
-        "heartbeat_rtt_ms": _quantiles(measures.heartbeat_rtt),
-        "commit_to_first_audio_ms": _quantiles(measures.commit_to_audio),
+        "heartbeat_rtt_ms": quantiles(measures.heartbeat_rtt),
+        "commit_to_first_audio_ms": quantiles(measures.commit_to_audio),
         "server_cpu_percent": round(cpu, 1),
         "server_rss_mib": round(rss, 1),
         "errors": measures.errors,
@@ -238,7 +239,8 @@ def _phase(servers: list[ServerProcess], args: argparse.Namespace, metrics: bool
             server.stop()
 
 
-def _ratio(ours: dict, base: dict, key: str, q: str) -> float | None:
+def ratio(ours: dict, base: dict, key: str, q: str) -> float | None:
+    """``ours[key][q] / base[key][q]``, None when either is missing."""
     a, b = ours[key][q], base[key][q]
     return None if a is None or not b else round(a / b, 3)
 
@@ -316,7 +318,7 @@ def run(args: argparse.Namespace) -> None:
         extra = {
             **extra,
             "memory_store": memory,
-            "append_p99_ratio_vs_memory": _ratio(ours, memory, "append_to_journal_ms", "p99"),
+            "append_p99_ratio_vs_memory": ratio(ours, memory, "append_to_journal_ms", "p99"),
             "appends_per_s_ratio_vs_memory": round(
                 ours["appends_per_s"] / memory["appends_per_s"], 3
             )
@@ -324,13 +326,13 @@ def run(args: argparse.Namespace) -> None:
             else None,
         }
     p99_audio = ours["commit_to_first_audio_ms"]["p99"]
-    ratio = _ratio(ours, baseline, "heartbeat_rtt_ms", "p99")
+    heartbeat_ratio = ratio(ours, baseline, "heartbeat_rtt_ms", "p99")
     targets = {
         "commit_to_first_audio_p99_ms_under_50": (
             None if p99_audio is None else p99_audio < TARGET_COMMIT_TO_AUDIO_P99_MS
         ),
         "heartbeat_p99_within_1_5x_echo": (
-            None if ratio is None else ratio <= TARGET_HEARTBEAT_RATIO
+            None if heartbeat_ratio is None else heartbeat_ratio <= TARGET_HEARTBEAT_RATIO
         ),
     }
     if "redis" in extra:
@@ -354,10 +356,8 @@ def run(args: argparse.Namespace) -> None:
                 **validity(*phases),
                 **ours,
                 "baseline_bare_echo": baseline,
-                "heartbeat_rtt_p50_ratio_vs_echo": _ratio(
-                    ours, baseline, "heartbeat_rtt_ms", "p50"
-                ),
-                "heartbeat_rtt_p99_ratio_vs_echo": ratio,
+                "heartbeat_rtt_p50_ratio_vs_echo": ratio(ours, baseline, "heartbeat_rtt_ms", "p50"),
+                "heartbeat_rtt_p99_ratio_vs_echo": heartbeat_ratio,
                 **extra,
                 "targets": targets,
             }
