@@ -123,6 +123,18 @@ def caller(conn: HTTPConnection) -> Principal | None:
     return keys.principal(presented_key(conn))
 
 
+def denial(principal: Principal | None, scope: str | None) -> tuple[int, ProtocolError] | None:
+    """Why a caller is refused, with its HTTP status: 401 for a missing or
+    wrong key, 403 for a key without ``scope``; None when it may go on.
+    The REST routes, the client-secret route and the WebSocket upgrade each
+    write the refusal in their own body, from this one decision."""
+    if principal is None:
+        return 401, ProtocolError("unauthorized", "missing or wrong API key")
+    if scope is not None and not principal.may(scope):
+        return 403, ProtocolError("forbidden", f"this key lacks the {scope!r} scope")
+    return None
+
+
 def new_key_entry(name: str, scopes: list[str], max_sessions: int) -> tuple[str, str]:
     """A fresh key and the line that makes a keys file accept it."""
     unknown = set(scopes) - set(SCOPES)

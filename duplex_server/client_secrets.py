@@ -16,7 +16,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from duplex_server.auth import caller
+from duplex_server.auth import caller, denial
 from protocol.codec import drop_optional_nulls
 from protocol.errors import ProtocolError, error_body
 from protocol.session_config import SessionUpdate
@@ -40,10 +40,10 @@ def _refusal(status: int, err: ProtocolError) -> Response:
 
 async def client_secrets(request: Request) -> Response:
     principal = caller(request)
-    if principal is None:
-        return _refusal(401, ProtocolError("unauthorized", "missing or wrong API key"))
-    if not principal.may("realtime"):
-        return _refusal(403, ProtocolError("forbidden", "this key lacks the 'realtime' scope"))
+    refused = denial(principal, "realtime")
+    if refused is not None:
+        return _refusal(*refused)
+    assert principal is not None  # denial() refuses a missing caller
     body = await request.body()
     if len(body) > MAX_BODY_BYTES:
         return _refusal(413, ProtocolError("payload_too_large", "the request body is too large"))

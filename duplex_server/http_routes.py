@@ -14,7 +14,7 @@ from starlette.responses import (
     StreamingResponse,
 )
 
-from duplex_server.auth import Principal, caller
+from duplex_server.auth import Principal, caller, denial
 from duplex_server.redaction import redact
 from duplex_server.sessions.core.records import ConfigBody, to_line
 from duplex_server.sessions.core.snapshot import session_object
@@ -38,10 +38,11 @@ def _principal(request: Request, scope: str | None = None) -> Principal | Respon
     """The caller, or the response that refuses it: 401 for a missing or
     wrong key, 403 for a key without ``scope``."""
     principal = caller(request)
-    if principal is None:
-        return _error(401, "unauthorized", "missing or wrong API key")
-    if scope is not None and not principal.may(scope):
-        return _error(403, "forbidden", f"this key lacks the {scope!r} scope")
+    refused = denial(principal, scope)
+    if refused is not None:
+        status, err = refused
+        return _error(status, err.code, err.message)
+    assert principal is not None  # denial() refuses a missing caller
     return principal
 
 

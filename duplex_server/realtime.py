@@ -15,7 +15,14 @@ from starlette.responses import JSONResponse
 from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from duplex_server.auth import ANONYMOUS, EPHEMERAL_PREFIX, Principal, caller, presented_key
+from duplex_server.auth import (
+    ANONYMOUS,
+    EPHEMERAL_PREFIX,
+    Principal,
+    caller,
+    denial,
+    presented_key,
+)
 from duplex_server.config import ServerConfig
 from duplex_server.sessions.runtime.actor import SessionActor
 from duplex_server.sessions.runtime.attachment import Attachment, TransportClosed
@@ -299,13 +306,14 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
 async def _serve_socket(websocket: WebSocket) -> None:
     app_state = websocket.app.state
     principal, bound = _authenticate(websocket)
-    if principal is None or not principal.may("realtime"):
+    refused = denial(principal, "realtime")
+    if refused is not None:
         # Refused before the upgrade: no half-open socket for a wrong key.
-        status, code = (401, "unauthorized") if principal is None else (403, "forbidden")
-        message = "missing or wrong API key" if principal is None else "this key lacks realtime"
-        body = {"error": {"type": "authentication_error", "code": code, "message": message}}
+        status, err = refused
+        body = {"error": {"type": err.error_class, "code": err.code, "message": err.message}}
         await websocket.send_denial_response(JSONResponse(body, status))
         return
+    assert principal is not None  # denial() refuses a missing caller
     offered = websocket.scope.get("subprotocols", [])
     subprotocol = "realtime" if "realtime" in offered else None
     await websocket.accept(subprotocol=subprotocol)
