@@ -24,6 +24,7 @@ from duplex_server.sessions.log.memory_store import MemoryLog
 from duplex_server.sessions.log.redis_store import REDIS_SCHEMES, RedisLog
 from duplex_server.sessions.log.sqlite_store import SqliteLog
 from duplex_server.sessions.log.store import SessionLog
+from duplex_server.sessions.runtime.actor import ActorSettings
 from duplex_server.sessions.runtime.manager import ManagerSettings, SessionManager
 from protocol.codec import FrameDecoder
 
@@ -82,22 +83,24 @@ def create_app(config: ServerConfig) -> Starlette:
         log,
         model,
         ManagerSettings(
-            owner=config.replica_id,
+            actor=ActorSettings(
+                owner=config.replica_id,
+                mailbox_size=config.mailbox_size,
+                journal_max_events=config.journal_max_events,
+                journal_max_bytes=config.journal_max_bytes,
+                retain_audio=config.retain_audio,
+                max_input_realtime_factor=config.max_input_realtime_factor,
+                input_burst_ms=config.input_burst_ms,
+                max_session_media_bytes=config.max_session_media_bytes,
+                observe_append=metrics.observe_append,
+            ),
             max_sessions=config.max_sessions,
             idle_ttl_s=config.idle_ttl_s,
             disconnect_grace_s=config.disconnect_grace_s,
             reap_interval_s=config.reap_interval_s,
-            mailbox_size=config.mailbox_size,
-            journal_max_events=config.journal_max_events,
-            journal_max_bytes=config.journal_max_bytes,
-            retain_audio=config.retain_audio,
-            max_input_realtime_factor=config.max_input_realtime_factor,
-            input_burst_ms=config.input_burst_ms,
-            max_session_media_bytes=config.max_session_media_bytes,
             retention_s=config.retention_s,
             purge_interval_s=config.purge_interval_s,
             lease_ttl_s=config.lease_ttl_ms / 1000,
-            observe_append=metrics.observe_append,
             on_open=metrics.sessions_opened.inc,
         ),
     )

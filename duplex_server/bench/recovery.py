@@ -27,6 +27,7 @@ from duplex_server.sessions.core.responses import emit_chunk, finish_response
 from duplex_server.sessions.core.state import Response, initial_state
 from duplex_server.sessions.log.sqlite_store import SqliteLog
 from duplex_server.sessions.log.tokens import hash_token, new_session_id
+from duplex_server.sessions.runtime.actor import ActorSettings
 from duplex_server.sessions.runtime.manager import ManagerSettings, SessionManager
 from protocol import client_events as ce
 
@@ -100,7 +101,9 @@ async def _recover(path: Path, sessions: int) -> tuple[float, int]:
         log,
         build_model("echo"),
         ManagerSettings(
-            owner="bench-recovery", max_sessions=sessions + 10, disconnect_grace_s=3600
+            ActorSettings(owner="bench-recovery"),
+            max_sessions=sessions + 10,
+            disconnect_grace_s=3600,
         ),
     )
     started = time.perf_counter()

@@ -44,24 +44,22 @@ class _Takeover:
 
 @dataclass
 class ManagerSettings:
-    owner: str
+    # What every session's actor is given; its owner is this replica.
+    actor: ActorSettings
     max_sessions: int = 1000
     idle_ttl_s: float = 300.0
     disconnect_grace_s: float = 30.0
     reap_interval_s: float = 1.0
-    mailbox_size: int = ActorSettings.mailbox_size
-    journal_max_events: int = ActorSettings.journal_max_events
-    journal_max_bytes: int = ActorSettings.journal_max_bytes
-    retain_audio: str = ActorSettings.retain_audio
-    max_input_realtime_factor: float = ActorSettings.max_input_realtime_factor
-    input_burst_ms: float = ActorSettings.input_burst_ms
-    max_session_media_bytes: int = ActorSettings.max_session_media_bytes
     retention_s: float = 7 * 24 * 3600.0
     purge_interval_s: float = 60.0
     # Shared stores: how long a lease lives unrenewed (renewed every third of it).
     lease_ttl_s: float = 5.0
-    observe_append: Callable[[float], None] | None = None
     on_open: Callable[[], None] | None = field(default=None)
+
+    @property
+    def owner(self) -> str:
+        """This replica, as the leases and the log's lease records name it."""
+        return self.actor.owner
 
 
 class SessionManager:
@@ -76,22 +74,6 @@ class SessionManager:
         self._takeovers: dict[str, _Takeover] = {}
         self._recovery_pending = False
         self._deletions: set[asyncio.Task[None]] = set()  # closed logs leaving memory
-
-    def _actor_settings(self) -> ActorSettings:
-        s = self.settings
-        settings = ActorSettings(
-            owner=s.owner,
-            mailbox_size=s.mailbox_size,
-            journal_max_events=s.journal_max_events,
-            journal_max_bytes=s.journal_max_bytes,
-            retain_audio=s.retain_audio,
-            max_input_realtime_factor=s.max_input_realtime_factor,
-            input_burst_ms=s.input_burst_ms,
-            max_session_media_bytes=s.max_session_media_bytes,
-        )
-        if s.observe_append is not None:
-            settings.observe_append = s.observe_append
-        return settings
 
     async def open(
         self,
@@ -126,7 +108,7 @@ class SessionManager:
                 f"{address_quota} live sessions were opened from this address; close one first",
             )
         session_id = new_session_id()
-        actor = SessionActor(session_id, self.log, self.model, self._actor_settings(), self._closed)
+        actor = SessionActor(session_id, self.log, self.model, self.settings.actor, self._closed)
         actor.address = address
         self.actors[session_id] = actor
         try:
@@ -242,7 +224,7 @@ class SessionManager:
     ) -> bool:
         """A live actor for a session whose lease this replica just took."""
         last_ts_ms = records[-1].ts_ms if records else now_ms
-        actor = SessionActor(session_id, self.log, self.model, self._actor_settings(), self._closed)
+        actor = SessionActor(session_id, self.log, self.model, self.settings.actor, self._closed)
         downtime_s = max(0.0, (now_ms - last_ts_ms) / 1000.0)
         self.actors[session_id] = actor
         grace_s = self.settings.disconnect_grace_s
