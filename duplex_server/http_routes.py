@@ -145,15 +145,16 @@ async def session_events(request: Request) -> Response:
         return _error(400, "invalid_request", f"after must be between 0 and {MAX_SEQ - 1}")
     log = request.app.state.log
     try:
-        records = await log.read(session_id, after)
-        opening = records if after == 0 else await log.read(session_id)
+        # Read whole once: the owner is in its opening records, the page after them.
+        records = await log.read(session_id)
     except UnknownSession:
         return _error(404, "session_not_found", f"no session {session_id}")
-    if (refused := _not_yours(principal, _owner(opening))) is not None:
+    if (refused := _not_yours(principal, _owner(records))) is not None:
         return refused
 
     async def lines():
         for record in records:
-            yield _encoder.encode(to_line(record)) + b"\n"
+            if record.seq > after:
+                yield _encoder.encode(to_line(record)) + b"\n"
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
