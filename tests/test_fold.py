@@ -113,6 +113,26 @@ def test_rejected_command_adds_nothing():
     assert len(script.log) == before
 
 
+@pytest.mark.parametrize("padding", [0, 1, 2])
+def test_a_video_frame_of_the_largest_size_is_kept_and_one_byte_more_refused(padding):
+    """The size is judged before decoding only where the text alone proves it
+    too large; at the boundary the decoded size decides, for every padding."""
+    from duplex_server.sessions.core.commands import MAX_VIDEO_FRAME_BYTES
+
+    largest = MAX_VIDEO_FRAME_BYTES - padding
+    script = Script()
+    script.send(ce.InputAudioAppend(audio=b64(tone_pcm16(20)), video_frames=[b64(b"v" * largest)]))
+    assert [len(r.body.data) for r in script.log if r.kind == "frame"] == [largest]
+    before = len(script.log)
+    for size in (largest + 1 + padding, largest + 3, largest * 2):
+        with pytest.raises(ProtocolError) as err:
+            script.send(
+                ce.InputAudioAppend(audio=b64(tone_pcm16(20)), video_frames=[b64(b"v" * size)])
+            )
+        assert (err.value.code, err.value.param) == ("payload_too_large", "video_frames.0")
+    assert len(script.log) == before
+
+
 def test_fold_has_no_hidden_inputs():
     """The same records fold to the same state twice, with time passing between."""
     script = conversation()
