@@ -159,6 +159,7 @@ class RealtimeConnection:
             await self.attachment.close(CloseCode.POLICY_VIOLATION, "too many failed resumes")
 
     async def _send_error(self, err: ProtocolError) -> None:
+        err.forget_traceback()
         await self.attachment.send_now(_error_frame(err))
 
     async def _open(

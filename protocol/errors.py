@@ -63,6 +63,14 @@ class ProtocolError(Exception):
     def error_class(self) -> str:
         return ERROR_CLASS[self.code]
 
+    def forget_traceback(self) -> None:
+        """Called where the error becomes a message to the client. Its
+        traceback is of no use from there, and it ties the error into a
+        cycle with the frames that raised it (a handler's context, a
+        mailbox message's future, often holds the very error), which only
+        the cyclic GC would free, in one long pause (docs/DECISIONS.md)."""
+        self.__traceback__ = None
+
 
 class ErrorBody(msgspec.Struct):
     type: str

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -130,6 +131,19 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _epoch_reader(actor: weakref.ref[SessionActor]) -> Callable[[], int]:
+    """The session's current epoch, read through a weak reference: the feed
+    outlives no actor, but holding the actor strongly would make a cycle."""
+
+    def epoch() -> int:
+        live = actor()
+        if live is None:
+            raise RuntimeError("the session's actor is gone; its feed should be too")
+        return live.state.epoch
+
+    return epoch
+
+
 class SessionActor:
     def __init__(
         self,
@@ -152,7 +166,12 @@ class SessionActor:
         self._mailbox: asyncio.Queue[object] = asyncio.Queue()
         self._pending_client = 0
         # The model, unit by unit or turn by turn, behind one interface.
-        self._feed = open_feed(model, session_id, self.post, lambda: self.state.epoch)
+        # What the actor hands its parts refers to its mailbox, never back to
+        # the actor: a closed session (its journal, its buffered audio) is then
+        # freed by reference counting at once. A cycle would wait for the
+        # cyclic GC, whose thresholds ``serve`` raises far out of the way.
+        post = self._mailbox.put_nowait
+        self._feed = open_feed(model, session_id, post, _epoch_reader(weakref.ref(self)))
         self._task: asyncio.Task[None] | None = None  # held: the loop keeps only weak refs
         self.last_activity = time.monotonic()
         self.closed = asyncio.Event()
@@ -173,7 +192,7 @@ class SessionActor:
             settings.max_session_media_bytes,
             time.monotonic(),
         )
-        self.hearing = Hearing(model, self.post)
+        self.hearing = Hearing(model, post)
         self._end_requested = False
 
     @property
@@ -624,6 +643,7 @@ class SessionActor:
 
     async def reject(self, err: ProtocolError) -> None:
         """Journal an error event for a rejected input; the session keeps serving."""
+        err.forget_traceback()
         batch = self.new_batch()
         batch.emit(Error(error=error_body(err)))
         await self.commit_batch(batch)
