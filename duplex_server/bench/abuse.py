@@ -36,7 +36,7 @@ TARGET_P99_RATIO = 2.0
 TARGET_HEARTBEAT_P99_MS = 100.0
 TARGET_RSS_GROWTH_MIB = 200.0
 RSS_SAMPLE_S = 0.05
-SETTLE_S = 1.0  # between windows: the previous attack's sockets drain
+SETTLE_S = 1.0  # between windows: bystanders renew, the previous attack's sockets drain
 
 
 def _attacker(name: str, target: attacks.Target, control: Connection) -> None:
@@ -82,7 +82,9 @@ async def _window(
     seconds: float,
     attacker: psutil.Process | None = None,
 ) -> dict:
-    """Measure the bystanders for ``seconds`` (an attack, if any, already runs)."""
+    """Measure the bystanders for ``seconds`` (an attack, if any, already runs);
+    what happens outside the window goes back to each client's own measures."""
+    outside = [client.m for client in clients]
     measures = Measures()
     for client in clients:
         client.m = measures
@@ -93,12 +95,13 @@ async def _window(
         attacker.cpu_percent(None)
     rss = PeakRss(server)
     await rss.sample(time.monotonic() + seconds)
-    for client in clients:
-        client.m = Measures()  # what comes after the window is not its
+    for client, own in zip(clients, outside, strict=True):
+        client.m = own
     return {
         "heartbeat_rtt_ms": quantiles(measures.heartbeat_rtt),
         "commit_to_first_audio_ms": quantiles(measures.commit_to_audio),
         "bystander_errors": measures.errors,
+        "bystander_connect_failures": measures.connect_failures,
         "peak_rss_mib": rss.peak_mib,
         "server_cpu_percent": round(server.cpu_percent(None), 1),
         "attacker_cpu_percent": (
@@ -139,6 +142,17 @@ async def _answer(control: Connection) -> object:
     return {"bound_held": False, "attack_failed": "the attacker process did not answer"}
 
 
+async def _renew(clients: list[BenchClient]) -> None:
+    """Every bystander goes on in a fresh session, the renewals spread over
+    ``SETTLE_S``; then the previous attack's sockets have drained too. Each
+    window so starts from sessions of the same age: otherwise the logs the
+    bystanders grow by talking would count as the later attacks' memory."""
+    for client in clients:
+        client.renew()
+        await asyncio.sleep(SETTLE_S / len(clients))
+    await asyncio.sleep(SETTLE_S)
+
+
 def _judged(result: dict, quiet: dict) -> dict:
     heartbeat = ratio(result, quiet, "heartbeat_rtt_ms", "p99")
     audio = ratio(result, quiet, "commit_to_first_audio_ms", "p99")
@@ -164,8 +178,8 @@ async def _drive(server: ServerProcess, args: argparse.Namespace, names: list[st
     loop = asyncio.get_running_loop()
     windows = 1 + len(names)
     # The bystanders stream for every window; only the windows are measured.
-    deadline = loop.time() + args.ramp_s + windows * (args.seconds + SETTLE_S + 3.0) + 30.0
-    ramp = [Measures() for _ in range(args.sessions)]  # where a failed connect is counted
+    deadline = loop.time() + args.ramp_s + windows * (args.seconds + 2 * SETTLE_S + 3.0) + 30.0
+    ramp = [Measures() for _ in range(args.sessions)]  # each client's own, outside the windows
     clients = [
         BenchClient(server.ws_url, frame, args, measures, deadline, measure_from=0.0)
         for measures in ramp
@@ -174,20 +188,23 @@ async def _drive(server: ServerProcess, args: argparse.Namespace, names: list[st
         asyncio.create_task(c.run(args.ramp_s * i / max(1, args.sessions)))
         for i, c in enumerate(clients)
     ]
-    await asyncio.sleep(args.ramp_s + 1.0)
+    await asyncio.sleep(args.ramp_s)
     watched = psutil.Process(server.pid)
+    await _renew(clients)
     quiet = await _window(clients, watched, args.seconds)
     results = {}
     for index, name in enumerate(names):
-        await asyncio.sleep(SETTLE_S)
+        await _renew(clients)
         target = attacks.Target(HOST, server.port, source=f"127.0.1.{index + 1}")
         window = await _attack_window(name, target, clients, watched, args.seconds)
         results[name] = _judged(window, quiet)
     for client in clients:
         client.deadline = 0.0  # the senders stop at their next tick
     await asyncio.gather(*tasks)
-    connect_failures = sum(measures.connect_failures for measures in ramp)
-    return {"quiet": quiet, "attacks": results, "bystander_connect_failures": connect_failures}
+    failures = sum(m.connect_failures for m in ramp) + sum(
+        phase["bystander_connect_failures"] for phase in (quiet, *results.values())
+    )
+    return {"quiet": quiet, "attacks": results, "bystander_connect_failures": failures}
 
 
 def run(args: argparse.Namespace) -> None:

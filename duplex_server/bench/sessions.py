@@ -31,6 +31,7 @@ from duplex_server.sessions.log.redis_store import REDIS_SCHEMES
 TARGET_COMMIT_TO_AUDIO_P99_MS = 50.0
 TARGET_HEARTBEAT_RATIO = 1.5
 TARGET_DURABLE_APPEND_P99_MS = 30.0
+RENEW_TIMEOUT_S = 10.0  # for the server to close a session the client closed
 AUDIO_RECORD_BYTES = 4800  # 100 ms of 24 kHz pcm16: what one append carries
 
 
@@ -81,20 +82,40 @@ class BenchClient:
         self.heartbeat_sent: float | None = None
         self.commit_sent: float | None = None
         self.last_seq = 0
+        self._renewing = False
 
     def _measuring(self, now: float) -> bool:
         return now >= self.measure_from
 
+    def renew(self) -> None:
+        """Close this session at the next tick and go on in a fresh one: a
+        bench that compares windows starts each from sessions of one age
+        (a live session's log, and so the server's memory, grows as it talks)."""
+        self._renewing = True
+
     async def run(self, start_delay: float) -> None:
         await asyncio.sleep(start_delay)
-        try:
-            async with websockets.connect(self.url, max_size=None, ping_interval=None) as ws:
-                await ws.recv()  # session.created
-                reader = asyncio.create_task(self._read(ws))
-                await self._send(ws)
-                reader.cancel()
-        except (OSError, websockets.WebSocketException):
-            self.m.connect_failures += 1
+        while True:
+            self._renewing = False
+            self.heartbeat_sent = self.commit_sent = None
+            self.last_seq = 0
+            try:
+                await self._session()
+            except (OSError, websockets.WebSocketException):
+                self.m.connect_failures += 1
+                return
+            if not self._renewing:
+                return
+
+    async def _session(self) -> None:
+        async with websockets.connect(self.url, max_size=None, ping_interval=None) as ws:
+            await ws.recv()  # session.created
+            reader = asyncio.create_task(self._read(ws))
+            await self._send(ws)
+            if self._renewing:
+                await ws.send('{"type":"session.close"}')
+                await asyncio.wait({reader}, timeout=RENEW_TIMEOUT_S)  # the server closes
+            reader.cancel()
 
     async def _send(self, ws) -> None:
         loop = asyncio.get_running_loop()
@@ -103,7 +124,7 @@ class BenchClient:
         per_heartbeat = max(1, round(1.0 / period))
         tick = 0
         next_at = loop.time()
-        while (now := loop.time()) < self.deadline:
+        while (now := loop.time()) < self.deadline and not self._renewing:
             await ws.send(self.frame)
             if self._measuring(now):
                 self.m.appends += 1
