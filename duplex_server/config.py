@@ -49,7 +49,7 @@ class ServerConfig:
     max_connections_per_ip: int = 256
     # New connections a second per client address, with two seconds' burst
     # (0: no bound); past it a connection is closed before it is read.
-    max_connection_rate_per_ip: float = 50.0
+    max_connection_rate_per_ip: float = 20.0
     # Live sessions (attached or waiting for a resume) opened from one
     # address, and by one key unless the keys file gives it a quota (0: no cap).
     max_sessions_per_ip: int = 256

@@ -188,7 +188,11 @@ async def test_deeply_nested_frames_get_invalid_json_and_keep_the_socket(abused)
 
 async def test_frames_past_the_limit_are_refused_before_they_are_buffered(abused):
     report = await under_attack(abused, attacks.oversized_frames)
-    assert report.refusals == {"close 1009": report.attempts}
+    # Every frame that reached the server was refused with 1009; past the
+    # address's connection rate a socket is closed before any frame is read.
+    assert report.refusals["close 1009"] > 0
+    assert set(report.refusals) <= {"close 1009", "connection closed"}
+    assert sum(report.refusals.values()) == report.attempts
 
 
 async def test_guessed_resume_tokens_are_refused_and_the_socket_closed(abused):
