@@ -100,6 +100,7 @@ def create_app(config: ServerConfig) -> Starlette:
             reap_interval_s=config.reap_interval_s,
             retention_s=config.retention_s,
             purge_interval_s=config.purge_interval_s,
+            ended_sessions_kept=config.ended_sessions_kept,
             lease_ttl_s=config.lease_ttl_ms / 1000,
             on_open=metrics.sessions_opened.inc,
         ),

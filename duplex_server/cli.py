@@ -158,6 +158,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="delete closed sessions from the store this long after their last record",
     )
     p.add_argument(
+        "--ended-sessions-kept",
+        type=_positive_int,
+        default=DEFAULTS.ended_sessions_kept,
+        help="ended sessions remembered in memory (how each ended), the oldest forgotten first",
+    )
+    p.add_argument(
         "--api-key",
         type=_api_key,
         default=DEFAULTS.api_key,
@@ -249,6 +255,13 @@ def _api_key(value: str) -> str:
     return value
 
 
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
+
+
 def _names(value: str) -> list[str]:
     return [name.strip() for name in value.split(",") if name.strip()]
 
@@ -274,6 +287,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         journal_max_bytes=args.journal_max_bytes,
         retain_audio=args.retain_audio,
         retention_s=args.retention_s,
+        ended_sessions_kept=args.ended_sessions_kept,
         api_key=args.api_key,
         api_keys_file=args.api_keys_file,
         header_timeout_s=args.header_timeout_s,

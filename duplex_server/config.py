@@ -37,6 +37,7 @@ class ServerConfig:
     max_session_media_bytes: int = ActorSettings.max_session_media_bytes
     retention_s: float = ManagerSettings.retention_s
     purge_interval_s: float = ManagerSettings.purge_interval_s
+    ended_sessions_kept: int = ManagerSettings.ended_sessions_kept
     api_key: str | None = None
     api_keys_file: str | None = None  # named keys with scopes and quotas (auth.KeyRing)
     # A request head must arrive whole within this; an autostart=0 socket

@@ -107,6 +107,27 @@ async def test_memory_event_id_window_is_bounded():
     await log.append("s", [signal(4, "e1")], fence)  # e1 fell out of the window
 
 
+async def test_sqlite_remembers_only_the_heads_written_last(tmp_path):
+    """The writer's cache of (fence, last_seq) stays bounded however many
+    sessions it has served; a session that fell out is read back from its
+    row, with its fence and its sequence checks intact."""
+    log = SqliteLog(tmp_path / "s.db", max_cached_heads=3)
+    fences = {}
+    for n in range(10):
+        await log.create(f"s{n}")
+        fences[n] = await log.acquire_lease(f"s{n}", "me")
+        await log.append(f"s{n}", [signal(1)], fences[n])
+    assert len(log._heads) == 3
+    assert await log.append("s0", [signal(2)], fences[0]) == [2]
+    with pytest.raises(SequenceConflict):
+        await log.append("s1", [signal(1)], fences[1])
+    assert await log.acquire_lease("s2", "me", expect_fence=fences[2]) == fences[2] + 1
+    with pytest.raises(StaleFence):
+        await log.append("s2", [signal(2)], fences[2])
+    assert len(log._heads) == 3
+    await log.close()
+
+
 async def test_trim_drops_payloads_but_keeps_seqs(log):
     fence = await opened(log)
     await log.append("s", [out(1, 1), signal(2), out(3, 2), out(4, 3)], fence)

@@ -97,3 +97,22 @@ async def test_refusals_and_upgrades_leave_no_cyclic_garbage(server):
         gc.set_debug(0)
         gc.garbage.clear()
         gc.enable()
+
+
+@pytest.mark.server_config(ended_sessions_kept=3)
+async def test_the_memory_of_ended_sessions_is_bounded(server):
+    """A replica remembers how the last ``--ended-sessions-kept`` sessions
+    ended, not every session it ever served; nothing else of theirs stays."""
+    manager = server.manager
+    ended = []
+    for _ in range(5):
+        client, created = await server.open()
+        loop_task = manager.actors[created["session"]["id"]]._task
+        assert loop_task is not None
+        await client.send({"type": "session.close"})
+        await client.recv_until("session.closed")
+        await client.close()
+        await asyncio.wait({loop_task})  # then the manager has noted how it ended
+        ended.append(created["session"]["id"])
+    assert [manager.ended_reason(s) for s in ended] == [None, None] + ["client_close"] * 3
+    assert not manager.actors

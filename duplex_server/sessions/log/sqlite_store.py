@@ -24,6 +24,7 @@ import contextlib
 import queue
 import sqlite3
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -131,6 +132,10 @@ def check_database(path: Path) -> None:
         raise StoreError(f"{path}: this SQLite file is not a duplex-server session store")
 
 
+# Heads of the sessions written most recently, kept by the writer (_Heads).
+MAX_CACHED_HEADS = 10_000
+
+
 class _Heads:
     """Each session's (fence, last_seq) as the writer knows it.
 
@@ -138,11 +143,18 @@ class _Heads:
     fence and sequence checks from memory; changes made inside a group become
     visible to later operations of the same group at once and to everyone
     once the group commits, and vanish if it does not.
+
+    The committed heads are a cache of the ``sessions`` table (each one is
+    written there in the same transaction), so only the ``max_cached`` most
+    recently written are kept: a server that has served a million sessions
+    does not remember a million heads; a session not written for long is
+    read back from its row.
     """
 
-    def __init__(self) -> None:
-        self._committed: dict[str, tuple[int, int]] = {}
+    def __init__(self, max_cached: int = MAX_CACHED_HEADS) -> None:
+        self._committed: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._pending: dict[str, tuple[int, int] | None] = {}
+        self._max_cached = max_cached
 
     def get(self, conn: sqlite3.Connection, session_id: str) -> tuple[int, int] | None:
         if session_id in self._pending:
@@ -164,7 +176,13 @@ class _Heads:
                 self._committed.pop(session_id, None)
             else:
                 self._committed[session_id] = head
+                self._committed.move_to_end(session_id)
         self._pending.clear()
+        while len(self._committed) > self._max_cached:
+            self._committed.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._committed)
 
     def rollback(self) -> None:
         self._pending.clear()
@@ -182,7 +200,13 @@ class _Op:
 class SqliteLog(LocalLeases):
     durable = True
 
-    def __init__(self, path: str | Path, durability: Durability = "fsync-per-batch") -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        durability: Durability = "fsync-per-batch",
+        *,
+        max_cached_heads: int = MAX_CACHED_HEADS,
+    ) -> None:
         self.path = Path(path)
         self.durability = durability
         check_database(self.path)
@@ -202,7 +226,7 @@ class SqliteLog(LocalLeases):
         self._writer = threading.Thread(target=self._write_loop, name="sqlite-writer", daemon=True)
         self._writer.start()
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-reader")
-        self._heads = _Heads()
+        self._heads = _Heads(max_cached_heads)
         self._compacted: dict[str, int] = {}  # writer thread only
 
     # --- writer thread -------------------------------------------------------

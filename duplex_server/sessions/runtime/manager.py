@@ -30,7 +30,6 @@ from protocol.client_events import SessionResume
 from protocol.errors import ProtocolError
 from protocol.session_config import SessionUpdate
 
-TOMBSTONES = 10_000
 log = logging.getLogger(__name__)
 
 
@@ -52,6 +51,9 @@ class ManagerSettings:
     reap_interval_s: float = 1.0
     retention_s: float = 7 * 24 * 3600.0
     purge_interval_s: float = 60.0
+    # How many ended sessions this replica remembers (how each ended, for a
+    # late resume or GET /v1/sessions/{id}); the oldest are forgotten first.
+    ended_sessions_kept: int = 10_000
     # Shared stores: how long a lease lives unrenewed (renewed every third of it).
     lease_ttl_s: float = 5.0
     on_open: Callable[[], None] | None = field(default=None)
@@ -382,7 +384,7 @@ class SessionManager:
         if reason == "moved":
             return  # served by another replica now: not ended
         self._ended[session_id] = reason
-        while len(self._ended) > TOMBSTONES:
+        while len(self._ended) > self.settings.ended_sessions_kept:
             self._ended.popitem(last=False)
         if not self.log.durable:
             # Nothing on the memory store outlives this process, and a closed
