@@ -113,6 +113,45 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
 
     p = _kind(
         kinds,
+        "soak",
+        "duplex_server.bench.soak",
+        "session churn beside streaming sessions: the server's RSS slope per 1,000 sessions "
+        "served, with fds, store size and latency sampled over the run",
+    )
+    p.add_argument(
+        "--store",
+        default="sqlite",
+        help="sqlite (a temp file), sqlite:PATH, memory, or a redis:// URL",
+    )
+    p.add_argument("--sessions", type=int, default=20_000, help="stop after serving this many")
+    p.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: no limit)")
+    p.add_argument(
+        "--churn-clients", type=int, default=16, help="clients serving sessions back to back"
+    )
+    p.add_argument(
+        "--churn-audio-ms", type=int, default=500, help="audio each churned session sends"
+    )
+    p.add_argument(
+        "--streaming", type=int, default=4, help="long-lived streaming sessions beside them"
+    )
+    p.add_argument(
+        "--stream-session-s", type=float, default=30.0, help="how long each streaming session lives"
+    )
+    p.add_argument("--chunk-ms", type=int, default=100, help="audio per append")
+    p.add_argument(
+        "--commit-every-s", type=float, default=1.0, help="the streaming sessions' commit period"
+    )
+    p.add_argument("--sample-s", type=float, default=2.0, help="between samples")
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=0.2,
+        help="fraction of the sessions before the slope is fitted",
+    )
+    p.add_argument("--plot", default="", help="write a PNG of RSS, fds and p99 latency here")
+
+    p = _kind(
+        kinds,
         "abuse",
         "duplex_server.bench.abuse",
         "each attack of the security review beside well-behaved echo sessions: their p99 "

@@ -1,0 +1,264 @@
+"""``duplex-server bench soak``: does the server grow with the sessions it
+has served?
+
+Churn clients open a session, stream ``--churn-audio-ms`` of audio, commit,
+wait for the whole answer and close, over and over; beside them a few
+streaming sessions talk for ``--stream-session-s`` at a time (so the
+server always holds live sessions too). Every ``--sample-s`` the bench
+samples the server's RSS and open file descriptors, the store's size and
+the interval's latency percentiles, against the sessions served so far.
+
+The headline is the RSS slope in MB per 1,000 sessions served, fitted over
+the samples after warm-up (``--warmup``: the fraction of the run's sessions
+after which the server's caches, arenas and pools have settled). A server
+that keeps something of every session it served shows a slope; one that
+does not, a flat line. The JSON gives every sample; ``--plot`` draws RSS,
+fds and p99 latency against sessions served (matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+import websockets
+
+from duplex_server.bench.generator import GeneratorCpu, validity
+from duplex_server.bench.server_process import ServerProcess
+from duplex_server.bench.sessions import BenchClient, Measures, append_frame, quantiles
+
+TARGET_SLOPE_MB_PER_1000 = 0.05
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
+RECONNECT_PAUSE_S = 0.1  # after a failed session, before the next
+
+
+@dataclass
+class Tally:
+    """What the churn clients counted since the last sample."""
+
+    served: int = 0
+    failed: int = 0
+    commit_to_first_audio: list[float] = field(default_factory=list)
+
+
+class Churner:
+    """One client that serves sessions back to back until told to stop."""
+
+    def __init__(self, url: str, frames: list[str], tally: Tally) -> None:
+        self.url = url
+        self.frames = frames
+        self.tally = tally
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self._one_session()
+            except (OSError, websockets.WebSocketException):
+                self.tally.failed += 1
+                await asyncio.sleep(RECONNECT_PAUSE_S)
+            else:
+                self.tally.served += 1
+
+    async def _one_session(self) -> None:
+        loop = asyncio.get_running_loop()
+        async with websockets.connect(self.url, max_size=None, ping_interval=None) as ws:
+            await ws.recv()  # session.created
+            for frame in self.frames:
+                await ws.send(frame)
+            committed = loop.time()
+            await ws.send('{"type":"input_audio_buffer.commit"}')
+            first_audio = None
+            async for message in ws:
+                head = message[:48]  # the type comes first: no parse of audio deltas
+                if first_audio is None and '"response.output_audio.delta"' in head:
+                    first_audio = loop.time()
+                    self.tally.commit_to_first_audio.append(first_audio - committed)
+                elif '"response.done"' in head:
+                    break
+            await ws.send('{"type":"session.close"}')
+            async for _ in ws:  # until the server closes the socket
+                pass
+
+
+class StoreSize:
+    """Bytes the store holds: the SQLite file with its WAL, Redis's
+    ``used_memory``; None on the memory store (it is in the RSS)."""
+
+    def __init__(self, store: str) -> None:
+        self.store = store
+        self._redis = None
+        if store.startswith(REDIS_SCHEMES):
+            import redis
+
+            self._redis = redis.Redis.from_url(store)
+
+    def bytes(self) -> int | None:
+        if self.store.startswith("sqlite:"):
+            path = Path(self.store.removeprefix("sqlite:"))
+            files = (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"))
+            return sum(f.stat().st_size for f in files if f.exists())
+        if self._redis is not None:
+            return int(self._redis.info("memory")["used_memory"])
+        return None
+
+
+def rss_slope(samples: list[dict], warmup: float) -> float | None:
+    """MB of RSS per 1,000 sessions served, least squares over the samples
+    past the warm-up; None with fewer than three of them."""
+    if not samples:
+        return None
+    start = samples[-1]["sessions_served"] * warmup
+    kept = [s for s in samples if s["sessions_served"] >= start]
+    if len(kept) < 3 or kept[-1]["sessions_served"] == kept[0]["sessions_served"]:
+        return None
+    served = np.array([s["sessions_served"] for s in kept]) / 1000.0
+    rss = np.array([s["rss_mib"] for s in kept])
+    return round(float(np.polyfit(served, rss, 1)[0]), 4)
+
+
+async def _sample_forever(
+    server: psutil.Process,
+    tally: Tally,
+    streams: Measures,
+    store: StoreSize,
+    args: argparse.Namespace,
+    stop: asyncio.Event,
+) -> list[dict]:
+    samples: list[dict] = []
+    served = failed = 0
+    began = time.monotonic()
+    generator = GeneratorCpu()
+    generator.start()
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), args.sample_s)
+        served += tally.served
+        failed += tally.failed
+        latencies = tally.commit_to_first_audio
+        tally.served = tally.failed = 0
+        tally.commit_to_first_audio = []
+        heartbeats, streams.heartbeat_rtt = streams.heartbeat_rtt, []
+        streams.commit_to_audio.clear()  # the churners' figure is the headline
+        samples.append(
+            {
+                "t_s": round(time.monotonic() - began, 1),
+                "sessions_served": served,
+                "sessions_failed": failed,
+                "rss_mib": round(server.memory_info().rss / 2**20, 2),
+                "open_fds": server.num_fds(),
+                "store_bytes": store.bytes(),
+                "commit_to_first_audio_ms": quantiles(latencies),
+                "stream_heartbeat_rtt_ms": quantiles(heartbeats),
+                **generator.report(),
+            }
+        )
+        generator.start()
+        done = (args.sessions and served >= args.sessions) or (
+            args.seconds and time.monotonic() - began >= args.seconds
+        )
+        if done:
+            stop.set()
+    return samples
+
+
+async def _renew_every(clients: list[BenchClient], period_s: float, stop: asyncio.Event) -> None:
+    """The streaming sessions live ``period_s`` each, then start afresh."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), period_s)
+        for client in clients:
+            client.renew()
+
+
+async def _drive(server: ServerProcess, args: argparse.Namespace) -> list[dict]:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    tally = Tally()
+    chunk = append_frame(args.chunk_ms)
+    churners = [
+        Churner(server.ws_url, [chunk] * max(1, args.churn_audio_ms // args.chunk_ms), tally)
+        for _ in range(args.churn_clients)
+    ]
+    streams = Measures()
+    streamers = [
+        BenchClient(server.ws_url, chunk, args, streams, float("inf"), measure_from=0.0)
+        for _ in range(args.streaming)
+    ]
+    tasks = [asyncio.create_task(c.run(stop)) for c in churners]
+    tasks += [asyncio.create_task(s.run(i * 0.1)) for i, s in enumerate(streamers)]
+    renewing = asyncio.create_task(_renew_every(streamers, args.stream_session_s, stop))
+    store = StoreSize(server.store)
+    samples = await _sample_forever(psutil.Process(server.pid), tally, streams, store, args, stop)
+    for streamer in streamers:
+        streamer.deadline = loop.time()  # the senders stop at their next tick
+    await asyncio.gather(*tasks, renewing)
+    return samples
+
+
+def plot(samples: list[dict], path: str, title: str) -> None:
+    """RSS, open fds and p99 commit→first-audio against sessions served."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # a file, never a window
+    import matplotlib.pyplot as plt
+
+    served = [s["sessions_served"] / 1000.0 for s in samples]
+    p99 = [s["commit_to_first_audio_ms"]["p99"] for s in samples]
+    figure, (rss, fds, latency) = plt.subplots(3, 1, sharex=True, figsize=(8, 8))
+    rss.plot(served, [s["rss_mib"] for s in samples])
+    rss.set_ylabel("server RSS (MiB)")
+    fds.plot(served, [s["open_fds"] for s in samples])
+    fds.set_ylabel("open fds")
+    latency.plot(served, [float("nan") if v is None else v for v in p99])
+    latency.set_ylabel("p99 commit→first audio (ms)")
+    latency.set_xlabel("sessions served (thousands)")
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def run(args: argparse.Namespace) -> None:
+    if not (args.sessions or args.seconds):
+        raise SystemExit("bench soak: give --sessions or --seconds (or both)")
+    with tempfile.TemporaryDirectory(prefix="duplex-soak-") as tmp:
+        store = f"sqlite:{Path(tmp) / 'soak.db'}" if args.store == "sqlite" else args.store
+        server = ServerProcess(store).start()
+        try:
+            samples = asyncio.run(_drive(server, args))
+        finally:
+            server.stop()
+    slope = rss_slope(samples, args.warmup)
+    last = samples[-1]
+    result = {
+        "bench": "soak",
+        "store": args.store,
+        "churn_clients": args.churn_clients,
+        "streaming_sessions": args.streaming,
+        "cpu_count": os.cpu_count(),
+        **validity(*samples),
+        "sessions_served": last["sessions_served"],
+        "sessions_failed": last["sessions_failed"],
+        "duration_s": last["t_s"],
+        "sessions_per_s": round(last["sessions_served"] / last["t_s"], 1) if last["t_s"] else None,
+        "rss_slope_mb_per_1000_sessions": slope,
+        "rss_mib_first_last": [samples[0]["rss_mib"], last["rss_mib"]],
+        "targets": {
+            "rss_slope_under_0_05_mb_per_1000": slope is not None
+            and slope < TARGET_SLOPE_MB_PER_1000,
+        },
+        "plot": args.plot,
+        "samples": samples,
+    }
+    if args.plot:
+        plot(samples, args.plot, f"bench soak, {args.store}: slope {slope} MB / 1,000 sessions")
+    print(json.dumps(result))
