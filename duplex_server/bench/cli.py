@@ -149,6 +149,13 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         help="fraction of the sessions before the slope is fitted",
     )
     p.add_argument("--plot", default="", help="write a PNG of RSS, fds and p99 latency here")
+    p.add_argument(
+        "--retention-s",
+        type=float,
+        default=None,
+        help="the server's --retention-s (default: its own); a short one keeps a long "
+        "run's store bounded",
+    )
 
     p = _kind(
         kinds,

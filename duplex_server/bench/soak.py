@@ -232,7 +232,7 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit("bench soak: give --sessions or --seconds (or both)")
     with tempfile.TemporaryDirectory(prefix="duplex-soak-") as tmp:
         store = f"sqlite:{Path(tmp) / 'soak.db'}" if args.store == "sqlite" else args.store
-        server = ServerProcess(store).start()
+        server = ServerProcess(store, retention_s=args.retention_s).start()
         try:
             samples = asyncio.run(_drive(server, args))
         finally:
@@ -244,6 +244,7 @@ def run(args: argparse.Namespace) -> None:
         "store": args.store,
         "churn_clients": args.churn_clients,
         "streaming_sessions": args.streaming,
+        "retention_s": args.retention_s,
         "cpu_count": os.cpu_count(),
         **validity(*samples),
         "sessions_served": last["sessions_served"],
