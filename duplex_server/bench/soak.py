@@ -35,9 +35,9 @@ import websockets
 from duplex_server.bench.generator import GeneratorCpu, validity
 from duplex_server.bench.server_process import ServerProcess
 from duplex_server.bench.sessions import BenchClient, Measures, append_frame, quantiles
+from duplex_server.sessions.log import redis_store
 
 TARGET_SLOPE_MB_PER_1000 = 0.05
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
 RECONNECT_PAUSE_S = 0.1  # after a failed session, before the next
 
 
@@ -95,20 +95,23 @@ class StoreSize:
 
     def __init__(self, store: str) -> None:
         self.store = store
-        self._redis = None
-        if store.startswith(REDIS_SCHEMES):
-            import redis
+        # The store's own client: every URL the server takes, sentinels too.
+        self._redis = (
+            redis_store.connect(store) if store.startswith(redis_store.REDIS_SCHEMES) else None
+        )
 
-            self._redis = redis.Redis.from_url(store)
-
-    def bytes(self) -> int | None:
+    async def bytes(self) -> int | None:
         if self.store.startswith("sqlite:"):
             path = Path(self.store.removeprefix("sqlite:"))
             files = (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"))
             return sum(f.stat().st_size for f in files if f.exists())
         if self._redis is not None:
-            return int(self._redis.info("memory")["used_memory"])
+            return int((await self._redis.info("memory"))["used_memory"])
         return None
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
 
 
 def rss_slope(samples: list[dict], warmup: float) -> float | None:
@@ -155,7 +158,7 @@ async def _sample_forever(
                 "sessions_failed": failed,
                 "rss_mib": round(server.memory_info().rss / 2**20, 2),
                 "open_fds": server.num_fds(),
-                "store_bytes": store.bytes(),
+                "store_bytes": await store.bytes(),
                 "commit_to_first_audio_ms": quantiles(latencies),
                 "stream_heartbeat_rtt_ms": quantiles(heartbeats),
                 **generator.report(),
@@ -197,7 +200,12 @@ async def _drive(server: ServerProcess, args: argparse.Namespace) -> list[dict]:
     tasks += [asyncio.create_task(s.run(i * 0.1)) for i, s in enumerate(streamers)]
     renewing = asyncio.create_task(_renew_every(streamers, args.stream_session_s, stop))
     store = StoreSize(server.store)
-    samples = await _sample_forever(psutil.Process(server.pid), tally, streams, store, args, stop)
+    try:
+        samples = await _sample_forever(
+            psutil.Process(server.pid), tally, streams, store, args, stop
+        )
+    finally:
+        await store.close()
     for streamer in streamers:
         streamer.deadline = loop.time()  # the senders stop at their next tick
     await asyncio.gather(*tasks, renewing)

@@ -8,16 +8,20 @@ import subprocess
 import sys
 
 
-def test_bench_sessions_reports_the_generator_and_a_verdict():
+def bench(*argv: str) -> dict:
+    """Run ``duplex-server bench ARGV`` as a user would; its JSON line."""
     out = subprocess.run(
-        [sys.executable, "-m", "duplex_server.cli", "bench", "sessions"]
-        + ["--sessions", "4", "--seconds", "1", "--ramp-s", "0.2"],
+        [sys.executable, "-m", "duplex_server.cli", "bench", *argv],
         capture_output=True,
         text=True,
         check=True,
         timeout=300,
     )
-    report = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def test_bench_sessions_reports_the_generator_and_a_verdict():
+    report = bench("sessions", "--sessions", "4", "--seconds", "1", "--ramp-s", "0.2")
     assert report["bench"] == "sessions" and report["errors"] == 0
     for phase in (report, report["baseline_bare_echo"]):
         assert phase["generator_cpu_percent"] >= 0.0
@@ -33,16 +37,10 @@ def test_bench_soak_samples_the_server_and_draws_the_plot(tmp_path):
     """A short soak on SQLite: every sample counts sessions served and the
     server's RSS, fds and store size; the slope is fitted and the plot drawn."""
     plot = tmp_path / "soak.png"
-    out = subprocess.run(
-        [sys.executable, "-m", "duplex_server.cli", "bench", "soak", "--store", "sqlite"]
-        + ["--sessions", "300", "--churn-clients", "4", "--streaming", "1"]
-        + ["--sample-s", "0.3", "--plot", str(plot)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
+    report = bench(
+        *("soak", "--store", "sqlite", "--sessions", "300", "--churn-clients", "4"),
+        *("--streaming", "1", "--sample-s", "0.3", "--plot", str(plot)),
     )
-    report = json.loads(out.stdout)
     assert report["bench"] == "soak" and report["sessions_failed"] == 0
     samples = report["samples"]
     assert report["sessions_served"] == samples[-1]["sessions_served"] >= 300
