@@ -101,10 +101,15 @@ async def test_cursor_beyond_journal_is_refused(server):
     assert error["error"]["param"] == "last_received_server_event_seq"
 
 
+async def updated_seq(client: WsClient, n: int) -> int:
+    """One journaled event (``session.updated``); its server_event_seq."""
+    await client.send({"type": "session.update", "session": {"instructions": f"turn {n}"}})
+    return (await client.expect("session.updated"))["server_event_seq"]
+
+
 async def test_second_socket_replaces_the_first(server):
     client, created = await server.open()
-    await client.send({"type": "session.heartbeat"})
-    await client.expect("session.heartbeat_ack")
+    assert await updated_seq(client, 1) == 1
     newer = await resume(server, created["session"]["id"], created["resume_token"], 1)
     await newer.expect("session.resumed")
     replaced = await client.expect("session.replaced")
@@ -112,18 +117,34 @@ async def test_second_socket_replaces_the_first(server):
     with pytest.raises(websockets.ConnectionClosed) as closed:
         await client.recv(timeout=5)
     assert closed.value.rcvd.code == 4000
-    await newer.send({"type": "session.heartbeat"})
-    assert (await newer.expect("session.heartbeat_ack"))["server_event_seq"] == 2
+    assert await updated_seq(newer, 2) == 2
+
+
+async def test_a_heartbeat_ack_answers_its_socket_only(server):
+    """PROTOCOL.md: the ack is attachment-scoped, carries no seq and is never
+    replayed, so a resumed client never takes an ack of a heartbeat sent on its
+    old socket for one of its new socket's."""
+    client, created = await server.open()
+    await client.send({"type": "session.heartbeat"})
+    ack = await client.expect("session.heartbeat_ack")
+    assert ack["server_event_seq"] is None
+    assert await updated_seq(client, 1) == 1  # the ack took no seq
+    await client.close()
+    await asyncio.sleep(0.05)
+    again = await resume(server, created["session"]["id"], created["resume_token"], 0)
+    resumed = await again.expect("session.resumed")
+    assert resumed["replay_to_seq"] == 1
+    assert (await again.recv())["type"] == "session.updated"  # the replay: no ack in it
+    await again.send({"type": "session.heartbeat"})
+    assert (await again.recv())["type"] == "session.heartbeat_ack"
 
 
 async def test_trimmed_cursor_needs_resync(server):
     client, created = await server.open()
-    for _ in range(3):
-        await client.send({"type": "session.heartbeat"})
-        await client.expect("session.heartbeat_ack")
+    for n in range(3):
+        await updated_seq(client, n)
     await client.send({"type": "session.event_ack", "server_event_seq": 3})
-    await client.send({"type": "session.heartbeat"})
-    await client.expect("session.heartbeat_ack")
+    assert await updated_seq(client, 3) == 4
     await client.close()
     await asyncio.sleep(0.05)
     again = await resume(server, created["session"]["id"], created["resume_token"], 1)
@@ -131,9 +152,7 @@ async def test_trimmed_cursor_needs_resync(server):
     resync = await again.expect("session.resync_required")
     assert resync["reason"] == "journal_gap" and resync["oldest_available_seq"] == 4
     assert resync["session"]["id"] == created["session"]["id"]
-    await again.send({"type": "session.heartbeat"})
-    ack = await again.expect("session.heartbeat_ack")
-    assert ack["server_event_seq"] == 5
+    assert await updated_seq(again, 4) == 5
     assert resumed["replay_to_seq"] == 4
 
 
@@ -144,8 +163,7 @@ async def test_acked_events_are_trimmed_from_the_log(server):
     events = await client.recv_until("rate_limits.updated")
     last = events[-1]["server_event_seq"]
     await client.send({"type": "session.event_ack", "server_event_seq": last})
-    await client.send({"type": "session.heartbeat"})
-    await client.expect("session.heartbeat_ack")
+    assert await updated_seq(client, 1) == last + 1  # after the ack: kept whole
     records = await server.app.state.log.read(created["session"]["id"])
     outs = [r.body for r in records if r.kind == "out"]
     assert all(o.trimmed and o.payload == b"" for o in outs if o.server_event_seq <= last)

@@ -100,7 +100,8 @@ async def test_heartbeat(server):
     client, _ = await server.open()
     await client.send({"type": "session.heartbeat"})
     ack = await client.expect("session.heartbeat_ack")
-    assert ack["epoch"] == 0 and ack["server_event_seq"] == 1
+    # Attachment-scoped (PROTOCOL.md): no seq, so never replayed to another socket.
+    assert ack["epoch"] == 0 and ack["server_event_seq"] is None
 
 
 async def test_close_is_graceful(server):

@@ -27,6 +27,9 @@ class Batch:
         self.now_ms = now_ms
         self.records: list[Record] = []
         self.outbound: list[tuple[int, bytes]] = []
+        # Attachment-scoped answers: sent to the current socket once the batch
+        # is appended, after the journaled events before them; never journaled.
+        self.replies: list[bytes] = []
         self._event_id = event_id
 
     def fact(self, body: AnyBody, origin: Origin = "client") -> Record:
@@ -46,6 +49,14 @@ class Batch:
         apply(self.state, record)
         self.records.append(record)
         return record
+
+    def reply(self, event: ServerEvent) -> None:
+        """Answer the socket that asked, and no other: PROTOCOL.md's
+        attachment-scoped events carry no ``server_event_seq`` and are never
+        replayed (a replayed heartbeat ack would tell a resumed client that
+        what it sent on its new socket had landed)."""
+        event.event_id = f"event_{self.state.session_id[-8:]}_a{self.state.last_seq}"
+        self.replies.append(encode_server_event(event))
 
     def emit(
         self,

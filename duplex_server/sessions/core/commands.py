@@ -178,7 +178,7 @@ def session_update(batch: Batch, event: ce.SessionUpdateEvent, ctx: HandlerConte
 
 def heartbeat(batch: Batch, event: ce.SessionHeartbeat, ctx: HandlerContext) -> Effects:
     batch.fact(SignalBody(signal="heartbeat"))
-    batch.emit(SessionHeartbeatAck(epoch=batch.state.epoch))
+    batch.reply(SessionHeartbeatAck(epoch=batch.state.epoch))
     return Effects()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -41,6 +42,10 @@ class Attachment:
         self.dialect = dialect
         self.cursor = 0
         self._sender: asyncio.Task[None] | None = None
+        self._journal: Journal | None = None
+        # Attachment-scoped answers (heartbeat acks), each due once the
+        # journal up to its seq went out: (seq, payload).
+        self._replies: deque[tuple[int, bytes]] = deque()
 
     async def send_now(self, payload: bytes) -> bool:
         """Send an attachment-scoped event (not journaled); False if the peer is gone."""
@@ -59,11 +64,26 @@ class Attachment:
         """Drain ``journal`` after ``cursor``; ``on_overflow(oldest)`` builds the
         ``session.resync_required`` sent if this socket falls out of the window."""
         self.cursor = cursor
+        self._journal = journal
         self._sender = asyncio.get_running_loop().create_task(self._drain(journal, on_overflow))
+
+    def send_after(self, seq: int, payloads: list[bytes]) -> None:
+        """Answer this socket alone, in order: after every journaled event up
+        to ``seq``, never journaled, so never replayed to another socket
+        (PROTOCOL.md: attachment-scoped events)."""
+        self._replies.extend((seq, payload) for payload in payloads)
+        if self._journal is not None:
+            self._journal.poke()
+
+    def _replies_due(self) -> bool:
+        return bool(self._replies) and self._replies[0][0] <= self.cursor
 
     async def _drain(self, journal: Journal, on_overflow: Callable[[int], bytes]) -> None:
         while True:
-            await journal.wait_beyond(self.cursor)
+            while journal.last_seq <= self.cursor and not self._replies_due():
+                await journal.changed()
+            if not await self._send_replies():
+                return
             try:
                 entries = journal.since(self.cursor)
             except JournalGap as gap:
@@ -84,6 +104,16 @@ class Attachment:
                     except TransportClosed:
                         return
                 self.cursor = seq
+            if not await self._send_replies():
+                return
+
+    async def _send_replies(self) -> bool:
+        """Send the answers now due; False once the peer is gone."""
+        while self._replies_due():
+            _, payload = self._replies.popleft()
+            if not await self.send_now(payload):
+                return False
+        return True
 
     async def drained(self, seq: int, timeout_s: float) -> None:
         """Wait until everything up to ``seq`` went out (or the peer is gone)."""

@@ -81,8 +81,16 @@ class Journal:
 
     async def wait_beyond(self, cursor: int) -> None:
         while self.last_seq <= cursor:
-            changed = self._changed
-            await changed.wait()
+            await self.changed()
+
+    async def changed(self) -> None:
+        """Until the next ``add`` or ``poke``."""
+        changed = self._changed
+        await changed.wait()
+
+    def poke(self) -> None:
+        """Wake the waiters without adding: something beside the journal is due."""
+        self._wake()
 
     def _wake(self) -> None:
         self._changed.set()
