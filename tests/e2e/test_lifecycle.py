@@ -276,3 +276,71 @@ async def test_an_actor_bug_closes_the_socket_loudly(server, monkeypatch, caplog
         await client.recv(timeout=5)
     assert closed.value.rcvd.code == 1011
     assert "actor failed" in caplog.text and "handler bug" in caplog.text
+
+
+async def test_a_session_whose_actor_failed_resumes_from_its_log(server, monkeypatch):
+    """1011 ends the actor, not the session: on a durable store a resume
+    rebuilds it from the log and the conversation goes on; on the memory
+    store the session is gone and the resume says so."""
+    import websockets
+
+    from duplex_server.sessions.core import pipeline
+    from protocol import client_events as ce
+
+    def buggy(batch, event, model):
+        raise KeyError("handler bug")
+
+    client, created = await server.open()
+    await client.append(tone_pcm16(200))
+    await client.send({"type": "input_audio_buffer.commit"})
+    turn = await client.recv_until("rate_limits.updated")
+    monkeypatch.setitem(pipeline.HANDLERS, ce.SessionHeartbeat, buggy)
+    await client.send({"type": "session.heartbeat"})
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await client.recv(timeout=5)
+    assert closed.value.rcvd.code == 1011
+    monkeypatch.undo()
+    again = await WsClient.connect(server.ws_url + "&autostart=0")
+    await again.send(
+        {
+            "type": "session.resume",
+            "session_id": created["session"]["id"],
+            "resume_token": created["resume_token"],
+            "last_received_server_event_seq": turn[-1]["server_event_seq"],
+        }
+    )
+    answer = await again.recv()
+    if server.config.store == "memory":
+        assert answer["error"]["code"] == "session_resume_expired"
+        return
+    assert answer["type"] == "session.resumed"
+    await again.append(tone_pcm16(200))
+    await again.send({"type": "input_audio_buffer.commit"})
+    events = await again.recv_until("rate_limits.updated")
+    committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+    assert committed["event"]["turn_id"] == 2
+
+
+async def test_a_store_that_refuses_a_trim_does_not_end_the_session(server, monkeypatch):
+    """Trimming acknowledged events only frees space, and the next trim covers
+    it: a store that refuses one (a full disk) costs a warning, not the session."""
+    from duplex_server.sessions.log.store import StorageUnavailable
+
+    async def refuse(session_id, upto):
+        raise StorageUnavailable("disk full")
+
+    client, _ = await server.open()
+    await client.append(tone_pcm16(200))
+    await client.send({"type": "input_audio_buffer.commit"})
+    turn = await client.recv_until("rate_limits.updated")
+    monkeypatch.setattr(server.app.state.log, "trim", refuse)
+    await client.send(
+        {"type": "session.event_ack", "server_event_seq": turn[-1]["server_event_seq"]}
+    )
+    await client.send({"type": "session.heartbeat"})
+    await client.expect("session.heartbeat_ack")
+    monkeypatch.undo()
+    await client.append(tone_pcm16(200))
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("rate_limits.updated")
+    assert events[-2]["response"]["status"] == "completed"

@@ -228,6 +228,7 @@ class SqliteLog(LocalLeases):
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-reader")
         self._heads = _Heads(max_cached_heads)
         self._compacted: dict[str, int] = {}  # writer thread only
+        self._after_commit: list[Callable[[], None]] = []  # writer thread only
 
     # --- writer thread -------------------------------------------------------
 
@@ -266,12 +267,16 @@ class SqliteLog(LocalLeases):
                     outcomes.append((False, exc))
             conn.execute("COMMIT")
             self._heads.commit()
+            for done in self._after_commit:
+                done()
         except (sqlite3.Error, OSError) as exc:
             self._heads.rollback()
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             failure = StorageUnavailable(f"{self.path}: {exc}")
             outcomes = [(False, failure)] * len(group)
+        finally:
+            self._after_commit.clear()
         for op, (ok, value) in zip(group, outcomes, strict=True):
             op.loop.call_soon_threadsafe(_resolve, op.future, ok, value)
 
@@ -404,7 +409,11 @@ class SqliteLog(LocalLeases):
             # Forward only: what an earlier compaction covered is not read again
             # (the mark lives in the writer thread; after a restart it starts at 0).
             start = self._compacted.get(session_id, 0)
-            self._compacted[session_id] = max(start, upto_seq)
+            # The mark moves only if this group commits: a failed compaction
+            # is redone by the next one.
+            self._after_commit.append(
+                lambda: self._compacted.__setitem__(session_id, max(start, upto_seq))
+            )
             rows = conn.execute(
                 "SELECT seq, record FROM records WHERE session_id = ? AND seq > ? AND seq <= ? "
                 "AND kind IN ('audio', 'item')",

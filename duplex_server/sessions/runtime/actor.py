@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from duplex_server.sessions.core.batch import Batch
@@ -351,15 +351,18 @@ class SessionActor:
     # --- the loop ----------------------------------------------------------
 
     async def _run(self) -> None:
+        failed = False
         try:
             self._feed.start()
             while self.state.closed_reason is None and self.lifecycle.serving:
                 message = await self._mailbox.get()
                 await self._dispatch(message)
         except Exception:
-            # A bug in the actor ends this session loudly: logged with its
+            # A bug in the actor ends this actor loudly: logged with its
             # traceback, and the socket closed with INTERNAL_ERROR so the client is not
-            # left talking to nobody. The log keeps everything appended so far.
+            # left talking to nobody. The log keeps everything appended so far,
+            # and the session is not over: a resume rebuilds it from the log.
+            failed = True
             log.exception("session %s: actor failed", self.session_id)
             if self.attachment is not None:
                 await self.attachment.close(CloseCode.INTERNAL_ERROR, "internal error")
@@ -369,9 +372,16 @@ class SessionActor:
                 await self._feed.close()
             finally:
                 self.closed.set()
-                moved = self.lifecycle.phase is Phase.MOVED
-                reason = "moved" if moved else (self.state.closed_reason or "shutdown")
-                self._on_closed(self.session_id, reason)
+                self._on_closed(self.session_id, self._exit_reason(failed))
+
+    def _exit_reason(self, failed: bool) -> str:
+        """Why this actor stopped, for the manager: ``moved`` and ``failed``
+        leave the session open (served elsewhere, or rebuilt on resume)."""
+        if self.lifecycle.phase is Phase.MOVED:
+            return "moved"
+        if failed:
+            return "failed"
+        return self.state.closed_reason or "shutdown"
 
     async def _dispatch(self, message: object) -> None:
         if self._dirty and isinstance(message, mb.NEEDS_LOG) and not await self._heal():
@@ -459,9 +469,20 @@ class SessionActor:
             return False
         self.retention.note(batch)
         evicted = self.journal.add(batch.outbound)
+        if batch.replies and self.attachment is not None:
+            self.attachment.send_after(self.journal.last_seq, batch.replies)
         if evicted is not None:
-            await self._log.trim(self.session_id, evicted)
+            await self._tidy(self._log.trim(self.session_id, evicted))
         return True
+
+    async def _tidy(self, housekeeping: Awaitable[object]) -> None:
+        """Trimming and compaction only free space, and each later call covers
+        what an earlier one missed (both work up to a mark), so a store that
+        refuses one now is logged, not fatal: the batch it follows landed."""
+        try:
+            await housekeeping
+        except (LogError, OSError) as exc:
+            log.warning("session %s: log housekeeping deferred: %s", self.session_id, exc)
 
     async def _refold(self) -> None:
         self.state = fold(await self._log.read(self.session_id), self._initial())
@@ -657,8 +678,8 @@ class SessionActor:
             self._start_stream(effects.start)
         if effects.trim_to is not None:
             self.journal.trim(effects.trim_to)
-            await self._log.trim(self.session_id, effects.trim_to)
-            await self.retention.acknowledged(effects.trim_to)
+            await self._tidy(self._log.trim(self.session_id, effects.trim_to))
+            await self._tidy(self.retention.acknowledged(effects.trim_to))
         if effects.close:
             await self._finish_close()
 

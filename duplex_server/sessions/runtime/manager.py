@@ -144,7 +144,9 @@ class SessionManager:
                 return actor
             except SessionMoved:
                 await actor.closed.wait()  # it stopped without writing; take it back below
-        if self.log.shared and request.session_id not in self._ended:
+        if self.log.durable and request.session_id not in self._ended:
+            # Owned by another replica, or by no actor here (one that failed):
+            # the log has the session, so it is rebuilt from there.
             actor = await self._take_over(request, may_use)
             await actor.resume(attachment, request, may_use)
             return actor
@@ -383,6 +385,8 @@ class SessionManager:
         self.actors.pop(session_id, None)
         if reason == "moved":
             return  # served by another replica now: not ended
+        if reason == "failed" and self.log.durable:
+            return  # a bug stopped its actor, not the session: a resume rebuilds it
         self._ended[session_id] = reason
         while len(self._ended) > self.settings.ended_sessions_kept:
             self._ended.popitem(last=False)

@@ -40,9 +40,12 @@ class AudioRetention:
                 commit_seq = None
 
     async def acknowledged(self, acked: int) -> None:
-        """Compact the samples of every turn whose commit the client acknowledged."""
-        upto = None
-        while self._commits and self._commits[0][0] <= acked:
-            upto = self._commits.popleft()[1]
-        if upto is not None:
-            await self._log.compact_audio(self._session_id, upto)
+        """Compact the samples of every turn whose commit the client acknowledged;
+        if the store refuses, those turns wait for the next acknowledgement."""
+        covered = 0
+        while covered < len(self._commits) and self._commits[covered][0] <= acked:
+            covered += 1
+        if covered:
+            await self._log.compact_audio(self._session_id, self._commits[covered - 1][1])
+            for _ in range(covered):
+                self._commits.popleft()
