@@ -12,13 +12,13 @@ import pytest
 import uvicorn
 
 from duplex_server.app import create_app
+from duplex_server.bench.redis_process import RedisServer
 from duplex_server.bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from duplex_server.sessions.core.state import SessionState, fold, initial_state
 from duplex_server.sessions.runtime.manager import SessionManager
 from duplex_server.transport import uvicorn_config
 from tests import openai_conformance
-from tests.redisproc import RedisServer
 from tests.wsclient import WsClient
 
 

@@ -156,6 +156,44 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         help="the server's --retention-s (default: its own); a short one keeps a long "
         "run's store bounded",
     )
+    p.add_argument(
+        "--live-sessions",
+        type=int,
+        default=0,
+        help="first, this many sessions stream for --live-s: the memory and store each "
+        "live session costs (0: skip)",
+    )
+    p.add_argument("--live-s", type=float, default=60.0, help="how long the live sessions stream")
+
+    p = _kind(
+        kinds,
+        "chaos",
+        "duplex_server.bench.chaos",
+        "kill -9, full disks, revoked files, replica kills, Redis restarts and dropped "
+        "sockets at random moments under streaming sessions; audits every log against "
+        "what its client was acknowledged",
+    )
+    p.add_argument(
+        "--deployment",
+        choices=("sqlite", "replicas", "both"),
+        default="both",
+        help="one server on SQLite, two replicas on one Redis, or each in turn",
+    )
+    p.add_argument("--clients", type=int, default=50, help="streaming sessions")
+    p.add_argument("--faults", type=int, default=12, help="faults per deployment")
+    p.add_argument("--seed", type=int, default=0, help="the fault order and timing")
+    p.add_argument("--chunk-ms", type=int, default=100, help="audio per append")
+    p.add_argument("--commit-every", type=int, default=10, help="appends between commits")
+    p.add_argument("--heartbeat-every", type=int, default=5, help="appends between heartbeats")
+    p.add_argument("--warmup-s", type=float, default=3.0, help="streaming before the first fault")
+    p.add_argument("--min-gap-s", type=float, default=2.0, help="shortest pause between faults")
+    p.add_argument("--max-gap-s", type=float, default=6.0, help="longest pause between faults")
+    p.add_argument("--min-hold-s", type=float, default=0.5, help="shortest fault")
+    p.add_argument("--max-hold-s", type=float, default=3.0, help="longest fault")
+    p.add_argument(
+        "--settle-s", type=float, default=5.0, help="after the last fault, before closing"
+    )
+    p.add_argument("--plot", default="", help="write a PNG timeline here")
 
     p = _kind(
         kinds,

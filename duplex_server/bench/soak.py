@@ -173,6 +173,51 @@ async def _sample_forever(
     return samples
 
 
+async def live_phase(server: ServerProcess, args: argparse.Namespace) -> dict | None:
+    """What one live session costs: ``--live-sessions`` sessions stream for
+    ``--live-s`` (appending, committing every ``--commit-every-s`` and
+    acknowledging the journal, as the streaming sessions do); the server's
+    RSS they add at their peak, and the store bytes they add, per session
+    and per session-minute."""
+    if not args.live_sessions:
+        return None
+    loop = asyncio.get_running_loop()
+    process = psutil.Process(server.pid)
+    store = StoreSize(server.store)
+    try:
+        rss_before, store_before = process.memory_info().rss, await store.bytes()
+        deadline = loop.time() + args.live_s
+        frame = append_frame(args.chunk_ms)
+        measures = Measures()
+        clients = [
+            BenchClient(server.ws_url, frame, args, measures, deadline, measure_from=0.0)
+            for _ in range(args.live_sessions)
+        ]
+        tasks = [asyncio.create_task(c.run(i * 0.02)) for i, c in enumerate(clients)]
+        peak = rss_before
+        while loop.time() < deadline:
+            await asyncio.sleep(1.0)
+            peak = max(peak, process.memory_info().rss)
+        store_after = await store.bytes()
+        await asyncio.gather(*tasks)
+    finally:
+        await store.close()
+    session_minutes = args.live_sessions * args.live_s / 60.0
+    return {
+        "live_sessions": args.live_sessions,
+        "live_s": args.live_s,
+        "rss_mib_before_peak": [round(rss_before / 2**20, 1), round(peak / 2**20, 1)],
+        "memory_per_live_session_mib": round((peak - rss_before) / 2**20 / args.live_sessions, 3),
+        "store_mib_per_session_minute": (
+            None
+            if store_before is None or store_after is None
+            else round((store_after - store_before) / 2**20 / session_minutes, 3)
+        ),
+        "errors": measures.errors,
+        "connect_failures": measures.connect_failures,
+    }
+
+
 async def _renew_every(clients: list[BenchClient], period_s: float, stop: asyncio.Event) -> None:
     """The streaming sessions live ``period_s`` each, then start afresh."""
     while not stop.is_set():
@@ -236,24 +281,31 @@ def plot(samples: list[dict], path: str, title: str) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    if not (args.sessions or args.seconds):
-        raise SystemExit("bench soak: give --sessions or --seconds (or both)")
+    if not (args.sessions or args.seconds or args.live_sessions):
+        raise SystemExit("bench soak: give --sessions, --seconds or --live-sessions")
     with tempfile.TemporaryDirectory(prefix="duplex-soak-") as tmp:
         store = f"sqlite:{Path(tmp) / 'soak.db'}" if args.store == "sqlite" else args.store
         server = ServerProcess(store, retention_s=args.retention_s).start()
         try:
-            samples = asyncio.run(_drive(server, args))
+            live = asyncio.run(live_phase(server, args))
+            samples = asyncio.run(_drive(server, args)) if args.sessions or args.seconds else []
         finally:
             server.stop()
+    result: dict = {"bench": "soak", "store": args.store, "cpu_count": os.cpu_count(), "live": live}
+    if samples:
+        result.update(_churn_report(samples, args))
+    print(json.dumps(result))
+
+
+def _churn_report(samples: list[dict], args: argparse.Namespace) -> dict:
     slope = rss_slope(samples, args.warmup)
     last = samples[-1]
-    result = {
-        "bench": "soak",
-        "store": args.store,
+    if args.plot:
+        plot(samples, args.plot, f"bench soak, {args.store}: slope {slope} MB / 1,000 sessions")
+    return {
         "churn_clients": args.churn_clients,
         "streaming_sessions": args.streaming,
         "retention_s": args.retention_s,
-        "cpu_count": os.cpu_count(),
         **validity(*samples),
         "sessions_served": last["sessions_served"],
         "sessions_failed": last["sessions_failed"],
@@ -268,6 +320,3 @@ def run(args: argparse.Namespace) -> None:
         "plot": args.plot,
         "samples": samples,
     }
-    if args.plot:
-        plot(samples, args.plot, f"bench soak, {args.store}: slope {slope} MB / 1,000 sessions")
-    print(json.dumps(result))

@@ -51,3 +51,50 @@ def test_bench_soak_samples_the_server_and_draws_the_plot(tmp_path):
     if len(samples) >= 5:
         assert isinstance(report["rss_slope_mb_per_1000_sessions"], float)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_soak_prices_a_live_session():
+    """The live phase alone: the RSS and store bytes a streaming session adds."""
+    report = bench(
+        *("soak", "--store", "sqlite", "--sessions", "0", "--live-sessions", "3", "--live-s", "2")
+    )
+    live = report["live"]
+    assert "sessions_served" not in report  # no churn was asked for
+    assert live["live_sessions"] == 3 and live["errors"] == 0 and live["connect_failures"] == 0
+    before, peak = live["rss_mib_before_peak"]
+    assert peak >= before > 0
+    # before and peak are rounded to 0.1 MiB in the report; the per-session figure is not
+    assert abs(live["memory_per_live_session_mib"] - (peak - before) / 3) < 0.1
+    assert live["store_mib_per_session_minute"] > 0  # their audio reached the file
+
+
+SHORT_CHAOS = (
+    "--clients", "6", "--faults", "4", "--warmup-s", "1", "--min-gap-s", "0.5",
+    "--max-gap-s", "1.5", "--max-hold-s", "1", "--settle-s", "2", "--seed", "7",
+)  # fmt: skip
+
+
+def test_bench_chaos_loses_nothing_acknowledged_on_sqlite(tmp_path):
+    """The short seeded chaos run: kill -9, a full disk, a revoked database
+    and dropped sockets on SQLite, one each; every client resumes and every
+    log holds what its client was acknowledged."""
+    plot = tmp_path / "chaos.png"
+    report = bench("chaos", "--deployment", "sqlite", *SHORT_CHAOS, "--plot", str(plot))
+    (sqlite,) = report["deployments"]
+    assert sqlite["faults_injected"] == {"kill9": 1, "disk_full": 1, "revoke": 1, "socket_drop": 1}
+    assert sqlite["resumes"] >= 6  # the kill -9 alone moves every client
+    assert sqlite["refused_during_outages"] > 0  # the full disk and the revoked file were felt
+    assert sqlite["acknowledged"] > 0 and sqlite["sessions_failed"] == {}
+    assert sqlite["findings"]["records_lost"] == 0
+    assert report["passed"], sqlite["findings"]
+    assert plot.stat().st_size > 0
+
+
+def test_bench_chaos_loses_nothing_acknowledged_on_two_replicas(tmp_path):
+    """Two replicas on one Redis: a replica killed, Redis restarted, sockets dropped."""
+    report = bench("chaos", "--deployment", "replicas", *SHORT_CHAOS)
+    (replicas,) = report["deployments"]
+    assert set(replicas["faults_injected"]) == {"replica_kill", "redis_restart", "socket_drop"}
+    assert replicas["resumes"] >= 1 and replicas["sessions_failed"] == {}
+    assert replicas["findings"]["records_lost"] == 0
+    assert report["passed"], replicas["findings"]

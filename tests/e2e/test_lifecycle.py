@@ -344,3 +344,26 @@ async def test_a_store_that_refuses_a_trim_does_not_end_the_session(server, monk
     await client.send({"type": "input_audio_buffer.commit"})
     events = await client.recv_until("rate_limits.updated")
     assert events[-2]["response"]["status"] == "completed"
+
+
+async def test_a_refusal_the_store_cannot_record_still_names_the_event(server, monkeypatch):
+    """A refused event is answered by an error journaled in its own batch; if
+    the store refuses that batch too, the client is still told which event
+    failed (else it could not know to re-send it)."""
+    from duplex_server.sessions.log.store import StorageUnavailable
+
+    client, _ = await server.open()
+    log = server.app.state.log
+
+    async def refuse(session_id, records, fence):
+        raise StorageUnavailable("disk full")
+
+    monkeypatch.setattr(log, "append", refuse)
+    await client.send(
+        {"type": "playback.ack", "response_id": "resp_none", "played_ms": 10, "event_id": "p1"}
+    )
+    error = await client.expect("error")
+    assert (error["error"]["code"], error["error"]["event_id"]) == ("storage_unavailable", "p1")
+    monkeypatch.undo()
+    await client.send({"type": "session.heartbeat"})
+    await client.expect("session.heartbeat_ack")

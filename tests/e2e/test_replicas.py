@@ -13,12 +13,12 @@ import pytest
 import redis.asyncio as aioredis
 import websockets
 
+from duplex_server.bench.redis_process import RedisServer
 from duplex_server.bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from tests.conftest import running_server
 from tests.e2e.serverproc import ServerProcess
 from tests.e2e.test_crash_recovery import log_lines
-from tests.redisproc import RedisServer
 from tests.tcpproxy import PausableProxy
 from tests.wsclient import WsClient, tone_pcm16
 

@@ -1,4 +1,4 @@
-"""A real redis-server for tests: its own port, directory and AOF file."""
+"""A real redis-server for the benches and the tests: its own port, directory and AOF file."""
 
 from __future__ import annotations
 
