@@ -30,6 +30,9 @@ class Batch:
         # Attachment-scoped answers: sent to the current socket once the batch
         # is appended, after the journaled events before them; never journaled.
         self.replies: list[bytes] = []
+        # The client event this batch answers, kept after its first record took
+        # the id: a batch that cannot be appended is refused under this name.
+        self.answers = event_id
         self._event_id = event_id
 
     def fact(self, body: AnyBody, origin: Origin = "client") -> Record:

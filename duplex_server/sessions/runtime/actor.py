@@ -463,7 +463,7 @@ class SessionActor:
                 ProtocolError(
                     "storage_unavailable",
                     f"the session log is unavailable: {exc}",
-                    event_id=batch.records[0].event_id,
+                    event_id=batch.answers,
                 )
             )
             return False
@@ -666,6 +666,9 @@ class SessionActor:
         """Journal an error event for a rejected input; the session keeps serving."""
         err.forget_traceback()
         batch = self.new_batch()
+        # Its records do not carry the refused event's id (a retry must not be
+        # taken for a duplicate), but a store failure must still name it.
+        batch.answers = err.event_id
         batch.emit(Error(error=error_body(err)))
         await self.commit_batch(batch)
 
