@@ -30,6 +30,7 @@ from duplex_server.bench.chaos_audit import Findings, audit
 from duplex_server.bench.chaos_client import ChaosClient
 from duplex_server.bench.chaos_faults import Deployment, ReplicaDeployment, SqliteDeployment
 from duplex_server.bench.generator import GeneratorCpu, validity
+from duplex_server.bench.sessions import quantiles
 
 DEPLOYMENTS: dict[str, Callable[[Path, random.Random], Deployment]] = {
     "sqlite": SqliteDeployment,
@@ -53,16 +54,6 @@ def fault_plan(kinds: tuple[str, ...], count: int, rng: random.Random) -> list[s
 def tone(chunk_ms: int) -> bytes:
     samples = np.arange(SAMPLE_RATE_HZ * chunk_ms // 1000) / SAMPLE_RATE_HZ
     return (np.sin(samples * 2 * np.pi * 330) * 6000).astype("<i2").tobytes()
-
-
-def _quantiles(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p99": None}
-    ms = np.array(values) * 1000.0
-    return {
-        "p50": round(float(np.percentile(ms, 50)), 1),
-        "p99": round(float(np.percentile(ms, 99)), 1),
-    }
 
 
 async def _inject(
@@ -163,7 +154,7 @@ def _report(name: str, deployment: Deployment, drive: dict, findings: Findings, 
         "duration_s": round(drive["seconds"], 1),
         "drops_seen": sum(c.w.drops for c in clients),
         "resumes": len(resumes),
-        "time_to_resume_ms": _quantiles(resumes),
+        "time_to_resume_ms": quantiles(resumes),
         "acknowledged": findings.acknowledged,
         "refused_during_outages": sum(len(c.w.refused) for c in clients),
         "findings": vars(findings),
