@@ -85,3 +85,39 @@ async def test_closed_sessions_are_deleted_after_retention(server):
     server.final_states.pop(session_id)  # nothing left to refold: that is the point
     await kept.send({"type": "session.heartbeat"})
     await kept.expect("session.heartbeat_ack")
+
+
+async def test_the_purge_deletes_sessions_together(server):
+    """Expired sessions are deleted concurrently, to share the store's group
+    commits or round trips: one at a time, a busy server's purge fell behind
+    the sessions it served and its store grew without bound."""
+    if not server.app.state.log.durable:
+        return  # the memory store deletes at close: nothing is left to purge
+    manager = server.app.state.manager
+    log = server.app.state.log
+    closed = []
+    for _ in range(4):
+        client, created = await server.open()
+        await client.send({"type": "session.close"})
+        await client.expect("session.closed")
+        closed.append(created["session"]["id"])
+    for _ in range(200):  # the actors leave once their close is logged
+        if not set(closed) & set(manager.actors):
+            break
+        await asyncio.sleep(0.01)
+    delete, in_flight, most = log.delete, [0], [0]
+
+    async def counting(session_id: str) -> None:
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        try:
+            await delete(session_id)
+        finally:
+            in_flight[0] -= 1
+
+    log.delete = counting
+    purged = await manager.purge(now_ms=2**62)  # every closed session is past its retention
+    assert set(closed) <= set(purged)
+    assert most[0] == len(purged) > 1
+    for session_id in closed:
+        server.final_states.pop(session_id, None)
