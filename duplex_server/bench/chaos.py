@@ -116,12 +116,51 @@ async def _drive(deployment: Deployment, args: argparse.Namespace, rng: random.R
     }
 
 
-async def _audit(deployment: Deployment, clients: list[ChaosClient]) -> Findings:
+async def _audit(deployment: Deployment, clients: list[ChaosClient], dump: str) -> Findings:
     total = Findings()
     for client in clients:
-        if client.w.session_id is not None:
-            total.merge(audit(client.w, await deployment.records(client.w.session_id)))
+        if client.w.session_id is None:
+            continue
+        records = await deployment.records(client.w.session_id)
+        found = audit(client.w, records)
+        total.merge(found)
+        if dump and (client.w.failure or not found.clean):
+            _dump(Path(dump) / f"{deployment.name}-{client.w.name}.json", client, records, found)
     return total
+
+
+def _dump(path: Path, client: ChaosClient, records: list, found: Findings) -> None:
+    """What a failed client knew and what its log holds, for the post-mortem."""
+    w = client.w
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps(
+            {
+                "client": w.name,
+                "session_id": w.session_id,
+                "failure": w.failure,
+                "findings": vars(found),
+                "resumes": w.resumes,
+                "acknowledged": [
+                    [op.event_id, op.kind, op.acknowledged_by] for op in w.acknowledged
+                ],
+                "refused": w.refused,
+                "log": [
+                    [r.seq, r.ts_ms, r.kind, r.origin, r.event_id, _brief(r.body)] for r in records
+                ],
+            }
+        )
+    )
+
+
+def _brief(body: object) -> str:
+    for name in ("event_type", "action", "signal", "what", "reason"):
+        value = getattr(body, name, None)
+        if value:
+            owner = getattr(body, "owner", "")
+            fence = getattr(body, "fence", "")
+            return f"{value} {owner} {fence}".strip()
+    return ""
 
 
 def run_deployment(name: str, args: argparse.Namespace) -> dict:
@@ -132,7 +171,7 @@ def run_deployment(name: str, args: argparse.Namespace) -> dict:
             asyncio.run(deployment.start())
             drive = asyncio.run(_drive(deployment, args, rng))
             deployment.stop()  # the log is read with no server writing to it
-            findings = asyncio.run(_audit(deployment, drive["clients"]))
+            findings = asyncio.run(_audit(deployment, drive["clients"], args.dump))
         finally:
             deployment.stop()
             deployment.close()

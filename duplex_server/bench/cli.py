@@ -194,6 +194,11 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         "--settle-s", type=float, default=5.0, help="after the last fault, before closing"
     )
     p.add_argument("--plot", default="", help="write a PNG timeline here")
+    p.add_argument(
+        "--dump",
+        default="",
+        help="write each failed client's witness and its session's log (JSON) into this directory",
+    )
 
     p = _kind(
         kinds,
