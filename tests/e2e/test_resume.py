@@ -70,8 +70,6 @@ async def test_rotated_and_wrong_tokens_are_refused(server):
     await client.close()
     first = await resume(server, session_id, token, 0)
     new_token = (await first.expect("session.resumed"))["resume_token"]
-    await first.send({"type": "session.heartbeat"})  # speaking proves it has the new token
-    await first.expect("session.heartbeat_ack")
     await first.close()
     await asyncio.sleep(0.05)
     for bad_token in (token, "x" * 22):
@@ -91,31 +89,6 @@ async def test_rotated_and_wrong_tokens_are_refused(server):
     # The session itself is untouched and still resumable with the current token.
     ok = await resume(server, session_id, new_token, 0)
     await ok.expect("session.resumed")
-
-
-async def test_a_lost_session_resumed_does_not_lock_the_client_out(server):
-    """A resume rotates the token, but the socket can die before
-    ``session.resumed`` (and its new token) reaches the client: the token the
-    resume presented stays good until the client speaks on a resumed socket,
-    and only then does the old one stop working."""
-    client, created = await server.open()
-    session_id, token = created["session"]["id"], created["resume_token"]
-    await client.close()
-    for _ in range(2):  # resumed twice, its answer lost each time: still the first token
-        lost = await resume(server, session_id, token, 0)
-        await lost.expect("session.resumed")
-        await lost.close()  # as if it never arrived: nothing sent on it
-        await asyncio.sleep(0.05)
-    again = await resume(server, session_id, token, 0)
-    new_token = (await again.expect("session.resumed"))["resume_token"]
-    await again.send({"type": "session.heartbeat"})
-    await again.expect("session.heartbeat_ack")
-    await again.close()
-    await asyncio.sleep(0.05)
-    stale = await resume(server, session_id, token, 0)
-    assert (await stale.expect("error"))["error"]["code"] == "session_resume_invalid"
-    current = await resume(server, session_id, new_token, 0)
-    await current.expect("session.resumed")
 
 
 async def test_cursor_beyond_journal_is_refused(server):

@@ -170,9 +170,6 @@ class LeaseBody(Body, tag="lease"):
     fence: int
     generation: int
     token_hash: str | None = None
-    # A resume: the hash of the token it presented, still accepted until the
-    # client speaks on the new socket (the fold's ``Lease.unconfirmed_hash``).
-    presented_hash: str | None = None
 
 
 CloseReason = Literal[

@@ -68,9 +68,6 @@ class Lease(msgspec.Struct):
     fence: int = 0
     generation: int = 0
     token_hash: str | None = None
-    # The token the last resume presented, accepted beside the new one until
-    # the client proves it got the new one by sending anything on its socket.
-    unconfirmed_hash: str | None = None
     attached: bool = False
 
 
@@ -127,8 +124,6 @@ def fold(records: Iterable[Record], state: SessionState) -> SessionState:
 
 def apply(state: SessionState, record: Record) -> None:
     state.last_seq = record.seq
-    if record.origin == "client":
-        state.lease.unconfirmed_hash = None  # the client has its new token
     if record.event_id is not None:
         state.recent_event_ids.append(record.event_id)
         del state.recent_event_ids[:-RECENT_EVENT_IDS]
@@ -364,7 +359,6 @@ def _lease(state: SessionState, body: LeaseBody, seq: int) -> None:
     lease.generation = body.generation
     if body.token_hash is not None:
         lease.token_hash = body.token_hash
-        lease.unconfirmed_hash = body.presented_hash
     lease.attached = body.action != "detach"
 
 

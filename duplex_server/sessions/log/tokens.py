@@ -27,13 +27,3 @@ def token_matches(token: str, token_hash: str | None) -> bool:
     if token_hash is None:
         return False
     return hmac.compare_digest(hash_token(token), token_hash)
-
-
-def resume_allowed(token: str, current_hash: str | None, unconfirmed_hash: str | None) -> bool:
-    """The session's current token, or the one a resume presented while the
-    client has not yet spoken on the socket it opened: a ``session.resumed``
-    lost with its socket (a crash, a drop) must not lock the client out of a
-    session whose new token it never received. Both compared in constant time."""
-    current = token_matches(token, current_hash)
-    unconfirmed = token_matches(token, unconfirmed_hash)
-    return current or unconfirmed

@@ -61,7 +61,7 @@ from duplex_server.sessions.log.store import (
     SessionLog,
     StaleFence,
 )
-from duplex_server.sessions.log.tokens import hash_token, new_resume_token, resume_allowed
+from duplex_server.sessions.log.tokens import hash_token, new_resume_token, token_matches
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.codecs import SessionCodecs
@@ -419,14 +419,9 @@ class SessionActor:
         return Batch(self.state, self.model.capabilities, _now_ms(), event_id)
 
     def _lease_fact(
-        self,
-        batch: Batch,
-        action: LeaseAction,
-        generation: int,
-        token: str | None = None,
-        presented: str | None = None,
+        self, batch: Batch, action: LeaseAction, generation: int, token: str | None = None
     ) -> None:
-        """Record an attachment change; only the tokens' hashes enter the log."""
+        """Record an attachment change; only the token's hash enters the log."""
         batch.fact(
             LeaseBody(
                 action=action,
@@ -434,7 +429,6 @@ class SessionActor:
                 fence=self.fence,
                 generation=generation,
                 token_hash=hash_token(token) if token is not None else None,
-                presented_hash=hash_token(presented) if presented is not None else None,
             ),
             origin="manager",
         )
@@ -777,8 +771,7 @@ class SessionActor:
         if not message.may_use(state.owner):
             message.done.set_exception(not_yours(request))
             return
-        lease = state.lease
-        if not resume_allowed(request.resume_token, lease.token_hash, lease.unconfirmed_hash):
+        if not token_matches(request.resume_token, state.lease.token_hash):
             message.done.set_exception(
                 ProtocolError(
                     "session_resume_invalid",
@@ -804,7 +797,7 @@ class SessionActor:
         token = new_resume_token()
         generation = state.lease.generation + 1
         batch = self.new_batch()
-        self._lease_fact(batch, "resume", generation, token, presented=request.resume_token)
+        self._lease_fact(batch, "resume", generation, token)
         if not await self.commit_batch(batch):
             message.done.set_exception(
                 ProtocolError("storage_unavailable", "could not record the resume")

@@ -21,7 +21,7 @@ from duplex_server.sessions.core.model_port import ModelPort
 from duplex_server.sessions.core.records import Record
 from duplex_server.sessions.core.state import fold, initial_state
 from duplex_server.sessions.log.store import LeaseHeld, LogError, SessionLog, UnknownSession
-from duplex_server.sessions.log.tokens import new_session_id, resume_allowed
+from duplex_server.sessions.log.tokens import new_session_id, token_matches
 from duplex_server.sessions.runtime.actor import ActorSettings, SessionActor
 from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.lease import SessionMoved
@@ -305,8 +305,7 @@ class SessionManager:
             )
         if not may_use(state.owner):
             raise not_yours(request)  # another key's session: nothing moves
-        lease = state.lease
-        if not resume_allowed(request.resume_token, lease.token_hash, lease.unconfirmed_hash):
+        if not token_matches(request.resume_token, state.lease.token_hash):
             # Checked before disturbing the owner: a wrong token moves nothing.
             raise ProtocolError(
                 "session_resume_invalid",
