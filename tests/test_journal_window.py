@@ -206,3 +206,37 @@ def test_restore_keeps_the_byte_bound_too():
         10,
     ]
     assert journal.dropped_upto == 8
+
+
+async def test_heartbeat_acks_go_out_after_the_journal_before_them_and_are_bounded():
+    """Attachment-scoped answers wait for the journaled events before them,
+    and a socket that never drains keeps only the newest of them."""
+    from duplex_server.sessions.runtime.attachment import MAX_PENDING_REPLIES, Attachment
+
+    sent: list[bytes] = []
+    unblock = asyncio.Event()
+
+    class Transport:
+        async def send(self, payload: bytes) -> None:
+            await unblock.wait()
+            sent.append(payload)
+
+        async def close(self, code, reason) -> None:
+            pass
+
+    journal = Journal(max_events=100)
+    attachment = Attachment(Transport())
+    attachment.start_sender(journal, 0, lambda oldest: b"{}")
+    journal.add([(1, b'{"type":"a"}')])
+    attachment.send_after(1, [b'{"type":"session.heartbeat_ack"}'])
+    for n in range(MAX_PENDING_REPLIES + 10):
+        attachment.send_after(1, [b'{"type":"session.heartbeat_ack","n":%d}' % n])
+    unblock.set()
+    for _ in range(1000):
+        if len(sent) == 1 + MAX_PENDING_REPLIES:
+            break
+        await asyncio.sleep(0)
+    await attachment.stop()
+    assert sent[0] == b'{"type":"a"}'  # the journaled event first
+    assert len(sent) == 1 + MAX_PENDING_REPLIES  # the oldest unsent acks were dropped
+    assert sent[-1].endswith(b'"n":%d}' % (MAX_PENDING_REPLIES + 9))

@@ -20,6 +20,9 @@ from protocol.dialect import Dialect, present
 log = logging.getLogger(__name__)
 
 
+MAX_PENDING_REPLIES = 256
+
+
 class Transport(Protocol):
     async def send(self, payload: bytes) -> None: ...
 
@@ -44,8 +47,9 @@ class Attachment:
         self._sender: asyncio.Task[None] | None = None
         self._journal: Journal | None = None
         # Attachment-scoped answers (heartbeat acks), each due once the
-        # journal up to its seq went out: (seq, payload).
-        self._replies: deque[tuple[int, bytes]] = deque()
+        # journal up to its seq went out: (seq, payload). Bounded: a socket
+        # that heartbeats without reading loses its oldest unsent acks.
+        self._replies: deque[tuple[int, bytes]] = deque(maxlen=MAX_PENDING_REPLIES)
 
     async def send_now(self, payload: bytes) -> bool:
         """Send an attachment-scoped event (not journaled); False if the peer is gone."""
