@@ -137,13 +137,9 @@ class ChaosClient:
         while not stop.is_set():
             try:
                 ws = await self._attach()
-            except (OSError, TimeoutError, websockets.WebSocketException):
-                await asyncio.sleep(backoff)
-                backoff = min(1.0, backoff * 2)
-                continue
-            except Refused as refused:
-                if refused.code not in RETRYABLE_REFUSALS:
-                    self.w.failure = str(refused)
+            except (OSError, TimeoutError, websockets.WebSocketException, Refused) as exc:
+                if isinstance(exc, Refused) and exc.code not in RETRYABLE_REFUSALS:
+                    self.w.failure = str(exc)
                     return
                 await asyncio.sleep(backoff)
                 backoff = min(1.0, backoff * 2)

@@ -60,7 +60,6 @@ class SqliteDeployment:
 
     def __init__(self, directory: Path, rng: random.Random) -> None:
         self.db = directory / "chaos.db"
-        self.rng = rng
         self.server = ServerProcess(f"sqlite:{self.db}", ws_path=WS_PATH)
         self.kinds: tuple[str, ...] = ("kill9", "disk_full")
         self.skipped: dict[str, str] = {}
@@ -81,8 +80,7 @@ class SqliteDeployment:
             await asyncio.sleep(hold_s)
             await asyncio.to_thread(self.server.start)
         elif kind == "disk_full":
-            files = [self.db, self.db.with_name(self.db.name + "-wal")]
-            full = max(path.stat().st_size for path in files if path.exists())
+            full = max(path.stat().st_size for path in self._files() if path.exists())
             # The soft limit only: lowering the hard one could not be undone
             # without CAP_SYS_RESOURCE.
             soft, hard = resource.prlimit(self.server.pid, resource.RLIMIT_FSIZE)
@@ -92,14 +90,17 @@ class SqliteDeployment:
             finally:
                 resource.prlimit(self.server.pid, resource.RLIMIT_FSIZE, (soft, hard))
         elif kind == "revoke":
-            files = [self.db, self.db.with_name(self.db.name + "-wal")]
-            _chattr("+i", *files)
+            _chattr("+i", *self._files())
             try:
                 await asyncio.sleep(hold_s)
             finally:
-                _chattr("-i", *files)
+                _chattr("-i", *self._files())
         else:
             raise ValueError(f"sqlite deployment has no fault {kind!r}")
+
+    def _files(self) -> list[Path]:
+        """The database and its WAL: what a full disk or a revocation hits."""
+        return [self.db, self.db.with_name(self.db.name + "-wal")]
 
     def stop(self) -> None:
         self.server.stop()
