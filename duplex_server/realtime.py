@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 TRUE_VALUES = {"1", "true", "on", "yes"}
 # Resume refusals that a token guesser collects; a socket gets this many.
-GUESSES = ("session_resume_invalid", "forbidden")
+GUESSES = ("invalid_resume_token", "invalid_session_resume", "forbidden")
 MAX_FAILED_RESUMES = 5
 FALSE_VALUES = {"0", "false", "off", "no"}
 
@@ -238,7 +238,7 @@ class RealtimeConnection:
         if previous is not None and previous.session_id == request.session_id:
             await self._send_error(
                 ProtocolError(
-                    "session_resume_invalid",
+                    "session_resume_conflict",
                     "this socket is already attached to that session",
                     param="session_id",
                     event_id=request.event_id,

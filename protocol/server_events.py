@@ -13,22 +13,10 @@ from typing import Literal, Union
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from protocol.capabilities import Capabilities
 from protocol.errors import ErrorBody
 from protocol.items import ContentPart, ServerItem
 from protocol.session_config import InputTranscription, ServerTurnDetection, Tool
-
-
-class Capabilities(msgspec.Struct):
-    implementation_level: str
-    chunk_period_ms: int
-    supports_input_append: bool
-    supports_barge_in: bool
-    supports_session_resume: bool
-    supports_audio_truncate: bool
-    supports_multi_session: bool
-    input_modes: list[str]
-    input_formats: list[str]
-    output_formats: list[str]
 
 
 class PlaybackLedger(msgspec.Struct):

@@ -93,7 +93,7 @@ class HypothesisSource:
 
 class PureSession:
     """A session driven as the actor drives it, without the actor: decode,
-    drop retried event ids, step, journal refusals as error events, refold
+    step (a retried event id is refused there), journal refusals as error events, refold
     when a refused step had already added records."""
 
     def __init__(self) -> None:
@@ -156,8 +156,6 @@ class PureSession:
             return err.code
         if isinstance(event, ce.SessionResume):
             return "socket"  # answered by the socket layer, never a session step
-        if event.event_id is not None and event.event_id in self.state.recent_event_ids:
-            return "retry"  # applied once already
         before = self.state.last_seq
         self.clock += 10
         try:

@@ -92,8 +92,9 @@ async def test_stale_fence_is_refused(log):
 async def test_retried_event_id_is_refused(log):
     fence = await opened(log)
     await log.append("s", [signal(1, "e1")], fence)
-    with pytest.raises(DuplicateEvent):
+    with pytest.raises(DuplicateEvent) as refused:
         await log.append("s", [signal(2), signal(3, "e1")], fence)
+    assert (refused.value.event_id, refused.value.seq) == ("e1", 1)  # where it landed
     assert len(await log.read("s")) == 1  # the refused batch left nothing behind
     assert await log.append("s", [signal(2, "e2")], fence) == [2]
 

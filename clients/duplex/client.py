@@ -163,6 +163,9 @@ class DuplexClient:
         self._ws: websockets.ClientConnection | None = None
         self._events: asyncio.Queue[Any] = asyncio.Queue()
         self._listeners: list[Callable[[Any], None]] = []
+        # Ids sent again after a drop: the server's duplicate_event for one of
+        # them says the first send landed, which is what a retry hopes for.
+        self._retried: set[str] = set()
         self._change = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
@@ -260,7 +263,7 @@ class DuplexClient:
                     continue
                 self._trace("in", frame)
                 event = self._demux.feed(frame)
-                if event is not None:
+                if event is not None and not self._answers_a_retry(event):
                     self._deliver(event)
                     await self._maybe_ack()
         except DuplexProtocolError as exc:
@@ -270,6 +273,13 @@ class DuplexClient:
         finally:
             self._events.put_nowait(_END)
             self._wake()
+
+    def _answers_a_retry(self, event: Any) -> bool:
+        error = event.error if isinstance(event, se.Error) else None
+        if error is None or error.code != "duplicate_event" or error.event_id not in self._retried:
+            return False
+        self._retried.discard(error.event_id)
+        return True
 
     def _deliver(self, event: Any) -> None:
         if isinstance(event, se.SessionClosed | se.SessionExpired):
@@ -374,8 +384,11 @@ class DuplexClient:
         except websockets.ConnectionClosed as exc:
             if self.reconnect is None:
                 raise DuplexSessionClosedError(f"transport dropped ({exc})") from exc
-            # The reader is resuming; a retry with the same event_id is applied once.
+            # The reader is resuming; a retry with the same event_id is applied
+            # once (if the first send landed, the server says duplicate_event).
             await self._await_reconnect()
+            if "event_id" in event:
+                self._retried.add(event["event_id"])
             await self._connection().send(frame)
 
     def _connection(self) -> websockets.ClientConnection:

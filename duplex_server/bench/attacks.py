@@ -403,7 +403,7 @@ async def oversized_frames(target: Target, stop: asyncio.Event) -> AttackReport:
 
 async def resume_guessing(target: Target, stop: asyncio.Event) -> AttackReport:
     """Guessed resume tokens for a live session: each refused
-    (``session_resume_invalid``), the fifth failure on a socket closes it (1008)."""
+    (``invalid_resume_token``), the fifth failure on a socket closes it (1008)."""
     report = AttackReport("resume_guessing")
     async with target.connect() as owner:
         created = await _opened(owner)
@@ -429,7 +429,7 @@ async def _guess_five(ws: ClientConnection, session_id: str, report: AttackRepor
         await ws.send(json.dumps(resume))
         answer = await _event(ws)
         code = answer["error"]["code"] if answer["type"] == "error" else answer["type"]
-        if code == "session_resume_invalid":
+        if code == "invalid_resume_token":
             report.refused(code)
         else:
             report.broke(f"guess {guess} answered {code}")

@@ -6,7 +6,8 @@ acknowledges the journal, as a voice app does. What it learns is kept in a
 :class:`Witness`, which the audit later holds against the log:
 
 - an input event counts as acknowledged once a ``session.heartbeat_ack``
-  sent after it comes back without an ``error`` naming it: the actor applies
+  sent after it comes back without an ``error`` naming it (a
+  ``duplicate_event`` says a re-sent one had landed): the actor applies
   one socket's commands in order and emits nothing for a command before its
   records are appended, so the ack proves the log has everything before it;
 - every journaled event (``server_event_seq``) it received, in order, and
@@ -293,7 +294,9 @@ class ChaosClient:
         kind = event["type"]
         if kind == "session.heartbeat_ack" and self._markers:
             self._acknowledge(*self._markers.popleft())
-        elif kind == "error":
+        elif kind == "error" and event["error"]["code"] != "duplicate_event":
+            # duplicate_event answers a re-sent op whose first send landed: it
+            # stays pending, and the next heartbeat ack acknowledges it.
             self._refuse(event["error"].get("event_id"))
         elif kind == "conversation.item.added":
             self.w.items.append(event["item"]["id"])

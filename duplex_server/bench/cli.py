@@ -150,6 +150,12 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--plot", default="", help="write a PNG of RSS, fds and p99 latency here")
     p.add_argument(
+        "--samples-file",
+        default="",
+        help="append each sample here as a JSON line when it is taken (a run cut short "
+        "leaves its samples behind)",
+    )
+    p.add_argument(
         "--retention-s",
         type=float,
         default=None,

@@ -49,10 +49,10 @@ from duplex_server.models import build_model
 from duplex_server.sessions.core.records import OutBody, Record, RecordLine
 from duplex_server.sessions.core.snapshot import session_object
 from duplex_server.sessions.core.state import fold, initial_state
+from protocol.capabilities import Capabilities
 from protocol.client_events import CLIENT_EVENT_TYPES, SessionClose
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
 from protocol.errors import ERROR_CLASS, ProtocolError
-from protocol.server_events import Capabilities
 
 # --- where choices come from ---------------------------------------------------
 

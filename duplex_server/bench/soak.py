@@ -151,19 +151,21 @@ async def _sample_forever(
         tally.commit_to_first_audio = []
         heartbeats, streams.heartbeat_rtt = streams.heartbeat_rtt, []
         streams.commit_to_audio.clear()  # the churners' figure is the headline
-        samples.append(
-            {
-                "t_s": round(time.monotonic() - began, 1),
-                "sessions_served": served,
-                "sessions_failed": failed,
-                "rss_mib": round(server.memory_info().rss / 2**20, 2),
-                "open_fds": server.num_fds(),
-                "store_bytes": await store.bytes(),
-                "commit_to_first_audio_ms": quantiles(latencies),
-                "stream_heartbeat_rtt_ms": quantiles(heartbeats),
-                **generator.report(),
-            }
-        )
+        sample = {
+            "t_s": round(time.monotonic() - began, 1),
+            "sessions_served": served,
+            "sessions_failed": failed,
+            "rss_mib": round(server.memory_info().rss / 2**20, 2),
+            "open_fds": server.num_fds(),
+            "store_bytes": await store.bytes(),
+            "commit_to_first_audio_ms": quantiles(latencies),
+            "stream_heartbeat_rtt_ms": quantiles(heartbeats),
+            **generator.report(),
+        }
+        samples.append(sample)
+        if args.samples_file:
+            with open(args.samples_file, "a") as out:
+                out.write(json.dumps(sample) + "\n")
         generator.start()
         done = (args.sessions and served >= args.sessions) or (
             args.seconds and time.monotonic() - began >= args.seconds

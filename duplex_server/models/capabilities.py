@@ -4,7 +4,7 @@ protocol, every codec; they differ only in what they are and their pace."""
 from __future__ import annotations
 
 from protocol.audio_formats import SUPPORTED_INPUT, SUPPORTED_OUTPUT
-from protocol.server_events import Capabilities
+from protocol.capabilities import Capabilities
 
 
 def full_duplex(implementation_level: str, chunk_period_ms: int) -> Capabilities:

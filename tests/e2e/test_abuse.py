@@ -197,7 +197,7 @@ async def test_frames_past_the_limit_are_refused_before_they_are_buffered(abused
 
 async def test_guessed_resume_tokens_are_refused_and_the_socket_closed(abused):
     report = await under_attack(abused, attacks.resume_guessing)
-    assert report.refusals["close 1008"] * 5 == report.refusals["session_resume_invalid"]
+    assert report.refusals["close 1008"] * 5 == report.refusals["invalid_resume_token"]
 
 
 async def test_idle_sockets_cannot_exhaust_the_descriptors(tmp_path):

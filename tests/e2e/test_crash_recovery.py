@@ -113,6 +113,15 @@ async def crash_and_resume(tmp_path, seed: int, durability: str) -> None:
         committed_event = next(e for e in turn if e["type"] == "input_audio_buffer.committed")
         assert committed_event["event"]["turn_id"] == (2 if committed else 1)
         assert turn[-2]["response"]["status"] == "completed"
+        # Each re-sent id that had landed is answered, not met with silence.
+        answered = {
+            e["error"]["event_id"]: e["error"]["code"] for e in turn if e["type"] == "error"
+        }
+        assert answered == dict.fromkeys(set(sent_ids) & set(logged_ids), "duplicate_event")
+        if committed:  # the commit's id again, as a client that reuses it would send
+            await again.send({"type": "input_audio_buffer.commit", "event_id": f"c{seed}"})
+            error = (await again.expect("error"))["error"]
+            assert (error["code"], error["event_id"]) == ("duplicate_event", f"c{seed}")
         lines = log_lines(second, session_id)
         ids = [line["event_id"] for line in lines if line["event_id"]]
         assert len(ids) == len(set(ids))

@@ -174,7 +174,7 @@ async def test_wrong_token_on_another_replica_disturbs_nothing(redis_server):
             }
         )
         error = await intruder.expect("error")
-        assert error["error"]["code"] == "session_resume_invalid"
+        assert error["error"]["code"] == "invalid_resume_token"
         await asyncio.sleep(1.0)  # several renewal periods: A keeps the session
         assert (await next_turn(on_a))[-2]["response"]["status"] == "completed"
     finally:

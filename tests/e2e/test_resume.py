@@ -75,15 +75,15 @@ async def test_rotated_and_wrong_tokens_are_refused(server):
     for bad_token in (token, "x" * 22):
         attempt = await resume(server, session_id, bad_token, 0)
         error = await attempt.expect("error")
-        assert error["error"]["code"] == "session_resume_invalid"
+        assert error["error"]["code"] == "invalid_resume_token"
         assert error["error"]["param"] == "resume_token"
     other, other_created = await server.open()
     cross = await resume(server, other_created["session"]["id"], new_token, 0)
-    assert (await cross.expect("error"))["error"]["code"] == "session_resume_invalid"
+    assert (await cross.expect("error"))["error"]["code"] == "invalid_resume_token"
     unknown = await resume(server, "sess_nope", new_token, 0)
     error = await unknown.expect("error")
     assert (error["error"]["code"], error["error"]["param"]) == (
-        "session_resume_invalid",
+        "invalid_session_resume",
         "session_id",
     )
     # The session itself is untouched and still resumable with the current token.
@@ -97,8 +97,27 @@ async def test_cursor_beyond_journal_is_refused(server):
     await client.expect("session.heartbeat_ack")
     attempt = await resume(server, created["session"]["id"], created["resume_token"], 99)
     error = await attempt.expect("error")
-    assert error["error"]["code"] == "session_resume_invalid"
+    assert error["error"]["code"] == "invalid_session_resume"
     assert error["error"]["param"] == "last_received_server_event_seq"
+
+
+async def test_resuming_the_session_a_socket_holds_is_a_conflict(server):
+    """vLLM-Omni's client stops retrying on ``session_resume_conflict``: a
+    socket asking for the session it already carries gets it, and keeps
+    serving."""
+    client, created = await server.open()
+    await client.send(
+        {
+            "type": "session.resume",
+            "session_id": created["session"]["id"],
+            "resume_token": created["resume_token"],
+            "last_received_server_event_seq": 0,
+        }
+    )
+    error = (await client.expect("error"))["error"]
+    assert (error["code"], error["param"]) == ("session_resume_conflict", "session_id")
+    await client.send({"type": "session.heartbeat"})
+    await client.expect("session.heartbeat_ack")
 
 
 async def updated_seq(client: WsClient, n: int) -> int:
@@ -196,16 +215,29 @@ async def test_resume_on_an_autostarted_socket(server):
     assert created["session"]["id"] in server.manager.actors
 
 
-async def test_retried_event_id_applies_once(server):
+async def test_retried_event_id_applies_once_and_is_answered(server):
+    """A retry (same id, same body) is not applied again and says so; the
+    same id on a different event is refused; neither is met with silence."""
     client, created = await server.open()
     await client.append(tone_pcm16(100), event_id="a-1")
     await client.append(tone_pcm16(100), event_id="a-1")  # retry after a "drop"
+    retry = await client.expect("error")
+    assert retry["error"]["code"] == "duplicate_event"
+    assert retry["error"]["event_id"] == "a-1" and retry["error"]["param"] == "event_id"
     await client.send(
         {"type": "input_audio_buffer.commit", "event_id": "c-1", "response_create": False}
     )
     events = await client.recv_until("conversation.item.done")
     assert events[2]["event"]["audio_ms"] == 100.0
-    await client.send({"type": "input_audio_buffer.commit", "event_id": "c-1"})
+    landed = next(
+        r.seq
+        for r in await server.app.state.log.read(created["session"]["id"])
+        if r.event_id == "c-1"
+    )
+    await client.send({"type": "input_audio_buffer.commit", "event_id": "c-1"})  # another body
+    reused = await client.expect("error")
+    assert reused["error"]["code"] == "event_id_reused"
+    assert f"log seq {landed}" in reused["error"]["message"]
     await client.send({"type": "session.heartbeat"})
     after = await client.recv_until("session.heartbeat_ack")
     assert types_of(after) == ["session.heartbeat_ack"]
@@ -233,7 +265,7 @@ async def test_guessing_tokens_costs_the_socket(server, caplog):
                 "last_received_server_event_seq": 0,
             }
         )
-        assert (await guesser.expect("error"))["error"]["code"] == "session_resume_invalid"
+        assert (await guesser.expect("error"))["error"]["code"] == "invalid_resume_token"
     with pytest.raises(websockets.ConnectionClosed) as closed:
         await guesser.recv(timeout=5)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008

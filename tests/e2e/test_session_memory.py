@@ -82,7 +82,7 @@ async def test_refusals_and_upgrades_leave_no_cyclic_garbage(server):
                 "last_received_server_event_seq": 0,
             }
         )
-        assert (await guesser.expect("error"))["error"]["code"] == "session_resume_invalid"
+        assert (await guesser.expect("error"))["error"]["code"] == "invalid_resume_token"
         await guesser.close()
         await client.send({"type": "session.close"})
         await client.recv_until("session.closed")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from duplex_server.sessions.core.records import AnyBody, Origin, OutBody, Record, server_event_id
 from duplex_server.sessions.core.state import SessionState, apply
+from protocol.capabilities import Capabilities
 from protocol.codec import encode_server_event
-from protocol.server_events import Capabilities, ServerEvent
+from protocol.server_events import ServerEvent
 
 
 class Batch:
@@ -21,6 +22,7 @@ class Batch:
         capabilities: Capabilities,
         now_ms: int,
         event_id: str | None = None,
+        event_digest: str | None = None,
     ) -> None:
         self.state = state
         self.capabilities = capabilities
@@ -34,11 +36,13 @@ class Batch:
         # the id: a batch that cannot be appended is refused under this name.
         self.answers = event_id
         self._event_id = event_id
+        self._event_digest = event_digest
 
     def fact(self, body: AnyBody, origin: Origin = "client") -> Record:
         # The client's event_id rides on the first record only: that is the
         # one the log deduplicates on, the rest are its consequences.
         event_id, self._event_id = self._event_id, None
+        digest, self._event_digest = self._event_digest, None
         # The actor is the session's only writer, so it knows the next seq;
         # the backend checks it (and the fence) when the batch is appended.
         record = Record(
@@ -48,6 +52,7 @@ class Batch:
             body=body,
             event_id=event_id,
             seq=self.state.last_seq + 1,
+            event_digest=digest,
         )
         apply(self.state, record)
         self.records.append(record)

@@ -16,7 +16,7 @@ import msgspec
 
 from duplex_server.sessions.core.config import EffectiveConfig
 from duplex_server.sessions.core.items import Item, item_text
-from protocol.server_events import Capabilities
+from protocol.capabilities import Capabilities
 from protocol.session_config import Tool
 
 

@@ -213,6 +213,9 @@ class Record(msgspec.Struct, gc=False):
     body: AnyBody
     event_id: str | None = None
     seq: int = 0
+    # A digest of the client event the record answers (with ``event_id``):
+    # a later event under the same id is a retry only if its digest matches.
+    event_digest: str | None = None
 
     @property
     def kind(self) -> str:

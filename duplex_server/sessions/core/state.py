@@ -89,7 +89,8 @@ class SessionState(msgspec.Struct):
     listen_count: int = 0
     user_speaking: bool = False  # server VAD: between speech_started and speech_stopped
     lease: Lease = msgspec.field(default_factory=Lease)
-    recent_event_ids: list[str] = msgspec.field(default_factory=list)
+    # event_id -> (seq, digest) of the record it landed as, oldest first.
+    recent_event_ids: dict[str, tuple[int, str | None]] = msgspec.field(default_factory=dict)
     closed_reason: str | None = None
     owner: str | None = None  # the principal that opened it (None: an open server's)
 
@@ -125,8 +126,10 @@ def fold(records: Iterable[Record], state: SessionState) -> SessionState:
 def apply(state: SessionState, record: Record) -> None:
     state.last_seq = record.seq
     if record.event_id is not None:
-        state.recent_event_ids.append(record.event_id)
-        del state.recent_event_ids[:-RECENT_EVENT_IDS]
+        recent = state.recent_event_ids
+        recent[record.event_id] = (record.seq, record.event_digest)
+        if len(recent) > RECENT_EVENT_IDS:
+            del recent[next(iter(recent))]
     _APPLY[type(record.body)](state, record.body, record.seq)
 
 

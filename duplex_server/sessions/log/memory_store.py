@@ -24,7 +24,7 @@ class _Stream:
     records: list[Record] = field(default_factory=list)
     fence: int = 0
     owner: str = ""
-    event_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    event_ids: OrderedDict[str, int] = field(default_factory=OrderedDict)
     trimmed_upto: int = 0
     # Where the next trim / compaction resumes: both walk forward only, so an
     # ack costs what it trims, not the length of the session.
@@ -69,7 +69,7 @@ class MemoryLog(LocalLeases):
             raise StaleFence(f"fence {fence} < current {stream.fence} for {session_id}")
         for record in records:
             if record.event_id is not None and record.event_id in stream.event_ids:
-                raise DuplicateEvent(record.event_id)
+                raise DuplicateEvent(record.event_id, stream.event_ids[record.event_id])
         next_seq = len(stream.records) + 1
         seqs = [record.seq for record in records]
         if seqs != list(range(next_seq, next_seq + len(records))):
@@ -78,7 +78,7 @@ class MemoryLog(LocalLeases):
             )
         for record in records:
             if record.event_id is not None:
-                stream.event_ids[record.event_id] = None
+                stream.event_ids[record.event_id] = record.seq
         while len(stream.event_ids) > self._window:
             stream.event_ids.popitem(last=False)
         stream.records.extend(records)

@@ -48,8 +48,9 @@ end
 local base = 8
 for i = 0, count - 1 do
   local event_id = ARGV[base + i * 6]
-  if event_id ~= '' and redis.call('ZSCORE', eids, event_id) then
-    return redis.error_reply('DUP ' .. event_id)
+  if event_id ~= '' then
+    local landed = redis.call('ZSCORE', eids, event_id)
+    if landed then return redis.error_reply('DUP ' .. landed .. ' ' .. event_id) end
   end
 end
 local with_ids = false

@@ -123,7 +123,8 @@ def _refusal(session_id: str, exc: ResponseError) -> Exception:
     if word == "SEQ":
         return SequenceConflict(f"{session_id}: batch does not follow seq {rest}")
     if word == "DUP":
-        return DuplicateEvent(rest)
+        seq, _, event_id = rest.partition(" ")
+        return DuplicateEvent(event_id, int(seq))
     return StorageUnavailable(f"redis refused the write: {exc}")
 
 

@@ -341,14 +341,13 @@ class SqliteLog(LocalLeases):
         if seqs != list(range(last_seq + 1, last_seq + 1 + len(rows))):
             raise SequenceConflict(f"{session_id}: batch {seqs[:3]} does not follow {last_seq}")
         for _seq, _kind, event_id, *_ in rows:
-            if (
-                event_id is not None
-                and conn.execute(
-                    "SELECT 1 FROM records WHERE session_id = ? AND event_id = ?",
+            if event_id is not None and (
+                landed := conn.execute(
+                    "SELECT seq FROM records WHERE session_id = ? AND event_id = ?",
                     (session_id, event_id),
                 ).fetchone()
             ):
-                raise DuplicateEvent(event_id)
+                raise DuplicateEvent(event_id, landed[0])
         conn.executemany(
             "INSERT INTO records (session_id, seq, kind, event_id, record, payload, "
             "server_event_seq, twin) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

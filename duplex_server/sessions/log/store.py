@@ -26,9 +26,10 @@ class StaleFence(LogError):
 class DuplicateEvent(LogError):
     """A client ``event_id`` inside the idempotency window was appended before."""
 
-    def __init__(self, event_id: str) -> None:
-        super().__init__(f"event_id {event_id!r} already appended")
+    def __init__(self, event_id: str, seq: int | None = None) -> None:
+        super().__init__(f"event_id {event_id!r} already appended (seq {seq})")
         self.event_id = event_id
+        self.seq = seq  # where it landed, where the backend knows
 
 
 class UnknownSession(LogError):

@@ -37,7 +37,7 @@ from duplex_server.sessions.core.model_port import (
     history_view,
     session_view,
 )
-from duplex_server.sessions.core.pipeline import Command, step
+from duplex_server.sessions.core.pipeline import Command, duplicate_event, refuse_retry, step
 from duplex_server.sessions.core.records import (
     AudioBody,
     CloseBody,
@@ -449,8 +449,10 @@ class SessionActor:
             return True
         try:
             await self._log.append(self.session_id, batch.records, self.fence)
-        except DuplicateEvent:
+        except DuplicateEvent as dup:
+            # Older than the state's window of recent ids, not the store's.
             await self._refold()
+            await self.reject(duplicate_event(dup.event_id, dup.seq))
             return False
         except StaleFence:
             log.warning("session %s: deposed (stale fence %s)", self.session_id, self.fence)
@@ -577,8 +579,10 @@ class SessionActor:
             return  # a superseded socket's late frame
         event = message.event
         self.last_activity = time.monotonic()
-        if event.event_id is not None and event.event_id in self.state.recent_event_ids:
-            return  # a retried event: applied once already, its outputs are journaled
+        # Before the context: a retried commit must not be transcribed again.
+        if (refusal := refuse_retry(self.state, event)) is not None:
+            await self.reject(refusal)
+            return
         done = await self._execute(event, await self._context_for(event))
         if done is None:
             return
@@ -774,7 +778,7 @@ class SessionActor:
         if not token_matches(request.resume_token, state.lease.token_hash):
             message.done.set_exception(
                 ProtocolError(
-                    "session_resume_invalid",
+                    "invalid_resume_token",
                     "resume_token does not match this session",
                     param="resume_token",
                     event_id=request.event_id,
@@ -784,7 +788,7 @@ class SessionActor:
         if cursor > state.server_event_seq:
             message.done.set_exception(
                 ProtocolError(
-                    "session_resume_invalid",
+                    "invalid_session_resume",
                     f"last_received_server_event_seq {cursor} is beyond the journal "
                     f"(last sent {state.server_event_seq})",
                     param="last_received_server_event_seq",

@@ -160,7 +160,7 @@ class SessionManager:
                 event_id=request.event_id,
             )
         raise ProtocolError(
-            "session_resume_invalid",
+            "invalid_session_resume",
             "no such session",
             param="session_id",
             event_id=request.event_id,
@@ -279,7 +279,7 @@ class SessionManager:
             return await self.log.read(request.session_id)
         except UnknownSession:
             raise ProtocolError(
-                "session_resume_invalid",
+                "invalid_session_resume",
                 "no such session",
                 param="session_id",
                 event_id=request.event_id,
@@ -308,7 +308,7 @@ class SessionManager:
         if not token_matches(request.resume_token, state.lease.token_hash):
             # Checked before disturbing the owner: a wrong token moves nothing.
             raise ProtocolError(
-                "session_resume_invalid",
+                "invalid_resume_token",
                 "resume_token does not match this session",
                 param="resume_token",
                 event_id=request.event_id,
