@@ -119,6 +119,7 @@ def create_app(config: ServerConfig) -> Starlette:
             Route("/", http_routes.voice_page),
             Mount("/static", StaticFiles(directory=http_routes.WEB_DIR), name="static"),
             Route("/health", http_routes.health),
+            Route("/ready", http_routes.ready),
             Route("/v1/models", http_routes.models),
             Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
             Route("/metrics", http_routes.metrics),

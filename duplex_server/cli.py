@@ -185,7 +185,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--handshake-timeout-s",
         type=float,
         default=DEFAULTS.handshake_timeout_s,
-        help="an autostart=0 socket that sends no event within this gets config_timeout",
+        help="an autostart=0 socket that opens no session within this gets config_timeout "
+        "and is closed",
     )
     p.add_argument(
         "--max-connections-per-ip",

@@ -1,4 +1,4 @@
-"""Plain HTTP routes: health, models, and read access to session logs."""
+"""Plain HTTP routes: health, readiness, models, and read access to session logs."""
 
 from __future__ import annotations
 
@@ -80,6 +80,17 @@ async def health(request: Request) -> Response:
             "replica_id": state.config.replica_id,
         }
     return _json(status)
+
+
+async def ready(request: Request) -> Response:
+    """Readiness, for load balancers: 503 naming the reasons while this
+    replica cannot open a session (its store does not answer, its model is
+    not loaded, admission is full), so it is drained until it can; 200
+    otherwise. ``/health`` stays a liveness check. Anyone may ask."""
+    reasons = await request.app.state.manager.unready()
+    if reasons:
+        return _json({"status": "unready", "reasons": reasons}, 503)
+    return _json({"status": "ready", "reasons": []})
 
 
 async def models(request: Request) -> Response:

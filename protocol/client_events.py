@@ -12,6 +12,7 @@ from typing import Annotated, Literal, Union
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from protocol.errors import ProtocolError
 from protocol.items import ConversationItem
 from protocol.session_config import (
     AudioFormatSpec,
@@ -47,7 +48,16 @@ class SessionEventAck(ClientEvent, tag="session.event_ack"):
 
 
 class SessionClose(ClientEvent, tag="session.close"):
-    pass
+    # Why the client is leaving: logged and echoed in session.closed's ``detail``.
+    reason: Annotated[str, Meta(max_length=256)] | None = None
+
+
+class CloseSession(SessionClose, tag="close_session"):
+    """vLLM-Omni's spelling of ``session.close``."""
+
+
+class Close(SessionClose, tag="close"):
+    """vLLM-Omni's short spelling of ``session.close``."""
 
 
 class SessionResume(ClientEvent, tag="session.resume"):
@@ -56,20 +66,94 @@ class SessionResume(ClientEvent, tag="session.resume"):
     last_received_server_event_seq: NonNegInt = 0
 
 
+AppendRate = Annotated[int, Meta(gt=0, le=384_000)]
+OverlapAction = Literal["drop", "listen", "barge_in"]
+
+
+def one_of(*spellings: tuple[object, str]) -> object:
+    """The value of a field a client may spell several ways (vLLM-Omni's and
+    OpenAI's): None if none was sent; two that disagree are refused
+    (``invalid_event`` naming the second; the caller adds the event id)."""
+    sent = [(value, name) for value, name in spellings if value is not None]
+    for value, name in sent[1:]:
+        if value != sent[0][0]:
+            raise ProtocolError(
+                "invalid_event",
+                f"{name} ({value!r}) contradicts {sent[0][1]} ({sent[0][0]!r})",
+                param=name,
+            )
+    return sent[0][0] if sent else None
+
+
 class InputAudioAppend(ClientEvent, tag="input_audio_buffer.append"):
+    """Audio, with what the client knows of it. Every field is honoured or
+    refused: a format, rate or duration the audio contradicts is refused
+    (``invalid_audio``), never silently read another way."""
+
     audio: str = ""
     format: AudioFormatSpec | None = None
-    sample_rate_hz: Annotated[int, Meta(gt=0, le=384_000)] | None = None
+    input_audio_format: AudioFormatSpec | None = None  # vLLM-Omni's spelling of format
+    sample_rate_hz: AppendRate | None = None
+    sample_rate: AppendRate | None = None
     duration_ms: NonNegFloat | None = None
+    audio_duration_ms: NonNegFloat | None = None
+    audio_start_ms: NonNegFloat | None = None
     audio_end_ms: NonNegFloat | None = None
     is_speech: bool | None = None
+    speech: bool | None = None
+    speech_probability: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    transcript: Annotated[str, Meta(max_length=4096)] | None = None
+    # Overlap hints (PROTOCOL.md, "Overlap"): what to do with this speech if
+    # the assistant is talking.
+    force_listen: bool | None = None
+    force_barge_in: bool | None = None
+    overlap_action: OverlapAction | None = None
     video_frames: list[str] = msgspec.field(default_factory=list)
+
+    def format_named(self) -> AudioFormatSpec | None:
+        return one_of((self.format, "format"), (self.input_audio_format, "input_audio_format"))  # type: ignore[return-value]
+
+    def rate_named(self) -> int | None:
+        return one_of((self.sample_rate_hz, "sample_rate_hz"), (self.sample_rate, "sample_rate"))  # type: ignore[return-value]
+
+    def duration_named(self) -> float | None:
+        return one_of(  # type: ignore[return-value]
+            (self.duration_ms, "duration_ms"), (self.audio_duration_ms, "audio_duration_ms")
+        )
+
+    def hint_named(self) -> OverlapAction | None:
+        """What the client asks be done with this speech if the assistant is
+        talking: ``overlap_action``, or ``force_barge_in`` / ``force_listen``."""
+        forced = [
+            (action, name)
+            for action, name in (
+                (self.overlap_action, "overlap_action"),
+                ("barge_in" if self.force_barge_in else None, "force_barge_in"),
+                ("listen" if self.force_listen else None, "force_listen"),
+            )
+            if action is not None
+        ]
+        return one_of(*forced)  # type: ignore[return-value]
+
+    def speech_named(self) -> bool | None:
+        """Whether the client says this is speech: either flag, else its
+        probability against one half."""
+        said = one_of((self.is_speech, "is_speech"), (self.speech, "speech"))
+        if said is None and self.speech_probability is not None:
+            return self.speech_probability >= 0.5
+        return said  # type: ignore[return-value]
 
 
 class InputAudioCommit(ClientEvent, tag="input_audio_buffer.commit"):
     final: bool | None = None
     response_create: bool | None = None
+    create_response: bool | None = None  # the same, as OpenAI's turn_detection spells it
     is_speech: bool | None = None
+
+    def respond_named(self) -> bool | None:
+        return one_of(  # type: ignore[return-value]
+            (self.response_create, "response_create"), (self.create_response, "create_response")
+        )
 
 
 class InputCommit(InputAudioCommit, tag="input.commit"):
@@ -86,6 +170,14 @@ class InputCancel(ClientEvent, tag="input.cancel"):
 
 class InputTextAppend(ClientEvent, tag="input.text.append"):
     text: str = ""
+
+
+class InputTextAppendAlias(InputTextAppend, tag="input_text.append"):
+    """vLLM-Omni's spelling of ``input.text.append``."""
+
+
+class PushText(InputTextAppend, tag="push_text"):
+    """vLLM-Omni's streaming-text spelling of ``input.text.append``."""
 
 
 class ItemCreate(ClientEvent, tag="conversation.item.create"):
@@ -163,15 +255,33 @@ class ResponseCancel(ClientEvent, tag="response.cancel"):
 
 
 class OutputAudioClear(ClientEvent, tag="output_audio_buffer.clear"):
-    pass
+    response_id: str | None = None  # the response to cut; another one: response_not_found
 
 
 class BargeIn(ClientEvent, tag="barge_in"):
     pass
 
 
+# What an external turn signal may carry: the event it stands for, whose
+# fields come in ``payload`` (PROTOCOL.md, "Client → server").
+SignalledEvent = Literal[
+    "barge_in",
+    "input.cancel",
+    "response.cancel",
+    "session.update",
+    "conversation.item.create",
+    "conversation.item.delete",
+    "conversation.item.truncate",
+]
+
+
 class TurnSignal(ClientEvent, tag="turn.signal"):
-    event: Literal["barge_in"] = "barge_in"
+    event: SignalledEvent = "barge_in"
+    payload: dict[str, object] = msgspec.field(default_factory=dict)
+
+
+class SignalTurn(TurnSignal, tag="signal_turn"):
+    """vLLM-Omni's spelling of ``turn.signal``."""
 
 
 class PlaybackAck(ClientEvent, tag="playback.ack"):
@@ -182,11 +292,17 @@ class PlaybackAck(ClientEvent, tag="playback.ack"):
     item_id: str | None = None
 
 
+class AudioPlaybackAck(PlaybackAck, tag="audio.playback_ack"):
+    """vLLM-Omni's spelling of ``playback.ack``."""
+
+
 AnyClientEvent = Union[
     SessionUpdateEvent,
     SessionHeartbeat,
     SessionEventAck,
     SessionClose,
+    CloseSession,
+    Close,
     SessionResume,
     InputAudioAppend,
     InputAudioCommit,
@@ -194,6 +310,8 @@ AnyClientEvent = Union[
     InputAudioClear,
     InputCancel,
     InputTextAppend,
+    InputTextAppendAlias,
+    PushText,
     ItemCreate,
     ItemRetrieve,
     ItemDelete,
@@ -203,7 +321,9 @@ AnyClientEvent = Union[
     OutputAudioClear,
     BargeIn,
     TurnSignal,
+    SignalTurn,
     PlaybackAck,
+    AudioPlaybackAck,
 ]
 
 CLIENT_EVENT_TYPES: dict[str, type[ClientEvent]] = {

@@ -22,6 +22,7 @@ from protocol.server_events import AnyServerEvent, ServerEvent
 DEFAULT_MAX_FRAME_BYTES = 4 * 1024 * 1024
 
 _PATH = re.compile(r"- at `\$\.?(?P<path>[^`]*)`")
+_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[^`]*)`")
 _DATA_URL = re.compile(r"^data:[^;,]*(;base64)?,")
 
 
@@ -30,6 +31,8 @@ def _param_from(message: str) -> str | None:
     if match is None:
         return None
     path = match.group("path").replace("[", ".").replace("]", "")
+    if (unknown := _UNKNOWN_FIELD.match(message)) is not None:  # name the key itself
+        path = f"{path}.{unknown.group('field')}" if path else unknown.group("field")
     return path or None
 
 

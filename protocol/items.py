@@ -20,6 +20,8 @@ class ContentPart(msgspec.Struct, omit_defaults=True):
     text: str | UnsetType = UNSET
     audio: str | UnsetType = UNSET  # base64, only when a client sends audio content
     transcript: str | None | UnsetType = UNSET
+    image_url: str | UnsetType = UNSET  # input_image: a URL or a data: URL, kept as sent
+    detail: Literal["auto", "low", "high"] | UnsetType = UNSET
 
 
 class ConversationItem(msgspec.Struct, omit_defaults=True):

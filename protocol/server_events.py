@@ -16,7 +16,15 @@ from msgspec import UNSET, UnsetType
 from protocol.capabilities import Capabilities
 from protocol.errors import ErrorBody
 from protocol.items import ContentPart, ServerItem
-from protocol.session_config import InputTranscription, ServerTurnDetection, Tool
+from protocol.session_config import (
+    InputTranscription,
+    NoiseReduction,
+    PromptReference,
+    ServerTurnDetection,
+    Tool,
+    ToolChoice,
+    TracingConfig,
+)
 
 
 class PlaybackLedger(msgspec.Struct):
@@ -35,6 +43,7 @@ class SessionAudioInput(msgspec.Struct):
     format: AudioFormatDescription | None  # None where OpenAI has no spelling for it
     turn_detection: ServerTurnDetection | None
     transcription: InputTranscription | None
+    noise_reduction: NoiseReduction | None = None
 
 
 class SessionAudioOutput(msgspec.Struct):
@@ -52,6 +61,9 @@ class SessionExtraBody(msgspec.Struct):
     auto_response: bool
     force_listen_count: int
     chunk_delay_ms: float
+    overlap_short_ack_ms: float = 400.0
+    overlap_barge_in_ms: float = 400.0
+    overlap_silence_rms: float = 0.01
 
 
 class SessionDuplex(msgspec.Struct):
@@ -78,7 +90,7 @@ class SessionObject(msgspec.Struct):
     turn_detection: ServerTurnDetection | None
     input_audio_transcription: InputTranscription | None
     tools: list[Tool]
-    tool_choice: str
+    tool_choice: ToolChoice
     temperature: float
     max_response_output_tokens: int | str
     speed: float
@@ -95,6 +107,12 @@ class SessionObject(msgspec.Struct):
     playback: PlaybackLedger
     capabilities: Capabilities
     duplex: SessionDuplex | None = None
+    input_audio_noise_reduction: NoiseReduction | None = None
+    tracing: str | TracingConfig | None = None
+    metadata: dict[str, str] | None = None
+    include: list[str] | None = None
+    prompt: PromptReference | None = None
+    response_format: str | None = None
     object: str = "realtime.session"
     type: str = "realtime"  # GA's session kind; beta clients ignore it
 
@@ -154,7 +172,7 @@ class ServerEvent(msgspec.Struct, tag_field="type"):
 class SessionCreated(ServerEvent, tag="session.created"):
     session: SessionObject | None = None
     attachment_generation: int = 0
-    resume_token: str = ""
+    resume_token: str | None = None  # None: the model serves no resume
 
 
 class SessionUpdated(ServerEvent, tag="session.updated"):
@@ -163,12 +181,15 @@ class SessionUpdated(ServerEvent, tag="session.updated"):
 
 class SessionHeartbeatAck(ServerEvent, tag="session.heartbeat_ack"):
     epoch: int = 0
+    session_id: str | None = None  # vLLM-Omni's client reads it here
 
 
 class SessionClosed(ServerEvent, tag="session.closed"):
     reason: Literal["client_close", "disconnect", "timeout", "transport_error", "shutdown"] = (
         "client_close"
     )
+    detail: str | None = None  # the reason a client gave in session.close
+    session_id: str | None = None  # vLLM-Omni's client reads it here
 
 
 class SessionResumed(ServerEvent, tag="session.resumed"):
@@ -212,6 +233,10 @@ class NativeCommit(msgspec.Struct):
     history_len: int
     response_create_deferred: bool
     audio_ms: float
+    # vLLM-Omni's native commit event, beside ours
+    type: str = "input.committed"
+    session_id: str | None = None
+    message: str = ""
 
 
 class InputCommitted(ServerEvent, tag="input_audio_buffer.committed"):
@@ -284,6 +309,7 @@ class InputTranscriptionDelta(ServerEvent, tag="conversation.item.input_audio_tr
 
 class ResponseCreated(ServerEvent, tag="response.created"):
     response: ResponseObject | None = None
+    response_id: str | None = None  # vLLM-Omni reads the id at the top level too
 
 
 class ResponseDone(ServerEvent, tag="response.done"):
@@ -325,18 +351,35 @@ class ResponseSpeak(ServerEvent, tag="response.speak"):
     turn_id: int = 0
 
 
+class ListeningResponse(msgspec.Struct):
+    """vLLM-Omni's shape of a listen decision: a response that is listening."""
+
+    id: str | None = None
+    status: str = "listening"
+    reason: str = ""
+
+
 class ResponseListen(ServerEvent, tag="response.listen"):
     response_id: str | None = None
     reason: str = ""
     epoch: int = 0
     turn_id: int = 0
+    response: ListeningResponse | None = None
+
+
+class AudioTextMark(msgspec.Struct):
+    """By ``audio_end_ms`` of the answer's audio, ``text_chars`` of its
+    transcript have been spoken (what an exact truncation cuts by)."""
+
+    text_chars: int
+    audio_end_ms: float
 
 
 class AudioDeltaMetadata(msgspec.Struct):
     epoch: int
     end_of_turn: bool
     audio_duration_ms: float
-    audio_text_marks: list[tuple[float, int]]
+    audio_text_marks: list[AudioTextMark]
     playback: PlaybackLedger
 
 
@@ -434,12 +477,24 @@ class OutputAudioCleared(ServerEvent, tag="output_audio_buffer.cleared"):
     epoch: int = 0
 
 
+class PlaybackEvent(msgspec.Struct):
+    """vLLM-Omni's shape of a playback acknowledgement, beside ours."""
+
+    played_ms: float
+    committed_ms: float
+    truncate: bool
+    playback: PlaybackLedger
+    history_committed: bool
+    item_id: str | None
+
+
 class PlaybackAcknowledged(ServerEvent, tag="playback.acknowledged"):
     response_id: str | None = None
     item_id: str | None = None
     playback: PlaybackLedger | None = None
     history_committed: bool = False
     truncated: bool = False
+    event: PlaybackEvent | None = None
 
 
 class OverlapMetadata(msgspec.Struct):
@@ -451,6 +506,7 @@ class OverlapDecision(ServerEvent, tag="overlap.decision"):
     reason: str = ""
     response_id: str | None = None
     metadata: OverlapMetadata | None = None
+    policy: str | None = None  # the session's overlap_policy that decided it
 
 
 class TurnEvent(ServerEvent, tag="turn.event"):

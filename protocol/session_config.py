@@ -26,9 +26,11 @@ MAX_IDLE_TIMEOUT_S = 24 * 3600.0
 Eagerness = Literal["low", "medium", "high", "auto"]
 
 
-class TurnDetection(msgspec.Struct, omit_defaults=True):
+class TurnDetection(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     """``server_vad``, or OpenAI's ``semantic_vad`` (served by the same VAD,
-    its ``eagerness`` setting the silence that ends a turn)."""
+    its ``eagerness`` setting the silence that ends a turn). A key the server
+    does not know is refused (``invalid_event`` naming it): a VAD setting
+    silently ignored would change when turns end without a word."""
 
     type: str = "server_vad"
     threshold: Unit | UnsetType = UNSET
@@ -37,9 +39,11 @@ class TurnDetection(msgspec.Struct, omit_defaults=True):
     create_response: bool | UnsetType = UNSET
     interrupt_response: bool | UnsetType = UNSET
     eagerness: Eagerness | UnsetType = UNSET
+    # vLLM-Omni: speech shorter than this is not a turn (a cough, a click).
+    min_speech_duration_ms: NonNegInt | UnsetType = UNSET
 
 
-class ServerTurnDetection(TurnDetection, omit_defaults=False):
+class ServerTurnDetection(TurnDetection, omit_defaults=False, forbid_unknown_fields=False):
     """Turn detection as the server announces it: ``type`` always present
     (OpenAI's models tell server_vad from semantic_vad by it)."""
 
@@ -63,8 +67,16 @@ class InputTranscription(msgspec.Struct, omit_defaults=True):
 Rate = Annotated[int, Meta(gt=0)]  # the served range: audio_formats.resolve_format
 
 
+class NoiseReduction(msgspec.Struct, omit_defaults=True):
+    """OpenAI's input noise reduction, stored and echoed: the server's
+    recognisers and VAD take the audio as it comes."""
+
+    type: Literal["near_field", "far_field"] | UnsetType = UNSET
+
+
 class AudioInputConfig(msgspec.Struct, omit_defaults=True):
     format: AudioFormatSpec | UnsetType = UNSET
+    noise_reduction: NoiseReduction | None | UnsetType = UNSET
     sample_rate_hz: Rate | UnsetType = UNSET  # vLLM-Omni's spelling of format.rate
     turn_detection: TurnDetection | None | UnsetType = UNSET
     transcription: InputTranscription | None | UnsetType = UNSET
@@ -82,9 +94,56 @@ class AudioConfig(msgspec.Struct, omit_defaults=True):
     output: AudioOutputConfig | UnsetType = UNSET
 
 
-# The tools a session can offer a model, and how it may use them. (OpenAI's
-# object form of tool_choice, naming one function, is not taken yet.)
-ToolChoice = Literal["auto", "none", "required"]
+# The tools a session can offer a model, and how it may use them.
+ToolChoiceMode = Literal["auto", "none", "required"]
+
+
+class ToolChoiceFunctionName(msgspec.Struct):
+    name: str
+
+
+class ToolChoiceFunction(msgspec.Struct, omit_defaults=True):
+    """The object form, naming the one function the model must call: GA's
+    ``{"type": "function", "name": ...}`` or the Chat Completions spelling
+    ``{"type": "function", "function": {"name": ...}}``."""
+
+    type: Literal["function"]
+    name: str | UnsetType = UNSET
+    function: ToolChoiceFunctionName | UnsetType = UNSET
+
+    def function_name(self) -> str | None:
+        if isinstance(self.name, str):
+            return self.name
+        return None if isinstance(self.function, UnsetType) else self.function.name
+
+
+ToolChoice = ToolChoiceMode | ToolChoiceFunction
+
+
+class TracingConfig(msgspec.Struct, omit_defaults=True):
+    """OpenAI's tracing settings: stored and echoed (the server keeps its own
+    record of every session: the log)."""
+
+    workflow_name: str | UnsetType = UNSET
+    group_id: str | UnsetType = UNSET
+    metadata: dict[str, str] | UnsetType = UNSET
+
+
+class PromptReference(msgspec.Struct, omit_defaults=True):
+    """OpenAI's stored-prompt reference: stored and echoed; ``instructions``
+    is what the model is given (the server has no prompt store)."""
+
+    id: str
+    version: str | UnsetType = UNSET
+    variables: dict[str, str] | UnsetType = UNSET
+
+
+# OpenAI's metadata bounds: 16 pairs, keys up to 64 characters, values up to 512.
+Metadata = Annotated[
+    dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
+    Meta(max_length=16),
+]
+Include = Literal["item.input_audio_transcription.logprobs"]
 
 
 class Tool(msgspec.Struct, omit_defaults=True):
@@ -95,16 +154,37 @@ class Tool(msgspec.Struct, omit_defaults=True):
     parameters: dict[str, object] = msgspec.field(default_factory=dict)
 
 
-class ExtraBody(msgspec.Struct, omit_defaults=True):
-    """Duplex and model knobs that have no place in the OpenAI schema."""
+OverlapMs = Annotated[float, Meta(ge=0.0, le=10_000.0)]
+Rms = Annotated[float, Meta(ge=0.0, le=1.0)]  # a fraction of full scale
+
+
+class OverlapThresholds(msgspec.Struct, omit_defaults=True):
+    """How speech over the assistant is judged (PROTOCOL.md, "Overlap"):
+    speech that ends before ``overlap_short_ack_ms`` is a remark the answer
+    talks through, speech that lasts ``overlap_barge_in_ms`` takes the floor;
+    with neither server VAD nor the client's hints, a chunk whose RMS is
+    under ``overlap_silence_rms`` (of full scale) is silence. Top level or
+    under ``extra_body``, as vLLM-Omni's clients send them."""
+
+    overlap_short_ack_ms: OverlapMs | UnsetType = UNSET
+    overlap_barge_in_ms: OverlapMs | UnsetType = UNSET
+    overlap_silence_rms: Rms | UnsetType = UNSET
+
+
+class ExtraBody(OverlapThresholds, omit_defaults=True, forbid_unknown_fields=True):
+    """Duplex and model knobs that have no place in the OpenAI schema. A key
+    the server does not know is refused by name: a model knob silently
+    ignored would change the answer without a word."""
 
     auto_response: bool | UnsetType = UNSET
     force_listen_count: NonNegInt | UnsetType = UNSET
     # echo model: pause between streamed chunks, to make responses long-lived.
     chunk_delay_ms: Annotated[float, Meta(ge=0.0, le=10_000.0)] | UnsetType = UNSET
+    # vLLM-Omni's Nemotron preset offers its tools here: the session's tools.
+    realtime_tools: list[Tool] | UnsetType = UNSET
 
 
-class SessionUpdate(msgspec.Struct, omit_defaults=True):
+class SessionUpdate(OverlapThresholds, omit_defaults=True):
     type: str | UnsetType = UNSET  # GA clients send "realtime"
     model: str | UnsetType = UNSET
     modalities: list[Modality] | UnsetType = UNSET
@@ -115,8 +195,9 @@ class SessionUpdate(msgspec.Struct, omit_defaults=True):
     output_audio_format: AudioFormatSpec | UnsetType = UNSET
     input_sample_rate_hz: Rate | UnsetType = UNSET
     output_sample_rate_hz: Rate | UnsetType = UNSET
-    # vLLM-Omni: the input rate, top level
+    # vLLM-Omni: the input rate, top level (either spelling)
     sample_rate_hz: Rate | UnsetType = UNSET
+    sample_rate: Rate | UnsetType = UNSET
     audio: AudioConfig | UnsetType = UNSET
     turn_detection: TurnDetection | None | UnsetType = UNSET
     input_audio_transcription: InputTranscription | None | UnsetType = UNSET
@@ -125,7 +206,14 @@ class SessionUpdate(msgspec.Struct, omit_defaults=True):
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | UnsetType = UNSET
     max_response_output_tokens: NonNegInt | Literal["inf"] | UnsetType = UNSET
     max_output_tokens: NonNegInt | Literal["inf"] | UnsetType = UNSET
+    max_tokens: NonNegInt | Literal["inf"] | UnsetType = UNSET  # vLLM-Omni's spelling
     speed: PositiveFloat | UnsetType = UNSET
+    input_audio_noise_reduction: NoiseReduction | None | UnsetType = UNSET
+    tracing: Literal["auto"] | TracingConfig | None | UnsetType = UNSET
+    metadata: Metadata | None | UnsetType = UNSET
+    include: list[Include] | None | UnsetType = UNSET
+    prompt: PromptReference | None | UnsetType = UNSET
+    response_format: Annotated[str, Meta(max_length=64)] | None | UnsetType = UNSET
     overlap_policy: OverlapPolicy | UnsetType = UNSET
     playback_commit_policy: PlaybackCommitPolicy | UnsetType = UNSET
     # A session may ask to be kept a day without a word, not forever.

@@ -68,7 +68,7 @@ def test_deep_nesting_is_invalid_json_not_a_crash(depth):
 
 def test_nesting_within_the_limit_and_brackets_in_text_are_fine():
     nested = "[" * 60 + "]" * 60
-    frame = '{"type":"session.update","session":{"metadata":{"k":' + nested + "}}}"
+    frame = '{"type":"session.update","session":{"x_future_field":{"k":' + nested + "}}}"
     assert isinstance(FrameDecoder().decode(frame), SessionUpdateEvent)
     text = json.dumps({"type": "session.update", "session": {"instructions": "[{" * 500}})
     assert FrameDecoder().decode(text).session.instructions == "[{" * 500

@@ -5,6 +5,7 @@ never on the server.
 """
 
 from clients.duplex import presets
+from clients.duplex.audio import AudioFormat
 from clients.duplex.client import DuplexClient, ReconnectPolicy, ResponseHandle, SessionConfig
 from clients.duplex.collector import EventCollector
 from clients.duplex.demux import ConnectionResumed, Demux
@@ -15,9 +16,12 @@ from clients.duplex.errors import (
     DuplexSessionClosedError,
 )
 from clients.duplex.trace import DuplexTrace
+from clients.duplex.transport import Connect, Transport
 from clients.duplex.wav import audio_data_url, read_pcm16_wav, write_pcm16_wav
 
 __all__ = [
+    "AudioFormat",
+    "Connect",
     "ConnectionResumed",
     "Demux",
     "DuplexClient",
@@ -30,6 +34,7 @@ __all__ = [
     "ReconnectPolicy",
     "ResponseHandle",
     "SessionConfig",
+    "Transport",
     "audio_data_url",
     "presets",
     "read_pcm16_wav",

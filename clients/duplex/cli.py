@@ -8,6 +8,8 @@ import json
 import sys
 import time
 
+import websockets
+
 from clients.duplex.client import DuplexClient, ReconnectPolicy
 from clients.duplex.collector import EventCollector
 from clients.duplex.demux import ConnectionResumed
@@ -117,7 +119,8 @@ async def resume_test(args: argparse.Namespace) -> int:
             if isinstance(event, se.OutputAudioDelta) and not dropped:
                 dropped = True
                 print(f"dropping the socket after event #{seq}")
-                assert client._ws is not None  # connected: it just received an event
+                # connected (it just received an event), on the default websocket
+                assert isinstance(client._ws, websockets.ClientConnection)
                 client._ws.transport.abort()
             elif isinstance(event, ConnectionResumed):
                 print(

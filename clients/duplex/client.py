@@ -4,6 +4,8 @@ One reader task owns the socket's receive side: it feeds frames to the demux,
 queues typed events for ``events()``, resolves waiters, acks the journal, and
 on a transport drop reconnects and resumes the session (jittered exponential
 backoff), so callers see one continuous stream plus a ``ConnectionResumed``.
+Everything it sends is a ``protocol.client_events`` struct, the very type the
+server decodes, so a field the server does not know cannot be sent by mistake.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import asyncio
 import base64
 import contextlib
 import itertools
-import json
 import random
 import time
 import uuid
@@ -24,6 +25,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import msgspec
 import websockets
 
+from clients.duplex.audio import AudioFormat, session_formats
 from clients.duplex.demux import ConnectionResumed, Demux, ResponseView, listen_key
 from clients.duplex.errors import (
     DuplexConnectionError,
@@ -31,13 +33,19 @@ from clients.duplex.errors import (
     DuplexSessionClosedError,
 )
 from clients.duplex.trace import DuplexTrace
+from clients.duplex.transport import TRANSPORT_CLOSED, Connect, Transport, websocket
+from protocol import client_events as ce
 from protocol import server_events as se
 from protocol.close_codes import CloseCode
 from protocol.session_config import SessionUpdate
 
 SessionConfig = SessionUpdate
 DEFAULT_TIMEOUT_S = 10.0
+# A video frame rides the append that closes its whole second of audio, as
+# vLLM-Omni pairs them (a second of audio and the picture taken during it).
+VIDEO_UNIT_MS = 1000
 _END = object()
+_JSON = msgspec.json.Encoder()
 
 
 @dataclass
@@ -108,6 +116,11 @@ class ResponseHandle:
         return self._view.sample_rate_hz
 
     @property
+    def output_format(self) -> AudioFormat:
+        """``audio_bytes``' format: ``duration_ms(len(audio_bytes))`` is how long it plays."""
+        return AudioFormat(self._view.audio_format, self._view.sample_rate_hz)
+
+    @property
     def audio_bytes(self) -> bytes:
         return b"".join(self._view.audio)
 
@@ -141,9 +154,12 @@ class DuplexClient:
         trace: DuplexTrace | None = None,
         ack_every: int = 32,
         replicas: Sequence[str] = (),
+        connect: Connect | None = None,
     ) -> None:
         """``replicas``: other servers of the same deployment (one Redis); a
-        dropped connection is resumed on them in turn when ``url`` is gone."""
+        dropped connection is resumed on them in turn when ``url`` is gone.
+        ``connect``: opens the transport for a URL (the first connection and
+        every resume); by default a websocket carrying ``api_key``."""
         self.url = url
         self.replicas = list(replicas)
         self.config = config or SessionConfig()
@@ -152,6 +168,7 @@ class DuplexClient:
         self.reconnect = reconnect
         self.heartbeat_interval_s = heartbeat_interval_s
         self.api_key = api_key
+        self._open = connect or websocket(api_key)
         self.timeout_s = timeout_s
         self.trace = trace
         self.ack_every = ack_every
@@ -160,7 +177,7 @@ class DuplexClient:
         self.resume_token: str | None = None
         self.closed_reason: str | None = None
         self._demux = Demux()
-        self._ws: websockets.ClientConnection | None = None
+        self._ws: Transport | None = None
         self._events: asyncio.Queue[Any] = asyncio.Queue()
         self._listeners: list[Callable[[Any], None]] = []
         # Ids sent again after a drop: the server's duplicate_event for one of
@@ -172,16 +189,30 @@ class DuplexClient:
         self._ids = itertools.count(1)
         self._prefix = uuid.uuid4().hex[:8]
         self._acked = 0
+        self._appended_ms = 0.0  # the input timeline: audio_end_ms of the last append
         self._failure: BaseException | None = None
+        self._shut = False
+
+    @property
+    def input_format(self) -> AudioFormat:
+        """What the server reads appended audio as (``append_audio`` stamps it)."""
+        return session_formats(self.session)[0]
+
+    @property
+    def output_format(self) -> AudioFormat:
+        """What the server's audio deltas carry."""
+        return session_formats(self.session)[1]
 
     # --- lifecycle -----------------------------------------------------------
 
     async def __aenter__(self) -> DuplexClient:
         self._ws = await self._connect()
-        await self._send_now(
-            {"type": "session.update", "session": msgspec.to_builtins(self.config)}
-        )
-        created = await self._handshake(self._ws, se.SessionCreated)
+        try:
+            await self._send_now(ce.SessionUpdateEvent(session=self.config))
+            created = await self._handshake(self._ws, se.SessionCreated)
+        except BaseException:
+            await self._shutdown()  # no session: nothing to close but the transport
+            raise
         self.session_id = created.session.id if created.session else None
         self.session = created.session
         self.resume_token = created.resume_token
@@ -192,15 +223,25 @@ class DuplexClient:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self, timeout_s: float | None = None) -> None:
+        """End the session (``session.close``, then ``session.closed``) and the
+        transport. Idempotent; a session the server already ended is not closed
+        again, and a server that does not confirm within ``timeout_s`` (default
+        the client's) is left to notice the socket closing."""
+        if self._shut:
+            return
         try:
             if self.closed_reason is None and self._ws is not None:
                 with contextlib.suppress(*DuplexClientErrorTypes):
-                    await self.send({"type": "session.close"})
-                    await self.wait_for("session.closed", timeout_s=self.timeout_s)
+                    await self.send(ce.SessionClose())
+                    await self.wait_for("session.closed", timeout_s=timeout_s or self.timeout_s)
         finally:
             await self._shutdown()
 
     async def _shutdown(self) -> None:
+        self._shut = True
         for task in (self._heartbeat, self._reader):
             if task is not None:
                 task.cancel()
@@ -209,23 +250,15 @@ class DuplexClient:
         if self._ws is not None:
             await self._ws.close()
 
-    async def _connect(self, url: str | None = None) -> websockets.ClientConnection:
+    async def _connect(self, url: str | None = None) -> Transport:
         url = url or self.url
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         try:
-            return await asyncio.wait_for(
-                websockets.connect(
-                    _with_query(url, autostart="0"),
-                    max_size=None,
-                    additional_headers=headers,
-                    ping_interval=None,
-                ),
-                self.timeout_s,
-            )
+            opening = self._open(_with_query(url, autostart="0"))
+            return await asyncio.wait_for(opening, self.timeout_s)
         except (TimeoutError, OSError, websockets.WebSocketException) as exc:
             raise DuplexConnectionError(f"cannot connect to {url}: {exc}") from exc
 
-    async def _handshake(self, ws, expected: type[msgspec.Struct]) -> Any:
+    async def _handshake(self, ws: Transport, expected: type[msgspec.Struct]) -> Any:
         """Read until ``expected`` (session.created / session.resumed) or an error."""
         deadline = time.monotonic() + self.timeout_s
         while True:
@@ -235,7 +268,7 @@ class DuplexClient:
                 raise DuplexConnectionError(
                     f"no {expected.__struct_config__.tag} within {self.timeout_s} s"
                 ) from None
-            except websockets.ConnectionClosed as exc:
+            except TRANSPORT_CLOSED as exc:
                 raise DuplexConnectionError(f"server closed during the handshake: {exc}") from exc
             self._trace("in", frame)
             event = self._demux.feed(frame)
@@ -253,10 +286,10 @@ class DuplexClient:
             while True:
                 try:
                     frame = await self._connection().recv()
-                except websockets.ConnectionClosed as exc:
+                except TRANSPORT_CLOSED as exc:
                     if self.closed_reason is not None:
                         break
-                    if exc.rcvd is not None and exc.rcvd.code == CloseCode.REPLACED:
+                    if _close_code(exc) == CloseCode.REPLACED:
                         self._fail(DuplexSessionClosedError("replaced"))
                         break
                     await self._resume_or_fail(exc)
@@ -286,6 +319,8 @@ class DuplexClient:
             self.closed_reason = event.reason
         elif isinstance(event, se.SessionReplaced):
             self.closed_reason = "replaced"
+        elif isinstance(event, se.SessionUpdated) and event.session is not None:
+            self.session = event.session
         self._events.put_nowait(event)
         for listener in list(self._listeners):
             listener(event)
@@ -294,7 +329,7 @@ class DuplexClient:
     async def _maybe_ack(self) -> None:
         if self._demux.last_seq - self._acked >= self.ack_every:
             self._acked = self._demux.last_seq
-            await self._send_now({"type": "session.event_ack", "server_event_seq": self._acked})
+            await self._send_now(ce.SessionEventAck(server_event_seq=self._acked))
 
     async def _resume_or_fail(self, cause: Exception) -> None:
         if self.reconnect is None:
@@ -308,22 +343,18 @@ class DuplexClient:
             except DuplexConnectionError:
                 continue
             self._demux.expect_replay(self._demux.last_seq)
-            await ws.send(
-                json.dumps(
-                    {
-                        "type": "session.resume",
-                        "session_id": self.session_id,
-                        "resume_token": self.resume_token,
-                        "last_received_server_event_seq": self._demux.last_seq,
-                    }
-                )
+            resume = ce.SessionResume(
+                session_id=self.session_id or "",
+                resume_token=self.resume_token or "",
+                last_received_server_event_seq=self._demux.last_seq,
             )
             try:
+                await self._send_on(ws, resume)
                 resumed = await self._handshake(ws, se.SessionResumed)
             except DuplexProtocolError as exc:
                 await ws.close()
                 raise DuplexSessionClosedError(f"resume refused: {exc.code}") from exc
-            except DuplexConnectionError:
+            except (DuplexConnectionError, *TRANSPORT_CLOSED):
                 await ws.close()
                 continue
             self._ws = ws
@@ -368,7 +399,7 @@ class DuplexClient:
             # started only when heartbeat_interval_s is set
             await asyncio.sleep(self.heartbeat_interval_s or 0.0)
             with contextlib.suppress(*DuplexClientErrorTypes):
-                await self._send_now({"type": "session.heartbeat"})
+                await self._send_now(ce.SessionHeartbeat())
 
     # --- sending -------------------------------------------------------------
 
@@ -376,42 +407,57 @@ class DuplexClient:
         if self.trace is not None:
             self.trace.record(direction, frame)
 
-    async def _send_now(self, event: dict[str, Any]) -> None:
-        frame = json.dumps(event)
+    async def _send_on(self, ws: Transport, event: ce.ClientEvent | dict[str, Any]) -> None:
+        frame = _JSON.encode(event).decode()  # a text frame, as the protocol has them
         self._trace("out", frame)
+        await ws.send(frame)
+
+    async def _send_now(
+        self, event: ce.ClientEvent | dict[str, Any], event_id: str | None = None
+    ) -> None:
+        ws = self._connection()
         try:
-            await self._connection().send(frame)
-        except websockets.ConnectionClosed as exc:
+            await self._send_on(ws, event)
+        except TRANSPORT_CLOSED as exc:
             if self.reconnect is None:
                 raise DuplexSessionClosedError(f"transport dropped ({exc})") from exc
             # The reader is resuming; a retry with the same event_id is applied
             # once (if the first send landed, the server says duplicate_event).
-            await self._await_reconnect()
-            if "event_id" in event:
-                self._retried.add(event["event_id"])
-            await self._connection().send(frame)
+            await self._await_reconnect(ws)
+            if event_id is not None:
+                self._retried.add(event_id)
+            await self._send_on(self._connection(), event)
 
-    def _connection(self) -> websockets.ClientConnection:
+    def _connection(self) -> Transport:
         """The socket; a DuplexConnectionError before connect() made one."""
         if self._ws is None:
             raise DuplexConnectionError("not connected: use `async with DuplexClient(...)`")
         return self._ws
 
-    async def _await_reconnect(self) -> None:
+    async def _await_reconnect(self, dropped: Transport) -> None:
+        """Until the reader has resumed the session on a transport other than ``dropped``."""
         deadline = time.monotonic() + self.timeout_s
-        while self._ws is None or self._ws.state != websockets.protocol.State.OPEN:
+        while self._ws is dropped:
             await self._changed(max(0.0, deadline - time.monotonic()))
 
-    async def send(self, event: dict[str, Any]) -> str:
-        """Send a raw client event; returns its (stamped) ``event_id``."""
+    async def send(self, event: ce.ClientEvent | dict[str, Any]) -> str:
+        """Send a client event, stamped with an ``event_id`` unless it has one;
+        returns that id. A dict is the escape hatch for an event
+        ``protocol.client_events`` does not model (it is sent as it is)."""
         if self._failure is not None:
             raise self._failure
-        event = dict(event)
-        event.setdefault("event_id", f"c_{self._prefix}_{next(self._ids)}")
-        await self._send_now(event)
-        return event["event_id"]
+        fresh = f"c_{self._prefix}_{next(self._ids)}"
+        if isinstance(event, dict):
+            event = {"event_id": fresh, **event}
+            event_id = str(event["event_id"])
+        else:
+            if event.event_id is None:
+                event = msgspec.structs.replace(event, event_id=fresh)
+            event_id = str(event.event_id)
+        await self._send_now(event, event_id)
+        return event_id
 
-    async def _call(self, event: dict[str, Any], *done: str, timeout_s: float | None = None) -> Any:
+    async def _call(self, event: ce.ClientEvent, *done: str, timeout_s: float | None = None) -> Any:
         """Send and wait for the first of ``done`` or the error naming this event."""
         waiter = self._waiter(done)
         event_id = await self.send(event)
@@ -445,54 +491,111 @@ class DuplexClient:
 
         return wait
 
-    async def append_audio(self, pcm: bytes, **extra: Any) -> str:
-        return await self.send(
-            {"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode(), **extra}
+    async def append_audio(
+        self,
+        pcm: bytes,
+        *,
+        audio_format: AudioFormat | None = None,
+        is_speech: bool | None = None,
+        video_frames: Sequence[str] = (),
+    ) -> str:
+        """Append ``pcm`` (in ``audio_format``, by default the session's input
+        format), stamped with its format and rate and, where bytes tell time,
+        its ``duration_ms`` and the input timeline's ``audio_end_ms`` (the
+        session's total, never reset). ``video_frames``: base64 JPEG/PNG
+        (data URLs are sent as bare base64)."""
+        fmt = audio_format or self.input_format
+        duration_ms = end_ms = None
+        if fmt.timed_by_size:
+            duration_ms = fmt.duration_ms(len(pcm))
+            self._appended_ms += duration_ms
+            end_ms = self._appended_ms
+        event = ce.InputAudioAppend(
+            audio=base64.b64encode(pcm).decode(),
+            format=fmt.encoding,
+            sample_rate_hz=fmt.sample_rate_hz,
+            duration_ms=duration_ms,
+            audio_end_ms=end_ms,
+            is_speech=is_speech,
+            video_frames=[_bare_base64(frame) for frame in video_frames],
         )
+        return await self.send(event)
 
     async def stream_pcm(
-        self, pcm: bytes, chunk_ms: int = 100, realtime: bool = True, sample_rate_hz: int = 24_000
+        self,
+        pcm: bytes,
+        chunk_ms: int = 100,
+        realtime: bool = True,
+        sample_rate_hz: int | None = None,
+        *,
+        video_frames: Sequence[str] = (),
+        is_speech: bool | None = None,
     ) -> None:
-        """Append ``pcm`` in ``chunk_ms`` pieces, paced like a microphone if ``realtime``."""
-        step = sample_rate_hz * chunk_ms // 1000 * 2
+        """Append ``pcm`` in ``chunk_ms`` pieces, paced like a microphone if
+        ``realtime``. It is in the session's input format, at ``sample_rate_hz``
+        when given. ``video_frames``: one per second of audio, in capture
+        order; frame k rides the append that completes second k+1, and the
+        last one repeats while the audio outlasts them (a still image is one)."""
+        fmt = self.input_format
+        if sample_rate_hz is not None:
+            fmt = AudioFormat(fmt.encoding, sample_rate_hz)
+        step = max(fmt.byte_count(chunk_ms), fmt.bytes_per_sample)
         loop = asyncio.get_running_loop()
         next_at = loop.time()
+        streamed_ms, frames_sent = 0.0, 0
         for offset in range(0, len(pcm), step):
-            await self.append_audio(pcm[offset : offset + step])
+            chunk = pcm[offset : offset + step]
+            streamed_ms += fmt.duration_ms(len(chunk))
+            unit: list[str] = []
+            if video_frames and streamed_ms >= VIDEO_UNIT_MS * (frames_sent + 1):
+                unit = [video_frames[min(frames_sent, len(video_frames) - 1)]]
+                frames_sent += 1
+            await self.append_audio(chunk, audio_format=fmt, is_speech=is_speech, video_frames=unit)
             if realtime:
-                next_at += chunk_ms / 1000
+                next_at += fmt.duration_ms(len(chunk)) / 1000
                 await asyncio.sleep(max(0.0, next_at - loop.time()))
 
-    async def commit(self, create_response: bool | None = None) -> se.InputCommitted:
-        event: dict[str, Any] = {"type": "input_audio_buffer.commit"}
-        if create_response is not None:
-            event["response_create"] = create_response
+    async def commit(
+        self, create_response: bool | None = None, *, final: bool | None = None
+    ) -> se.InputCommitted:
+        event = ce.InputAudioCommit(final=final, response_create=create_response)
         return await self._call(event, "input_audio_buffer.committed", "response.listen")
 
     async def create_response(self, **overrides: Any) -> se.ResponseCreated:
-        event: dict[str, Any] = {"type": "response.create"}
-        if overrides:
-            event["response"] = overrides
-        return await self._call(event, "response.created")
+        """``overrides``: the fields of ``response.create``'s ``response``
+        (``protocol.client_events.ResponseOverrides``), checked before sending."""
+        response = msgspec.convert(overrides, ce.ResponseOverrides) if overrides else None
+        return await self._call(ce.ResponseCreate(response=response), "response.created")
 
     async def cancel_response(self, response_id: str | None = None) -> se.ResponseDone:
-        event: dict[str, Any] = {"type": "response.cancel"}
-        if response_id:
-            event["response_id"] = response_id
+        event = ce.ResponseCancel(response_id=response_id or None)
         return await self._call(event, "response.done")
 
     async def clear_input(self) -> se.InputCleared:
-        return await self._call({"type": "input_audio_buffer.clear"}, "input_audio_buffer.cleared")
+        return await self._call(ce.InputAudioClear(), "input_audio_buffer.cleared")
 
     async def barge_in(self) -> se.OutputAudioCleared:
-        return await self._call({"type": "barge_in"}, "output_audio_buffer.cleared")
+        return await self._call(ce.BargeIn(), "output_audio_buffer.cleared")
 
     async def ack_playback(
-        self, played_ms: float, response_id: str | None = None
+        self,
+        played_ms: float,
+        response_id: str | None = None,
+        *,
+        committed_ms: float | None = None,
+        item_id: str | None = None,
+        truncate: bool = False,
     ) -> se.PlaybackAcknowledged:
-        event: dict[str, Any] = {"type": "playback.ack", "played_ms": played_ms}
-        if response_id:
-            event["response_id"] = response_id
+        """Report cumulative playback: ``played_ms`` heard so far,
+        ``committed_ms`` of it to keep in history (the server's choice when
+        None), ``truncate`` to cut the answer where playback stopped."""
+        event = ce.PlaybackAck(
+            played_ms=played_ms,
+            committed_ms=committed_ms,
+            truncate=truncate,
+            response_id=response_id or None,
+            item_id=item_id,
+        )
         return await self._call(event, "playback.acknowledged")
 
     # --- reading, for callers ------------------------------------------------
@@ -528,6 +631,21 @@ class DuplexClient:
     async def wait_for(self, *types: str, timeout_s: float | None = None) -> Any:
         """The next event of one of ``types`` (errors from the server raise)."""
         return await self._waiter(types)(None, timeout_s or self.timeout_s)
+
+
+def _close_code(exc: BaseException) -> int | None:
+    """The close code the peer sent, where the transport says (websockets does)."""
+    if isinstance(exc, websockets.ConnectionClosed) and exc.rcvd is not None:
+        return exc.rcvd.code
+    return None
+
+
+def _bare_base64(data: str) -> str:
+    """A ``data:<mime>;base64,`` URL's payload: the wire carries bare base64."""
+    if data.startswith("data:"):
+        _, _, payload = data.partition(";base64,")
+        return payload or data
+    return data
 
 
 def _tag(event: Any) -> str | None:

@@ -9,6 +9,7 @@ from duplex_server.audio.convert import (
     decode_to_pcm16,
     encode_from_pcm16,
     pcm16_duration_ms,
+    pcm16_rms,
     resample_pcm16,
 )
 
@@ -17,5 +18,6 @@ __all__ = [
     "decode_to_pcm16",
     "encode_from_pcm16",
     "pcm16_duration_ms",
+    "pcm16_rms",
     "resample_pcm16",
 ]

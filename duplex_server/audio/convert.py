@@ -84,3 +84,11 @@ def resample_pcm16(pcm: bytes, src_hz: int, dst_hz: int) -> bytes:
 
 def pcm16_duration_ms(nbytes: int, rate_hz: int) -> float:
     return nbytes / 2 / rate_hz * 1000.0
+
+
+def pcm16_rms(pcm16: bytes) -> float:
+    """Root mean square of pcm16 audio, as a fraction of full scale (0 for none)."""
+    samples = np.frombuffer(pcm16[: len(pcm16) // 2 * 2], dtype="<i2").astype(np.float64)
+    if not samples.size:
+        return 0.0
+    return float(np.sqrt(np.mean(samples * samples)) / 32768.0)

@@ -15,7 +15,7 @@ import msgspec
 
 from duplex_server.audio import resample_pcm16
 from duplex_server.engine import EngineCore, EngineRequest
-from duplex_server.models.capabilities import full_duplex
+from duplex_server.models.capabilities import built_in
 from duplex_server.models.engine_requests import for_response
 from duplex_server.sessions.core.model_port import (
     HistoryItem,
@@ -23,6 +23,7 @@ from duplex_server.sessions.core.model_port import (
     ResponseRequest,
     SessionView,
 )
+from protocol.capabilities import CLIENT_EVENT
 
 MODEL_RATE_HZ = 24_000
 CHUNK_PERIOD_MS = 100
@@ -90,12 +91,23 @@ class EchoModel:
     turn_detection_types: tuple[str, ...] = ()
     listening = None  # it repeats audio; it does not hear
     streaming = None  # turn-based: it answers commits
+    loaded = True  # nothing to load
 
     @property
     def answering(self) -> EchoModel:
         return self
 
-    capabilities = full_duplex("loopback", CHUNK_PERIOD_MS)
+    # Its turns end by the client's commit (it has no VAD); it answers a turn
+    # with audio by repeating it, and a text-only turn with its text.
+    capabilities = built_in(
+        "loopback",
+        CHUNK_PERIOD_MS,
+        signal_sources=[CLIENT_EVENT],
+        native_turn_policy=False,
+        required_input_modalities=[],
+        optional_input_modalities=["audio", "text"],
+        text_only_turn=True,
+    )
 
     def __init__(self, engine: EngineCore[EchoPayload, ModelChunk]) -> None:
         self.engine = engine

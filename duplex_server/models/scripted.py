@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from duplex_server.models.capabilities import full_duplex
+from duplex_server.models.capabilities import built_in
 from duplex_server.sessions.core.model_port import InputUnit, UnitOutput
+from protocol.capabilities import CLIENT_EVENT, MODEL_NATIVE
 
 RATE_HZ = 24_000
 UNIT_MS = 80
@@ -78,7 +79,19 @@ class ScriptedModel:
     turn_detection_types: tuple[str, ...] = ()
     listening = None
     answering = None  # it takes the floor unit by unit; a commit never makes it answer
-    capabilities = full_duplex("native_duplex", UNIT_MS)
+    loaded = True  # nothing to load
+    # It takes the floor and yields by itself, unit by unit; a client's
+    # commit or barge-in still ends a turn or cuts its answer. It hears only
+    # the audio (its energy): a text append enters the conversation unread.
+    capabilities = built_in(
+        "native_duplex",
+        UNIT_MS,
+        signal_sources=[CLIENT_EVENT, MODEL_NATIVE],
+        native_turn_policy=True,
+        required_input_modalities=["audio"],
+        optional_input_modalities=[],
+        text_only_turn=False,
+    )
     sample_rate_hz = RATE_HZ
     unit_ms = UNIT_MS
 

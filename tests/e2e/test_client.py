@@ -14,13 +14,15 @@ from clients.duplex import (
     DuplexConnectionError,
     DuplexProtocolError,
     DuplexSessionClosedError,
+    DuplexTrace,
     EventCollector,
     ReconnectPolicy,
+    audio_data_url,
     presets,
 )
 from protocol import server_events as se
 from tests.conftest import free_port
-from tests.wsclient import tone_pcm16
+from tests.wsclient import b64, tone_pcm16
 
 FAST = ReconnectPolicy(max_attempts=5, initial_backoff_s=0.02, max_backoff_s=0.1)
 
@@ -128,6 +130,42 @@ async def test_error_classes(server):
         fragile._ws.transport.abort()
         with pytest.raises(DuplexSessionClosedError):
             await fragile.wait_for("session.heartbeat_ack", timeout_s=5)
+
+
+async def test_video_frames_ride_their_second_and_playback_is_acked(server):
+    trace = DuplexTrace()
+    frames = [audio_data_url(b"\xff\xd8 first", "image/jpeg"), b64(b"\xff\xd8 second")]
+    async with client_for(server, trace=trace) as client:
+        await client.stream_pcm(tone_pcm16(2500), realtime=False, video_frames=frames)
+        await client.commit()
+        response = await anext(client.responses(timeout_s=5))
+        await response.wait()
+        assert client.output_format.duration_ms(len(response.audio_bytes)) == 2500
+        ack = await client.ack_playback(
+            1500, committed_ms=1000, item_id=f"item_{response.response_id}"
+        )
+        assert ack.response_id == response.response_id and ack.playback is not None
+        assert (ack.playback.played_ms, ack.playback.committed_ms) == (1500, 1000)
+    sent = [json.loads(frame) for _, direction, frame in trace.frames if direction == "out"]
+    appends = [event for event in sent if event["type"] == "input_audio_buffer.append"]
+    assert len(appends) == 25 and appends[-1]["audio_end_ms"] == 2500
+    carrying = {i: e["video_frames"] for i, e in enumerate(appends) if "video_frames" in e}
+    # the 10th append completes the first second, the 20th the second; bare base64
+    assert carrying == {9: [b64(b"\xff\xd8 first")], 19: [b64(b"\xff\xd8 second")]}
+
+
+async def test_injected_transport_and_explicit_close(server):
+    opened: list[str] = []
+
+    async def connect(url: str):
+        opened.append(url)
+        return await websockets.connect(url)
+
+    async with client_for(server, connect=connect) as client:
+        await client.close()
+        assert client.closed_reason == "client_close"
+        await client.close()  # again, and once more on leaving the block: nothing happens
+    assert len(opened) == 1 and "autostart=0" in opened[0]
 
 
 # --- a peer that breaks the protocol -----------------------------------------

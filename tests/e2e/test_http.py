@@ -1,11 +1,17 @@
-"""GET /health, /v1/models, /v1/sessions/{id}, /v1/sessions/{id}/events."""
+"""GET /health, /ready, /v1/models, /v1/sessions/{id}, /v1/sessions/{id}/events."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
+import pytest
 
+from duplex_server.bench.redis_process import RedisServer
+from duplex_server.bench.server_process import free_port
+from duplex_server.config import ServerConfig
+from tests.conftest import running_server
 from tests.wsclient import tone_pcm16
 
 
@@ -58,3 +64,64 @@ async def test_metrics_count_applied_events(server):
     buckets = parse_histogram(text, "duplex_append_latency_seconds")
     assert buckets[-1] == (float("inf"), 3)
     assert 0 < histogram_quantile(buckets, 0.5) < 5.0
+
+
+async def test_ready_when_the_replica_can_open_a_session(server):
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        response = await http.get("/ready")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ready", "reasons": []}
+
+
+@pytest.mark.server_config(max_sessions=1)
+async def test_not_ready_while_admission_is_full(server):
+    client, _ = await server.open()
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        full = await http.get("/ready")
+        alive = await http.get("/health")
+        await client.send({"type": "session.close"})
+        await client.recv_until("session.closed")
+        for _ in range(100):  # the closed session leaves the registry
+            if not server.manager.actors:
+                break
+            await asyncio.sleep(0.02)
+        again = await http.get("/ready")
+    assert full.status_code == 503
+    assert full.json() == {"status": "unready", "reasons": ["admission_full"]}
+    assert alive.status_code == 200  # /health stays a liveness check
+    assert again.status_code == 200
+
+
+async def test_not_ready_while_the_model_is_not_loaded(server, monkeypatch):
+    monkeypatch.setattr(server.app.state.model, "loaded", False)
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        response = await http.get("/ready")
+    assert response.status_code == 503
+    assert response.json()["reasons"] == ["model_not_loaded"]
+
+
+async def test_not_ready_while_the_store_is_unreachable(tmp_path):
+    """A Redis that stops answering: /ready drains the replica (503), /health
+    still says it lives (200, degraded); once Redis is back, ready again."""
+    redis = RedisServer(tmp_path / "redis").start()
+    config = ServerConfig(port=free_port(), model="echo", store=redis.url)
+    try:
+        async with (
+            running_server(config) as server,
+            httpx.AsyncClient(base_url=server.http_url) as http,
+        ):
+            assert (await http.get("/ready")).status_code == 200
+            await asyncio.to_thread(redis.stop)
+            down = await http.get("/ready")
+            alive = await http.get("/health")
+            assert down.status_code == 503
+            assert down.json() == {"status": "unready", "reasons": ["store_unreachable"]}
+            assert alive.status_code == 200 and alive.json()["status"] == "degraded"
+            await asyncio.to_thread(redis.start)
+            for _ in range(100):
+                if (back := await http.get("/ready")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            assert back.status_code == 200
+    finally:
+        redis.stop()

@@ -16,7 +16,7 @@ import msgspec
 
 from duplex_server.audio import resample_pcm16
 from duplex_server.engine import EngineCore, EngineRequest
-from duplex_server.models.capabilities import full_duplex
+from duplex_server.models.capabilities import built_in
 from duplex_server.models.cascade.responder import Parrot, Responder
 from duplex_server.models.cascade.stages import (
     CascadeStages,
@@ -30,6 +30,7 @@ from duplex_server.sessions.core.model_port import (
     ResponseRequest,
     SessionView,
 )
+from protocol.capabilities import CLIENT_EVENT, SERVER_POLICY
 
 OUTPUT_RATE_HZ = 24_000
 CHUNK_PERIOD_MS = 100
@@ -119,8 +120,19 @@ class CascadeBackend:
 class CascadeModel:
     name = "cascade"
     turn_detection_types: tuple[str, ...] = ("server_vad",)
-    capabilities = full_duplex("cascade", CHUNK_PERIOD_MS)
+    # Its turns end by server VAD or the client's commit; the responder
+    # answers what it heard in the audio, or a turn's text.
+    capabilities = built_in(
+        "cascade",
+        CHUNK_PERIOD_MS,
+        signal_sources=[CLIENT_EVENT, SERVER_POLICY],
+        native_turn_policy=False,
+        required_input_modalities=[],
+        optional_input_modalities=["audio", "text"],
+        text_only_turn=True,
+    )
     streaming = None  # turn-based: it answers commits
+    loaded = True  # its stages load when it is built, before the server listens
 
     @property
     def answering(self) -> CascadeModel:

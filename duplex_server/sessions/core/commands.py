@@ -11,13 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, TypeVar
 
+import msgspec
 from msgspec import UNSET, UnsetType
 
 from duplex_server.audio import AudioDecodeError, decode_to_pcm16, pcm16_duration_ms
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.config import merge_config, response_output_format
+from duplex_server.sessions.core.config import (
+    EffectiveConfig,
+    check_response_tool_choice,
+    merge_config,
+    response_output_format,
+)
 from duplex_server.sessions.core.items import Item, Part, item_text, to_wire
 from duplex_server.sessions.core.model_port import ModelPort, history_view, session_view
 from duplex_server.sessions.core.records import (
@@ -44,11 +50,12 @@ from duplex_server.sessions.core.responses import (
 )
 from duplex_server.sessions.core.snapshot import ledger, session_object
 from duplex_server.sessions.core.state import Response, SessionState
-from duplex_server.sessions.core.turns import Transition
+from duplex_server.sessions.core.turns import OverlapAction, Transition
 from protocol import client_events as ce
 from protocol.audio_formats import OPUS, SUPPORTED_INPUT, AudioFormat, resolve_format
 from protocol.codec import decode_base64, strip_data_url
 from protocol.errors import ProtocolError, error_body
+from protocol.items import ContentPart
 from protocol.server_events import (
     Error,
     InputCleared,
@@ -64,6 +71,7 @@ from protocol.server_events import (
     OverlapDecision,
     OverlapMetadata,
     PlaybackAcknowledged,
+    PlaybackEvent,
     SessionClosed,
     SessionHeartbeatAck,
     SessionUpdated,
@@ -127,11 +135,12 @@ def check_voice(voice: object, param: str, model: ModelPort, event_id: str | Non
 def check_response_overrides(
     overrides: ce.ResponseOverrides,
     model: ModelPort,
-    current_format: AudioFormat,
+    config: EffectiveConfig,
     event_id: str | None,
 ) -> None:
     """What a response.create may ask for: a voice the model speaks, a format
-    the server encodes, the conversation it belongs to (never out of band)."""
+    the server encodes, a tool it offers, the conversation it belongs to
+    (never out of band)."""
     check_voice(overrides.voice_named(), "response.voice", model, event_id)
     if overrides.conversation not in (UNSET, "auto"):
         raise ProtocolError(
@@ -148,7 +157,8 @@ def check_response_overrides(
             event_id=event_id,
         )
     try:
-        response_output_format(overrides, current_format)
+        response_output_format(overrides, config.output_format)
+        check_response_tool_choice(config, overrides)
     except ProtocolError as err:
         err.event_id = event_id
         raise
@@ -178,7 +188,7 @@ def session_update(batch: Batch, event: ce.SessionUpdateEvent, ctx: HandlerConte
 
 def heartbeat(batch: Batch, event: ce.SessionHeartbeat, ctx: HandlerContext) -> Effects:
     batch.fact(SignalBody(signal="heartbeat"))
-    batch.reply(SessionHeartbeatAck(epoch=batch.state.epoch))
+    batch.reply(SessionHeartbeatAck(epoch=batch.state.epoch, session_id=batch.state.session_id))
     return Effects()
 
 
@@ -200,8 +210,10 @@ def session_close(batch: Batch, event: ce.SessionClose, ctx: HandlerContext) -> 
     aborted = cancel_response(batch, "client_cancelled") if batch.state.response else None
     if aborted:
         effects.abort.append(aborted)
-    batch.emit(SessionClosed(reason="client_close"))
-    batch.fact(CloseBody(reason="client_close"))
+    batch.emit(
+        SessionClosed(reason="client_close", detail=event.reason, session_id=batch.state.session_id)
+    )
+    batch.fact(CloseBody(reason="client_close", detail=event.reason))
     return effects
 
 
@@ -242,16 +254,73 @@ def decode_append(
 
 
 def _input_format(state: SessionState, event: ce.InputAudioAppend) -> AudioFormat:
-    if event.format is None and event.sample_rate_hz is None:
-        return state.config.input_format
-    spec = event.format if event.format is not None else state.config.input_format.name
     try:
-        return resolve_format(
-            spec, param="format", supported=SUPPORTED_INPUT, rate_hz=event.sample_rate_hz
-        )
+        spec, rate = event.format_named(), event.rate_named()
+        if spec is None and rate is None:
+            return state.config.input_format
+        param = "format" if event.format is not None or spec is None else "input_audio_format"
+        if spec is None:
+            spec = state.config.input_format.name
+        return resolve_format(spec, param=param, supported=SUPPORTED_INPUT, rate_hz=rate)
     except ProtocolError as err:
         err.event_id = event.event_id
         raise
+
+
+_T = TypeVar("_T")
+
+
+def _asked(event: ce.ClientEvent, read: Callable[[], _T]) -> _T:
+    """A field the client may spell several ways; spellings that contradict
+    each other are refused under the event's id."""
+    try:
+        return read()
+    except ProtocolError as err:
+        err.event_id = event.event_id
+        raise
+
+
+DECLARED_SLACK_MS = 1.0  # a client's rounding of a duration it declares
+MAX_CLIENT_TRANSCRIPT_CHARS = 65_536  # per turn
+
+
+def _declared_timing(
+    state: SessionState, event: ce.InputAudioAppend, fmt: AudioFormat, duration_ms: float
+) -> float | None:
+    """The chunk's end on the input timeline, from what the client declared;
+    a declared duration or start the audio contradicts is refused: the
+    client reads its audio in another format or rate than it said, and a
+    silently wrong rate corrupts the session."""
+    declared = _asked(event, event.duration_named)
+    if declared is not None and abs(declared - duration_ms) > DECLARED_SLACK_MS:
+        raise ProtocolError(
+            "invalid_audio",
+            f"the audio is {duration_ms:.1f} ms as {fmt.name} at {fmt.sample_rate_hz} Hz, "
+            f"but the event declares {declared} ms: check its format and sample rate",
+            param="duration_ms" if event.duration_ms is not None else "audio_duration_ms",
+            event_id=event.event_id,
+        )
+    end_ms = event.audio_end_ms
+    if event.audio_start_ms is not None:
+        derived = event.audio_start_ms + duration_ms
+        if end_ms is not None and abs(end_ms - derived) > DECLARED_SLACK_MS:
+            raise ProtocolError(
+                "invalid_audio",
+                f"audio_start_ms {event.audio_start_ms} plus the chunk's {duration_ms:.1f} ms "
+                f"is not audio_end_ms {end_ms}",
+                param="audio_start_ms",
+                event_id=event.event_id,
+            )
+        end_ms = derived if end_ms is None else end_ms
+    transcript = event.transcript or ""
+    if len(state.input.client_transcript) + len(transcript) > MAX_CLIENT_TRANSCRIPT_CHARS:
+        raise ProtocolError(
+            "input_audio_buffer_full",
+            f"one turn's transcripts hold at most {MAX_CLIENT_TRANSCRIPT_CHARS} characters",
+            param="transcript",
+            event_id=event.event_id,
+        )
+    return end_ms
 
 
 def decode_audio(data: bytes, fmt: AudioFormat, event_id: str | None, param: str) -> bytes:
@@ -290,6 +359,16 @@ def audio_append(batch: Batch, event: ce.InputAudioAppend, ctx: HandlerContext) 
             param="sample_rate_hz",
             event_id=event.event_id,
         )
+    end_ms = _declared_timing(state, event, fmt, duration_ms)
+    speech = _asked(event, event.speech_named)
+    hint = _asked(event, event.hint_named)
+    if hint == "barge_in" and not batch.capabilities.supports_barge_in:
+        raise ProtocolError(
+            "capability_unsupported",
+            f"model {ctx.model.name!r} does not support barge_in",
+            param="overlap_action" if event.overlap_action else "force_barge_in",
+            event_id=event.event_id,
+        )
     frames = _video_frames(event)
     batch.fact(
         AudioBody(
@@ -297,8 +376,11 @@ def audio_append(batch: Batch, event: ce.InputAudioAppend, ctx: HandlerContext) 
             sample_rate_hz=fmt.sample_rate_hz,
             source_format=fmt.name,
             duration_ms=duration_ms,
-            audio_end_ms=event.audio_end_ms,
-            is_speech=event.is_speech,
+            audio_end_ms=end_ms,
+            is_speech=speech,
+            speech_probability=event.speech_probability,
+            transcript=event.transcript or None,
+            overlap_hint=hint,
         )
     )
     for data in frames:
@@ -392,9 +474,9 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
             param="type",
             event_id=event.event_id,
         )
-    respond = (
-        event.response_create if event.response_create is not None else (state.config.auto_response)
-    )
+    asked = _asked(event, event.respond_named)
+    respond = asked if asked is not None else state.config.auto_response
+    transcript = state.input.client_transcript or transcript
     previous = state.items[-1].id if state.items else None
     item_id = next_user_item_id(state)
     audio = (item_id, b"".join(state.input.chunks))
@@ -420,6 +502,8 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
                 history_len=len(state.items),
                 response_create_deferred=not respond,
                 audio_ms=round(item.parts[0].audio_ms, 3),
+                session_id=state.session_id,
+                message="input committed",
             ),
         )
     )
@@ -552,6 +636,9 @@ def _client_item(state: SessionState, event: ce.ItemCreate) -> tuple[Item, list[
                     transcript=content.transcript or None,
                 )
             )
+        elif content.type == "input_image":
+            audio.append(b"")
+            parts.append(_image_part(content, index, event.event_id))
         else:
             text = content.text if isinstance(content.text, str) else ""
             transcript = content.transcript if isinstance(content.transcript, str) else None
@@ -572,7 +659,7 @@ def _client_item(state: SessionState, event: ce.ItemCreate) -> tuple[Item, list[
 
 # The content each role's messages carry, in either dialect's spelling.
 _CONTENT_TYPES = {
-    "user": ("input_text", "input_audio"),
+    "user": ("input_text", "input_audio", "input_image"),
     "system": ("input_text",),
     "assistant": ("output_text", "output_audio", "text", "audio"),
 }
@@ -595,6 +682,19 @@ def _check_content_types(event: ce.ItemCreate) -> None:
                 param=f"item.content.{index}.type",
                 event_id=event.event_id,
             )
+
+
+def _image_part(content: ContentPart, index: int, event_id: str | None) -> Part:
+    """An image the user shows: kept with its URL (a data: URL is the image
+    itself) for the model and for ``conversation.item.retrieve``."""
+    if not isinstance(content.image_url, str) or not content.image_url:
+        raise ProtocolError(
+            "invalid_event",
+            "an input_image part needs an image_url",
+            param=f"item.content.{index}.image_url",
+            event_id=event_id,
+        )
+    return Part(type="input_image", image_url=content.image_url, detail=_given(content.detail))
 
 
 def _given(value: str | UnsetType) -> str | None:
@@ -774,7 +874,7 @@ def response_create(batch: Batch, event: ce.ResponseCreate, ctx: HandlerContext)
     model = ctx.model
     state = batch.state
     if event.response is not None:
-        check_response_overrides(event.response, model, state.config.output_format, event.event_id)
+        check_response_overrides(event.response, model, state.config, event.event_id)
     has_input = any(_is_input(it) for it in state.items)
     if not has_input and not state.config.openai_semantics:
         raise ProtocolError(
@@ -822,9 +922,6 @@ def _stop_output(batch: Batch, signal: SignalName, reason: FenceReason) -> Effec
     return Effects(abort=[aborted] if aborted else [])
 
 
-OverlapAction = Literal["drop", "listen", "barge_in"]
-
-
 def overlap_decision(
     batch: Batch, action: OverlapAction, overlap_ms: float, response_id: str | None
 ) -> Effects:
@@ -840,6 +937,7 @@ def overlap_decision(
             }[action],
             response_id=response_id,
             metadata=OverlapMetadata(overlap_ms=round(overlap_ms, 3)),
+            policy=batch.state.config.overlap_policy,
         )
     )
     if action == "barge_in":
@@ -859,7 +957,40 @@ def respond_to_input(batch: Batch, model: ModelPort) -> Effects:
 
 
 def output_clear(batch: Batch, event: ce.OutputAudioClear, ctx: HandlerContext) -> Effects:
+    state = batch.state
+    if event.response_id is not None and state.find_response(event.response_id) is None:
+        raise ProtocolError(
+            "response_not_found",
+            f"no response {event.response_id!r} to clear",
+            param="response_id",
+            event_id=event.event_id,
+        )
     return _stop_output(batch, "output_audio.clear", "output_cleared")
+
+
+def turn_signal(batch: Batch, event: ce.TurnSignal, ctx: HandlerContext) -> Effects:
+    """An external turn signal (a client-side VAD, a push-to-talk button, a
+    supervisor): the event it names, with ``payload`` as that event's fields,
+    applied as if the client had sent it."""
+    if event.event == "barge_in":
+        return barge_in(batch, event, ctx)
+    fields = {**event.payload, "type": event.event, "event_id": event.event_id}
+    try:
+        signalled = msgspec.convert(fields, ce.CLIENT_EVENT_TYPES[event.event])
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(
+            "invalid_event",
+            f"turn.signal {event.event}: {exc}",
+            param=f"payload{_path_of(str(exc))}",
+            event_id=event.event_id,
+        ) from None
+    return CLIENT_HANDLERS[type(signalled)](batch, signalled, ctx)
+
+
+def _path_of(message: str) -> str:
+    """``.session.voice`` from msgspec's "... - at `$.session.voice`"."""
+    _, _, where = message.partition("- at `$")
+    return where.rstrip("`")
 
 
 def barge_in(batch: Batch, event: ce.ClientEvent, ctx: HandlerContext) -> Effects:
@@ -909,13 +1040,22 @@ def playback_ack(batch: Batch, event: ce.PlaybackAck, ctx: HandlerContext) -> Ef
         and response.status != "in_progress"
         and ((item.history_ms or 0.0) + 1e-6 >= response.playback.generated_ms or item.truncated)
     )
+    wire_ledger = ledger(response.playback)
     batch.emit(
         PlaybackAcknowledged(
             response_id=response.id,
             item_id=response.item_id,
-            playback=ledger(response.playback),
+            playback=wire_ledger,
             history_committed=history_committed,
             truncated=bool(item and item.truncated),
+            event=PlaybackEvent(
+                played_ms=event.played_ms,
+                committed_ms=committed,
+                truncate=event.truncate,
+                playback=wire_ledger,
+                history_committed=history_committed,
+                item_id=response.item_id,
+            ),
         ),
         response_id=response.id,
     )
@@ -941,8 +1081,15 @@ CLIENT_HANDLERS: dict[type, Handler] = {
     ce.ResponseCancel: response_cancel,
     ce.OutputAudioClear: output_clear,
     ce.BargeIn: barge_in,
-    ce.TurnSignal: barge_in,
+    ce.TurnSignal: turn_signal,
     ce.PlaybackAck: playback_ack,
 }
+# Another spelling of an event (vLLM-Omni's, the native one) is a subclass
+# with its own tag: it is handled as the event it spells.
+for _spelling in ce.CLIENT_EVENT_TYPES.values():
+    if _spelling not in CLIENT_HANDLERS and _spelling is not ce.SessionResume:
+        CLIENT_HANDLERS[_spelling] = next(
+            CLIENT_HANDLERS[base] for base in _spelling.__mro__ if base in CLIENT_HANDLERS
+        )
 
 __all__ = ["CLIENT_HANDLERS", "Effects", "HandlerContext", "item_text"]

@@ -22,9 +22,15 @@ from protocol.session_config import (
     AudioConfig,
     AudioInputConfig,
     AudioOutputConfig,
+    ExtraBody,
     InputTranscription,
+    NoiseReduction,
+    PromptReference,
     SessionUpdate,
     Tool,
+    ToolChoice,
+    ToolChoiceFunction,
+    TracingConfig,
     TurnDetection,
 )
 
@@ -64,7 +70,7 @@ class EffectiveConfig(msgspec.Struct):
     turn_detection: TurnDetection | None = None
     input_audio_transcription: InputTranscription | None = None
     tools: list[Tool] = msgspec.field(default_factory=list)
-    tool_choice: str = "auto"
+    tool_choice: ToolChoice = "auto"
     temperature: float = 0.8
     max_output_tokens: int | str = "inf"
     speed: float = 1.0
@@ -75,6 +81,17 @@ class EffectiveConfig(msgspec.Struct):
     auto_response: bool = True
     force_listen_count: int = 0
     chunk_delay_ms: float = 0.0
+    # Speech over the assistant (PROTOCOL.md, "Overlap").
+    overlap_short_ack_ms: float = 400.0
+    overlap_barge_in_ms: float = 400.0
+    overlap_silence_rms: float = 0.01
+    # Stored and echoed (PROTOCOL.md's field table says what each one does).
+    input_audio_noise_reduction: NoiseReduction | None = None
+    tracing: str | TracingConfig | None = None
+    metadata: dict[str, str] | None = None
+    include: list[str] | None = None
+    prompt: PromptReference | None = None
+    response_format: str | None = None
     # Opened on the plain OpenAI endpoint (not ?duplex=1): OpenAI's semantics
     # where the duplex wire differs, e.g. response.create with no input.
     openai_semantics: bool = False
@@ -143,9 +160,13 @@ def merge_config(
     transcription = patch.input_audio_transcription
     if transcription is UNSET and isinstance(audio_in, AudioInputConfig):
         transcription = audio_in.transcription
+    noise_reduction = patch.input_audio_noise_reduction
+    if noise_reduction is UNSET and isinstance(audio_in, AudioInputConfig):
+        noise_reduction = audio_in.noise_reduction
     input_rate = _first_set(
         patch.input_sample_rate_hz,
         patch.sample_rate_hz,
+        patch.sample_rate,
         audio_in.sample_rate_hz if audio_in is not UNSET else UNSET,
     )
     output_rate = _first_set(
@@ -160,6 +181,7 @@ def merge_config(
         (in_fields.format, "session.audio.input.format"),
         (patch.input_sample_rate_hz, "session.input_sample_rate_hz"),
         (patch.sample_rate_hz, "session.sample_rate_hz"),
+        (patch.sample_rate, "session.sample_rate"),
         (in_fields.sample_rate_hz, "session.audio.input.sample_rate_hz"),
     )
     output_param = _spelled(
@@ -174,7 +196,16 @@ def merge_config(
     if audio_out is not UNSET:
         voice = _set(voice, audio_out.voice)
         speed = _set(speed, audio_out.speed)
-    extra = patch.extra_body
+    extra = patch.extra_body if isinstance(patch.extra_body, ExtraBody) else ExtraBody()
+    if UNSET not in (patch.tools, extra.realtime_tools) and patch.tools != extra.realtime_tools:
+        raise ProtocolError(
+            "invalid_event",
+            "extra_body.realtime_tools contradicts tools: send the session's tools once",
+            param="session.extra_body.realtime_tools",
+        )
+    tools = list(_set(_first_set(patch.tools, extra.realtime_tools), config.tools))
+    tool_choice = _set(patch.tool_choice, config.tool_choice)
+    check_tool_choice(tool_choice, tools, "session.tool_choice")
     return msgspec.structs.replace(
         config,
         model=_set(patch.model, config.model),
@@ -201,28 +232,57 @@ def merge_config(
             else _turn_detection(config.turn_detection, turn_patch, turn_detection_types)
         ),
         input_audio_transcription=_set(transcription, config.input_audio_transcription),
-        tools=list(_set(patch.tools, config.tools)),
-        tool_choice=_set(patch.tool_choice, config.tool_choice),
+        tools=tools,
+        tool_choice=tool_choice,
         temperature=_set(patch.temperature, config.temperature),
         max_output_tokens=_set(
-            patch.max_output_tokens,
-            _set(patch.max_response_output_tokens, config.max_output_tokens),
+            _first_set(patch.max_output_tokens, patch.max_response_output_tokens, patch.max_tokens),
+            config.max_output_tokens,
         ),
         speed=_set(speed, config.speed),
         overlap_policy=_set(patch.overlap_policy, config.overlap_policy),
         playback_commit_policy=_set(patch.playback_commit_policy, config.playback_commit_policy),
         idle_timeout_s=_set(patch.idle_timeout_s, config.idle_timeout_s),
         ref_audio=_set(patch.ref_audio, config.ref_audio),
-        auto_response=config.auto_response
-        if extra is UNSET
-        else _set(extra.auto_response, config.auto_response),
-        force_listen_count=config.force_listen_count
-        if extra is UNSET
-        else _set(extra.force_listen_count, config.force_listen_count),
-        chunk_delay_ms=config.chunk_delay_ms
-        if extra is UNSET
-        else _set(extra.chunk_delay_ms, config.chunk_delay_ms),
+        auto_response=_set(extra.auto_response, config.auto_response),
+        force_listen_count=_set(extra.force_listen_count, config.force_listen_count),
+        chunk_delay_ms=_set(extra.chunk_delay_ms, config.chunk_delay_ms),
+        overlap_short_ack_ms=_set(
+            _first_set(patch.overlap_short_ack_ms, extra.overlap_short_ack_ms),
+            config.overlap_short_ack_ms,
+        ),
+        overlap_barge_in_ms=_set(
+            _first_set(patch.overlap_barge_in_ms, extra.overlap_barge_in_ms),
+            config.overlap_barge_in_ms,
+        ),
+        overlap_silence_rms=_set(
+            _first_set(patch.overlap_silence_rms, extra.overlap_silence_rms),
+            config.overlap_silence_rms,
+        ),
+        input_audio_noise_reduction=_set(noise_reduction, config.input_audio_noise_reduction),
+        tracing=_set(patch.tracing, config.tracing),
+        metadata=_set(patch.metadata, config.metadata),
+        include=_set(patch.include, config.include),
+        prompt=_set(patch.prompt, config.prompt),
+        response_format=_set(patch.response_format, config.response_format),
     )
+
+
+def check_tool_choice(choice: ToolChoice, tools: list[Tool], param: str) -> None:
+    """A tool_choice naming a function must name one of the tools offered."""
+    if not isinstance(choice, ToolChoiceFunction):
+        return
+    name = choice.function_name()
+    if name is None:
+        raise ProtocolError(
+            "invalid_event", "tool_choice of type function needs a name", param=f"{param}.name"
+        )
+    if name not in {tool.name for tool in tools}:
+        raise ProtocolError(
+            "invalid_value",
+            f"tool_choice names {name!r}, which is not among the tools offered",
+            param=f"{param}.name",
+        )
 
 
 def response_config(
@@ -245,6 +305,14 @@ def response_config(
         ),
         tools=list(_set(overrides.tools, config.tools)),
         tool_choice=_set(overrides.tool_choice, config.tool_choice),
+    )
+
+
+def check_response_tool_choice(config: EffectiveConfig, overrides: ResponseOverrides) -> None:
+    check_tool_choice(
+        _set(overrides.tool_choice, config.tool_choice),
+        list(_set(overrides.tools, config.tools)),
+        "response.tool_choice",
     )
 
 

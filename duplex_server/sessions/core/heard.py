@@ -49,6 +49,15 @@ class OverlapResolved(msgspec.Struct, frozen=True):
     response_id: str
 
 
+class OverlapHinted(msgspec.Struct, frozen=True):
+    """Without server VAD: speech over the answer judged from the client's
+    hints or the audio's energy (``turns.HintedOverlap``)."""
+
+    action: OverlapAction
+    overlap_ms: float
+    response_id: str
+
+
 class RemarkDropped(msgspec.Struct, frozen=True):
     """A short remark over the answer ended: the answer goes on, the remark
     is not a turn."""
@@ -88,6 +97,7 @@ class DeferredTurnDue(msgspec.Struct, frozen=True):
 HeardCommand = (
     SpeechStart
     | OverlapResolved
+    | OverlapHinted
     | RemarkDropped
     | TurnEnded
     | InputTrimmed
@@ -105,6 +115,12 @@ def speech_start(batch: Batch, command: SpeechStart, ctx: HandlerContext) -> Eff
 
 
 def overlap_resolved(batch: Batch, command: OverlapResolved, ctx: HandlerContext) -> Effects:
+    return overlap_decision(batch, command.action, command.overlap_ms, command.response_id)
+
+
+def overlap_hinted(batch: Batch, command: OverlapHinted, ctx: HandlerContext) -> Effects:
+    if batch.state.response is None or batch.state.response.id != command.response_id:
+        return Effects()  # the answer ended before the decision ran
     return overlap_decision(batch, command.action, command.overlap_ms, command.response_id)
 
 
@@ -142,6 +158,7 @@ def deferred_turn_due(batch: Batch, command: DeferredTurnDue, ctx: HandlerContex
 HEARD_HANDLERS: dict[type, Handler] = {
     SpeechStart: speech_start,
     OverlapResolved: overlap_resolved,
+    OverlapHinted: overlap_hinted,
     RemarkDropped: remark_dropped,
     TurnEnded: turn_ended,
     InputTrimmed: input_trimmed,

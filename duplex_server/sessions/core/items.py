@@ -23,6 +23,8 @@ class Part(msgspec.Struct):
     audio_rate: int = 0
     audio_ms: float = 0.0
     audio_ref: tuple[int, int] | None = None  # first and last seq holding the samples
+    image_url: str | None = None  # input_image: kept as the client sent it
+    detail: str | None = None
 
 
 class Item(msgspec.Struct):
@@ -59,6 +61,12 @@ def _wire_part(part: Part, role: str | None) -> ContentPart:
     kind = _ASSISTANT_PART.get(part.type, part.type) if role == "assistant" else part.type
     if part.type in ("input_text", "text", "output_text"):
         return ContentPart(type=kind, text=part.text)
+    if part.type == "input_image":
+        return ContentPart(
+            type=kind,
+            image_url=part.image_url if part.image_url is not None else UNSET,
+            detail=part.detail if part.detail is not None else UNSET,  # type: ignore[arg-type]  # validated
+        )
     return ContentPart(type=kind, transcript=part.transcript)
 
 

@@ -17,7 +17,7 @@ import msgspec
 from duplex_server.sessions.core.config import EffectiveConfig
 from duplex_server.sessions.core.items import Item, item_text
 from protocol.capabilities import Capabilities
-from protocol.session_config import Tool
+from protocol.session_config import Tool, ToolChoice
 
 
 class FunctionCallPart(msgspec.Struct, frozen=True):
@@ -63,7 +63,7 @@ class SessionView(msgspec.Struct, frozen=True):
     temperature: float
     max_output_tokens: int | str
     tools: list[Tool]
-    tool_choice: str
+    tool_choice: ToolChoice
     chunk_delay_ms: float  # echo's pacing knob (extra_body)
 
 
@@ -238,6 +238,12 @@ class ModelPort(Protocol):
     @property
     def listening(self) -> Listening | None:
         """The model's ears (server VAD, transcripts), or None if it has none."""
+        ...
+
+    @property
+    def loaded(self) -> bool:
+        """Whether it can take a session now (its weights and workers are up);
+        ``GET /ready`` answers 503 while it cannot, so load balancers drain it."""
         ...
 
     def accepts_voice(self, voice: str) -> bool:

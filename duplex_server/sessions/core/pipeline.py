@@ -15,6 +15,7 @@ import msgspec
 
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands import CLIENT_HANDLERS, Effects, Handler, HandlerContext
+from duplex_server.sessions.core.gates import refuse_gated
 from duplex_server.sessions.core.heard import HEARD_HANDLERS, HeardCommand
 from duplex_server.sessions.core.state import SessionState
 from protocol import client_events as ce
@@ -32,13 +33,17 @@ def step(
     already applied to ``state``), the events they journal, and what the
     runtime must do outside the log. Raises :class:`ProtocolError` for input
     that is refused (records added before the refusal are the caller's to
-    discard: refold). Tests and benches call this, as the actor does."""
+    discard: refold); a retried event, or one the model's capabilities gate
+    (``core/gates.py``), is refused before any record. Tests and benches
+    call this, as the actor does."""
     event_id = command.event_id if isinstance(command, ce.ClientEvent) else None
     digest = None
     if event_id is not None:
         digest = event_digest(command)
         if (refusal := refuse_retry(state, command, digest)) is not None:
             raise refusal
+    if (refusal := refuse_gated(state, command, ctx.model.capabilities)) is not None:
+        raise refusal
     batch = Batch(state, ctx.model.capabilities, now_ms, event_id, digest)
     return batch, HANDLERS[type(command)](batch, command, ctx)
 

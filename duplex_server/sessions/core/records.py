@@ -46,6 +46,9 @@ class AudioBody(Body, tag="audio"):
     duration_ms: float
     audio_end_ms: float | None = None
     is_speech: bool | None = None
+    speech_probability: float | None = None
+    transcript: str | None = None  # what the client says was said in it
+    overlap_hint: str | None = None  # drop | listen | barge_in, if the client forced one
 
 
 class FrameBody(Body, tag="frame"):
@@ -185,6 +188,7 @@ CloseReason = Literal[
 
 class CloseBody(Body, tag="close"):
     reason: CloseReason
+    detail: str | None = None  # the client's own words (session.close's reason)
 
 
 AnyBody = Union[

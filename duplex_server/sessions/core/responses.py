@@ -25,12 +25,14 @@ from protocol.items import ContentPart
 from protocol.server_events import (
     BETA_TWIN,
     AudioDeltaMetadata,
+    AudioTextMark,
     ContentPartAdded,
     ContentPartDone,
     FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
     ItemAdded,
     ItemDone,
+    ListeningResponse,
     OpenAIStatusReason,
     OutputAudioDelta,
     OutputAudioDone,
@@ -141,7 +143,10 @@ def start_response(
     item = state.find_item(item_id)
     assert item is not None
     previous = state.items[-2].id if len(state.items) > 1 else None
-    batch.emit(ResponseCreated(response=response_object(batch, response)), response_id=response_id)
+    batch.emit(
+        ResponseCreated(response=response_object(batch, response), response_id=response_id),
+        response_id=response_id,
+    )
     emit_twins(batch, ItemAdded(item=to_wire(item), previous_item_id=previous), response_id)
     batch.emit(
         OutputItemAdded(response_id=response_id, item=to_wire(item)), response_id=response_id
@@ -198,7 +203,10 @@ def emit_chunk(
         end_of_turn=False,
         audio_duration_ms=round(duration, 3),
         audio_text_marks=[
-            (round(after.generated_ms, 3), len(response.transcript) + len(chunk.text))
+            AudioTextMark(
+                text_chars=len(response.transcript) + len(chunk.text),
+                audio_end_ms=round(after.generated_ms, 3),
+            )
         ],
         playback=ledger(after),
     )
@@ -375,4 +383,11 @@ def cancel_response(batch: Batch, reason: FenceReason, status: str = "cancelled"
 def listen(batch: Batch, reason: str) -> None:
     state = batch.state
     batch.fact(DecisionBody(action="listen", reason=reason), origin="server")
-    batch.emit(ResponseListen(reason=reason, epoch=state.epoch, turn_id=state.turn_id))
+    batch.emit(
+        ResponseListen(
+            reason=reason,
+            epoch=state.epoch,
+            turn_id=state.turn_id,
+            response=ListeningResponse(reason=reason),
+        )
+    )

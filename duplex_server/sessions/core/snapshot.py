@@ -75,6 +75,7 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
                 format=in_ga,
                 turn_detection=detection,
                 transcription=cfg.input_audio_transcription,
+                noise_reduction=cfg.input_audio_noise_reduction,
             ),
             output=SessionAudioOutput(
                 format=out_ga,
@@ -96,6 +97,9 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
             auto_response=cfg.auto_response,
             force_listen_count=cfg.force_listen_count,
             chunk_delay_ms=cfg.chunk_delay_ms,
+            overlap_short_ack_ms=cfg.overlap_short_ack_ms,
+            overlap_barge_in_ms=cfg.overlap_barge_in_ms,
+            overlap_silence_rms=cfg.overlap_silence_rms,
         ),
         duplex=SessionDuplex(
             input_format=AudioFormatDescription(in_fmt.name, in_fmt.sample_rate_hz),
@@ -109,4 +113,10 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
         active_item_id=state.response.item_id if state.response else None,
         playback=ledger(response.playback if response else None),
         capabilities=capabilities,
+        input_audio_noise_reduction=cfg.input_audio_noise_reduction,
+        tracing=cfg.tracing,
+        metadata=cfg.metadata,
+        include=cfg.include,
+        prompt=cfg.prompt,
+        response_format=cfg.response_format,
     )

@@ -61,6 +61,9 @@ class InputBuffer(msgspec.Struct):
     audio_ms: float = 0.0
     text: str = ""
     end_ms: float = 0.0  # input timeline: audio_end_ms of the last chunk
+    # The appends' own transcripts, joined: the user item's transcript when
+    # the client sent one (it heard the speech; the server only guesses).
+    client_transcript: str = ""
 
 
 class Lease(msgspec.Struct):
@@ -153,6 +156,8 @@ def _audio(state: SessionState, body: AudioBody, seq: int) -> None:
     buf.end_ms = (
         body.audio_end_ms if body.audio_end_ms is not None else buf.end_ms + body.duration_ms
     )
+    if body.transcript:
+        buf.client_transcript += body.transcript
 
 
 def _frame(state: SessionState, body: FrameBody, seq: int) -> None:

@@ -11,12 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from msgspec import UnsetType
+
 from protocol.session_config import TurnDetection
 
-# A start needs this much speech in a row: a click or a breath is not a turn.
+# A start needs this much speech in a row: a click or a breath is not a turn
+# (``turn_detection.min_speech_duration_ms`` sets it per session).
 MIN_SPEECH_MS = 64.0
 # Speech over the assistant longer than this is a barge-in; shorter is a
-# remark ("mm-hm") that the assistant talks through.
+# remark ("mm-hm") that the assistant talks through (the default of the
+# session's ``overlap_barge_in_ms``).
 BARGE_IN_MS = 400.0
 
 
@@ -28,9 +32,14 @@ class Transition:
 
 
 class VadGate:
-    def __init__(self, settings: TurnDetection, window_ms: float) -> None:
+    def __init__(
+        self, settings: TurnDetection, window_ms: float, barge_in_ms: float = BARGE_IN_MS
+    ) -> None:
+        self.barge_in_ms = barge_in_ms
         self.threshold = float(settings.threshold)  # type: ignore[arg-type]  # merged: always set
         self.silence_ms = float(settings.silence_duration_ms)  # type: ignore[arg-type]  # merged: set
+        shortest = settings.min_speech_duration_ms
+        self.min_speech_ms = MIN_SPEECH_MS if isinstance(shortest, UnsetType) else float(shortest)
         self.window_ms = window_ms
         self.speaking = False
         self._run_start: float | None = None  # first window of a run of speech
@@ -47,7 +56,7 @@ class VadGate:
                 return []
             if self._run_start is None:
                 self._run_start = start_ms
-            if end_ms - self._run_start < MIN_SPEECH_MS:
+            if end_ms - self._run_start < self.min_speech_ms:
                 return []
             self.speaking = True
             self._sustained = False
@@ -56,7 +65,7 @@ class VadGate:
         if voiced:
             self._last_speech_end = end_ms
             assert self._run_start is not None
-            if not self._sustained and end_ms - self._run_start >= BARGE_IN_MS:
+            if not self._sustained and end_ms - self._run_start >= self.barge_in_ms:
                 self._sustained = True
                 return [Transition("speech_sustained", end_ms)]
             return []
@@ -65,6 +74,56 @@ class VadGate:
         self.speaking = False
         self._run_start = None
         return [Transition("speech_stopped", self._last_speech_end)]
+
+
+OverlapAction = Literal["drop", "listen", "barge_in"]
+
+
+@dataclass
+class HintedOverlap:
+    """Speech over the answer without server VAD: each chunk is speech by the
+    client's word (``is_speech``, ``speech_probability``) or, with neither, by
+    its energy; the client may also force the decision. Pure, like the gate:
+    its decisions are logged, it is a cache a restored session starts afresh.
+
+    Speech that ends before ``short_ack_ms`` is dropped (a remark), speech
+    that ends later is listened to, speech that lasts ``barge_in_ms`` takes
+    the floor (``barge_in``, or ``listen`` where the policy or the model says
+    the answer goes on)."""
+
+    short_ack_ms: float
+    barge_in_ms: float
+    response_id: str = ""
+    run_ms: float = 0.0
+    decided: bool = False
+
+    def push(
+        self,
+        response_id: str,
+        duration_ms: float,
+        speech: bool,
+        forced: OverlapAction | None,
+        may_barge_in: bool,
+    ) -> tuple[OverlapAction, float] | None:
+        """One chunk heard while ``response_id`` plays; a decision, if it made one."""
+        if response_id != self.response_id:
+            self.response_id, self.run_ms, self.decided = response_id, 0.0, False
+        if speech:
+            self.run_ms += duration_ms
+        if forced is not None and not self.decided:
+            self.decided = True
+            return forced, self.run_ms
+        if self.decided or not self.run_ms:
+            if not speech:
+                self.run_ms, self.decided = 0.0, False  # the next speech is a new overlap
+            return None
+        if speech and self.run_ms >= self.barge_in_ms:
+            self.decided = True
+            return ("barge_in" if may_barge_in else "listen"), self.run_ms
+        if speech:
+            return None
+        overlap_ms, self.run_ms = self.run_ms, 0.0
+        return ("drop" if overlap_ms < self.short_ack_ms else "listen"), overlap_ms
 
 
 @dataclass

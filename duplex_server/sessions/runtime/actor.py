@@ -30,6 +30,7 @@ from duplex_server.sessions.core.config import (
     response_output_format,
     with_default_turn_detection,
 )
+from duplex_server.sessions.core.gates import refuse_gated
 from duplex_server.sessions.core.heard import HeardCommand, TurnEnded
 from duplex_server.sessions.core.model_port import (
     ModelPort,
@@ -227,7 +228,8 @@ class SessionActor:
         merge_config(self.state.config, patch, self.model.turn_detection_types)
         await self._log.create(self.session_id)
         await self.lease.acquire()
-        token = new_resume_token()
+        # A model that serves no resume gets no token: nothing to present later.
+        token = new_resume_token() if self.model.capabilities.supports_session_resume else None
         batch = self.new_batch()
         self._lease_fact(batch, "attach", 1, token)
         opening = with_default_turn_detection(patch, self.model.turn_detection_types)
@@ -580,7 +582,10 @@ class SessionActor:
         event = message.event
         self.last_activity = time.monotonic()
         # Before the context: a retried commit must not be transcribed again.
-        if (refusal := refuse_retry(self.state, event)) is not None:
+        refusal = refuse_retry(self.state, event) or refuse_gated(
+            self.state, event, self.model.capabilities
+        )
+        if refusal is not None:
             await self.reject(refusal)
             return
         done = await self._execute(event, await self._context_for(event))
@@ -656,6 +661,7 @@ class SessionActor:
             return
         for transition in await self.hearing.hear(self.state, audio):
             await self._run_heard(self.hearing.decide(self.state, transition))
+        await self._run_heard(self.hearing.overlap_hints(self.state, audio))
         await self._run_heard(self.hearing.after_audio(self.state))
 
     async def _run_heard(self, command: HeardCommand | None) -> None:
@@ -872,7 +878,7 @@ class SessionActor:
             batch.emit(SessionExpired(reason=reason))
         else:
             # the remaining close reasons are all SessionClosed's
-            batch.emit(SessionClosed(reason=reason))  # type: ignore[arg-type]
+            batch.emit(SessionClosed(reason=reason, session_id=self.session_id))  # type: ignore[arg-type]
         batch.fact(CloseBody(reason=reason), origin="manager")
         if not await self.commit_batch(batch):
             self._end_requested = False  # not recorded: the reaper asks again

@@ -16,12 +16,14 @@ from collections.abc import Callable
 
 from msgspec import UNSET
 
+from duplex_server.audio import pcm16_rms
 from duplex_server.sessions.core.commands import next_user_item_id
 from duplex_server.sessions.core.config import SERVED_BY_SERVER_VAD
 from duplex_server.sessions.core.heard import (
     DeferredTurnDue,
     HeardCommand,
     InputTrimmed,
+    OverlapHinted,
     OverlapResolved,
     PartialHeard,
     RemarkDropped,
@@ -36,7 +38,7 @@ from duplex_server.sessions.core.model_port import (
 )
 from duplex_server.sessions.core.records import AudioBody
 from duplex_server.sessions.core.state import SessionState
-from duplex_server.sessions.core.turns import Overlap, Transition, VadGate
+from duplex_server.sessions.core.turns import HintedOverlap, Overlap, Transition, VadGate
 from duplex_server.sessions.runtime import mailbox as mb
 from protocol.errors import ProtocolError
 from protocol.session_config import TurnDetection
@@ -54,6 +56,7 @@ class Hearing:
         self._post = post
         self._vad: VadTracker | None = None  # server VAD under the current settings
         self._overlap: Overlap | None = None  # user speech over the current answer
+        self._hinted: HintedOverlap | None = None  # the same, without server VAD
         self._reply_pending = False  # a turn deferred (listen_only) until the answer ends
         # Partial transcripts of the speech going on: the task in flight, how much
         # audio the last one covered, and what the client was told (for which item).
@@ -84,8 +87,12 @@ class Hearing:
             self._vad = None
             return []
         origin_ms = state.input.end_ms - audio.duration_ms
-        if self._vad is None or self._vad.settings != detection:
-            self._vad = VadTracker(detection, listening.open_scorer(), origin_ms)
+        barge_in_ms = state.config.overlap_barge_in_ms
+        if self._vad is None or (self._vad.settings, self._vad.barge_in_ms) != (
+            detection,
+            barge_in_ms,
+        ):
+            self._vad = VadTracker(detection, listening.open_scorer(), origin_ms, barge_in_ms)
         return await self._vad.hear(audio.pcm, audio.sample_rate_hz)
 
     def decide(self, state: SessionState, transition: Transition) -> HeardCommand | None:
@@ -106,6 +113,34 @@ class Hearing:
         if transition.kind == "speech_sustained":
             return self._resolve_overlap(state, transition, detection)
         return self._end_of_speech(state, transition, detection)
+
+    def overlap_hints(self, state: SessionState, audio: AudioBody) -> HeardCommand | None:
+        """Without server VAD, speech over the answer is judged chunk by
+        chunk from what the client says of it (its hints), else from the
+        audio's energy against ``overlap_silence_rms``."""
+        config = state.config
+        response = state.response
+        served = config.turn_detection is not None and self._vad is not None
+        if served or response is None:
+            return None
+        if self._hinted is None or (self._hinted.short_ack_ms, self._hinted.barge_in_ms) != (
+            config.overlap_short_ack_ms,
+            config.overlap_barge_in_ms,
+        ):
+            self._hinted = HintedOverlap(config.overlap_short_ack_ms, config.overlap_barge_in_ms)
+        speech = audio.is_speech
+        if speech is None:
+            speech = pcm16_rms(audio.pcm) >= config.overlap_silence_rms
+        decided = self._hinted.push(
+            response.id,
+            audio.duration_ms,
+            speech,
+            audio.overlap_hint,  # type: ignore[arg-type]  # validated at the edge
+            self._may_barge_in(state, None),
+        )
+        if decided is None:
+            return None
+        return OverlapHinted(decided[0], decided[1], response.id)
 
     def after_audio(self, state: SessionState) -> HeardCommand | None:
         """Once the chunk's transitions are applied: trim the silence kept
@@ -182,13 +217,13 @@ class Hearing:
 
         self._partial_task = asyncio.get_running_loop().create_task(transcribe())
 
-    def _may_barge_in(self, state: SessionState, detection: TurnDetection) -> bool:
+    def _may_barge_in(self, state: SessionState, detection: TurnDetection | None) -> bool:
         """OpenAI's endpoint cuts the answer when speech starts, as OpenAI does
         and its clients expect (Pipecat stops playing at ``speech_started``);
         the duplex wire waits for sustained speech and drops short remarks."""
         return (
             state.config.overlap_policy == "barge_in_on_speech"
-            and detection.interrupt_response is not False
+            and (detection is None or detection.interrupt_response is not False)
             and self._model.capabilities.supports_barge_in
         )
 
@@ -221,10 +256,13 @@ class VadTracker:
     """A session's scorer (the model's, stateful) and gate under one set of
     settings; new settings start a new tracker."""
 
-    def __init__(self, settings: TurnDetection, scorer: SpeechScorer, origin_ms: float) -> None:
+    def __init__(
+        self, settings: TurnDetection, scorer: SpeechScorer, origin_ms: float, barge_in_ms: float
+    ) -> None:
         self.settings = settings
+        self.barge_in_ms = barge_in_ms
         self._scorer = scorer
-        self._gate = VadGate(settings, scorer.window_ms)
+        self._gate = VadGate(settings, scorer.window_ms, barge_in_ms)
         self._origin_ms = origin_ms  # input timeline position of the scorer's 0
 
     async def hear(self, pcm16: bytes, sample_rate_hz: int) -> list[Transition]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from duplex_server.sessions.core.commands import check_session_patch
 from duplex_server.sessions.core.config import merge_config
+from duplex_server.sessions.core.gates import refuse_unsupported
 from duplex_server.sessions.core.model_port import ModelPort
 from duplex_server.sessions.core.records import Record
 from duplex_server.sessions.core.state import fold, initial_state
@@ -94,7 +95,7 @@ class SessionManager:
         live sessions at once; ``address``: the client's, which may hold
         ``address_quota`` (0: only the server's cap applies). A detached
         session waiting for its resume counts: closing sockets frees no slot."""
-        if len(self.actors) >= self.settings.max_sessions:
+        if self.at_capacity:
             raise ProtocolError(
                 "resource_exhausted",
                 f"server is at capacity ({self.settings.max_sessions} sessions); retry later",
@@ -129,6 +130,24 @@ class SessionManager:
             self.settings.on_open()
         return actor
 
+    @property
+    def at_capacity(self) -> bool:
+        """Whether admission is full: a new session would be refused."""
+        return len(self.actors) >= self.settings.max_sessions
+
+    async def unready(self) -> list[str]:
+        """Why this replica should be sent no new sessions now (empty: it is
+        ready): its store does not answer, its model cannot take a session,
+        or admission is full. Resumes of its own sessions may still land."""
+        reasons = []
+        if not await self.log.ping():
+            reasons.append("store_unreachable")
+        if not self.model.loaded:
+            reasons.append("model_not_loaded")
+        if self.at_capacity:
+            reasons.append("admission_full")
+        return reasons
+
     def check_opening_patch(self, patch: SessionUpdate) -> None:
         """Raise what opening a session with ``patch`` would (a client
         secret's config is checked when it is minted, not when it is used)."""
@@ -139,6 +158,11 @@ class SessionManager:
     async def resume(
         self, attachment: Attachment, request: SessionResume, may_use: OwnerCheck = anyone
     ) -> SessionActor:
+        """Attach ``attachment`` to the session ``request`` names: its live
+        actor here, or one rebuilt from a shared log. A model without resume
+        refuses every resume first, whatever it names (``unsupported_session_resume``)."""
+        if (refusal := refuse_unsupported(request, self.model.capabilities)) is not None:
+            raise refusal
         actor = self.actors.get(request.session_id)
         if actor is not None:
             try:

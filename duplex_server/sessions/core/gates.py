@@ -1,0 +1,169 @@
+"""Which client events need which capability, and what an open session may
+not change: the gates, as tables.
+
+``GATES`` maps a client event type to the capabilities it needs; a model
+that lacks one has the event refused with the gate's code before any
+handler runs (``pipeline.step`` calls :func:`refuse_gated`), so a refused
+event adds nothing to the session. ``session.resume`` never reaches the
+step (the manager serves it), so the manager asks :func:`refuse_unsupported`.
+``IMMUTABLE_AFTER_OPEN`` says how a ``session.update`` changes each field a
+model may declare fixed (``Capabilities.immutable_after_open``), and what
+refusing it is called. Everything here is pure: the state, the event and the
+capabilities in, an error or None out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from msgspec import UNSET
+
+from duplex_server.sessions.core.state import SessionState
+from protocol import client_events as ce
+from protocol.capabilities import Capabilities
+from protocol.errors import ProtocolError
+from protocol.session_config import SessionUpdate
+
+
+@dataclass(frozen=True)
+class Gate:
+    """An event needs ``capability`` (a :class:`Capabilities` field: true, or
+    holding ``needs`` when it is a list); refused with ``code`` and ``param``.
+    ``when``: only events it says yes to are gated (None: all of the type)."""
+
+    capability: str
+    code: str = "capability_unsupported"
+    param: str = "type"
+    needs: str | None = None
+    when: Callable[[Any], bool] | None = None
+
+    def offered(self, capabilities: Capabilities) -> bool:
+        value = getattr(capabilities, self.capability)
+        return self.needs in value if self.needs is not None else bool(value)
+
+
+def _truncates(event: ce.PlaybackAck) -> bool:
+    return event.truncate
+
+
+_CLIENT_COMMIT = (Gate("supports_client_commit"),)
+
+GATES: dict[type[ce.ClientEvent], tuple[Gate, ...]] = {
+    ce.SessionResume: (Gate("supports_session_resume", "unsupported_session_resume"),),
+    ce.InputAudioAppend: (Gate("supports_input_append"),),
+    ce.InputTextAppend: (Gate("input_modes", "native_text_append_unsupported", needs="text"),),
+    ce.InputAudioCommit: _CLIENT_COMMIT,
+    ce.InputCommit: _CLIENT_COMMIT,
+    # turn.signal's one event is a barge-in: an external signal that cuts the answer.
+    ce.TurnSignal: (Gate("supports_external_turn_signal"), Gate("supports_barge_in")),
+    ce.BargeIn: (Gate("supports_barge_in"),),
+    ce.ItemTruncate: (Gate("supports_audio_truncate"),),
+    ce.PlaybackAck: (
+        Gate("supports_playback_ack"),
+        Gate("supports_audio_truncate", param="truncate", when=_truncates),
+    ),
+}
+
+
+def refuse_unsupported(event: ce.ClientEvent, capabilities: Capabilities) -> ProtocolError | None:
+    """The refusal of ``event`` if it needs a capability the model lacks."""
+    for gate in GATES.get(type(event), ()):
+        if gate.when is not None and not gate.when(event):
+            continue
+        if not gate.offered(capabilities):
+            tag = type(event).__struct_config__.tag
+            what = f"{gate.capability} with {gate.needs!r}" if gate.needs else gate.capability
+            return ProtocolError(
+                gate.code,
+                f"this model does not support {tag} (capabilities.{what} is not offered)",
+                param=gate.param,
+                event_id=event.event_id,
+            )
+    return None
+
+
+# --- fields fixed once the session is open -----------------------------------
+
+
+@dataclass(frozen=True)
+class Immutable:
+    """``changed(state, patch)``: the param a patch changes the field by
+    (None: it leaves it be); refused with ``code``."""
+
+    code: str
+    changed: Callable[[SessionState, SessionUpdate], str | None]
+
+
+def _model_changed(state: SessionState, patch: SessionUpdate) -> str | None:
+    if isinstance(patch.model, str) and patch.model != state.config.model:
+        return "session.model"
+    return None
+
+
+def _audio_started(state: SessionState) -> bool:
+    """Whether the assistant has spoken in this session: a response made
+    audio, or the conversation holds assistant audio."""
+    responses = (state.response, state.last_response)
+    if any(r is not None and r.playback.generated_ms > 0 for r in responses):
+        return True
+    return any(
+        item.role == "assistant" and any(part.audio_ms > 0 for part in item.parts)
+        for item in state.items
+    )
+
+
+def _voice_changed_after_audio(state: SessionState, patch: SessionUpdate) -> str | None:
+    named: list[tuple[object, str]] = [(patch.voice, "session.voice")]
+    if patch.audio is not UNSET and patch.audio.output is not UNSET:
+        named.append((patch.audio.output.voice, "session.audio.output.voice"))
+    for voice, param in named:
+        if isinstance(voice, str) and voice != state.config.voice and _audio_started(state):
+            return param
+    return None
+
+
+def _instructions_changed(state: SessionState, patch: SessionUpdate) -> str | None:
+    if isinstance(patch.instructions, str) and patch.instructions != state.config.instructions:
+        return "session.instructions"
+    return None
+
+
+IMMUTABLE_AFTER_OPEN: dict[str, Immutable] = {
+    "model": Immutable("model_update_unsupported", _model_changed),
+    "voice": Immutable("voice_update_after_audio_unsupported", _voice_changed_after_audio),
+    "instructions": Immutable("instructions_update_unsupported", _instructions_changed),
+}
+
+
+def refuse_immutable_change(
+    state: SessionState, event: ce.SessionUpdateEvent, capabilities: Capabilities
+) -> ProtocolError | None:
+    """The refusal of a session.update that changes a field the model fixed
+    at open; sending a field's current value again is no change."""
+    for name in capabilities.immutable_after_open:
+        rule = IMMUTABLE_AFTER_OPEN[name]
+        if (param := rule.changed(state, event.session)) is not None:
+            return ProtocolError(
+                rule.code,
+                f"this model cannot change {param} of an open session",
+                param=param,
+                event_id=event.event_id,
+            )
+    return None
+
+
+def refuse_gated(
+    state: SessionState, command: object, capabilities: Capabilities
+) -> ProtocolError | None:
+    """What ``pipeline.step`` asks before the handler: the refusal of a
+    client event the model cannot serve (None for anything else, and for
+    the server's own commands, which are not gated here)."""
+    if not isinstance(command, ce.ClientEvent):
+        return None
+    if (refusal := refuse_unsupported(command, capabilities)) is not None:
+        return refusal
+    if isinstance(command, ce.SessionUpdateEvent):
+        return refuse_immutable_change(state, command, capabilities)
+    return None
