@@ -376,7 +376,8 @@ def test_output_clear_names_the_response_it_cuts():
     active = session.state.response.id
     session.send({"type": "output_audio_buffer.clear", "response_id": active})
     assert session.state.response is None
-    assert session.events[-1]["response_id"] == active
+    cleared = next(e for e in session.events if e["type"] == "output_audio_buffer.cleared")
+    assert cleared["response_id"] == active
 
 
 def test_an_input_image_keeps_its_url():

@@ -101,7 +101,9 @@ def test_openai_semantics_cut_the_answer_when_speech_starts():
     assert effects.abort == [response_id]
     cut = session.events[session.events.index("input_audio_buffer.speech_started") :]
     assert cut[:2] == ["input_audio_buffer.speech_started", "overlap.decision"]
-    assert "response.done" in cut and cut[-1] == "output_audio_buffer.cleared"
+    assert "response.done" in cut
+    # the cut, then the floor: a barge-in, and the user speaking
+    assert cut[-3:] == ["output_audio_buffer.cleared", "turn.event", "turn.event"]
     # already resolved: sustained speech decides nothing more
     assert hearing.decide(session.state, Transition("speech_sustained", 5400.0)) is None
 
@@ -116,7 +118,8 @@ def test_a_short_remark_is_dropped_and_the_answer_goes_on():
     session.run(dropped)
     assert session.state.response is not None and session.state.response.id == response_id
     assert not session.state.input.chunks  # the remark is not a turn
-    assert session.events[-2:] == ["overlap.decision", "input_audio_buffer.cleared"]
+    # the answer has the floor again once the remark stops
+    assert session.events[-3:] == ["overlap.decision", "input_audio_buffer.cleared", "turn.event"]
 
 
 def test_listen_only_defers_the_turn_until_the_answer_ends():
@@ -170,13 +173,14 @@ def test_a_failed_recognition_is_told_before_the_turn_it_spoils():
     failure = ProtocolError("engine_error", "recogniser crashed")
     ctx = HandlerContext(MODEL, transcription_error=failure)
     session.run(TurnEnded(300.0, response_create=False), ctx)
-    assert session.events[-6:] == [
+    assert session.events[-7:] == [
         "error",
         "input_audio_buffer.speech_stopped",
         "conversation.item.added",
         "conversation.item.created",
         "input_audio_buffer.committed",
         "conversation.item.done",
+        "turn.event",  # user_committed: the turn waits for its answer
     ]
     assert session.state.items[-1].role == "user" and session.state.response is None
     assert session.refold() == session.state
@@ -199,5 +203,5 @@ def test_a_second_turn_in_the_same_append_stops_without_an_empty_commit():
     session.run(second)
     assert not session.state.user_speaking
     assert len(session.state.items) == committed
-    assert session.events[-1] == "input_audio_buffer.speech_stopped"
+    assert session.events[-2:] == ["input_audio_buffer.speech_stopped", "turn.event"]
     assert session.refold() == session.state

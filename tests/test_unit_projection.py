@@ -20,6 +20,7 @@ WEATHER = FunctionCallPart(call_id="call_1", name="get_weather", arguments='{"ci
 def project(state: SessionState, log: list[Record], outputs: list[UnitOutput]) -> list[dict]:
     batch = Batch(state, MODEL.capabilities, 1000 + len(log), None)
     project_unit_outputs(batch, outputs, lambda response_id: None)
+    batch.settle()  # as the actor does before it appends
     log.extend(batch.records)
     return [msgspec.json.decode(payload) for _, payload in batch.outbound]
 
@@ -63,7 +64,8 @@ def test_a_tool_call_is_a_function_call_item_of_its_response():
 def test_a_tool_call_alone_opens_a_response():
     state, log = initial_state("sess_proj0002", MODEL.name, ()), []
     events = project(state, log, [UnitOutput(function_call=WEATHER)])
-    assert [e["type"] for e in events][0] == "turn.event"
+    # the floor changed hands: told once, after the batch's other events
+    assert (events[-1]["type"], events[-1]["event"]) == ("turn.event", "assistant_generating")
     assert state.response is not None and state.response.call_item_ids == [state.items[-1].id]
     second = FunctionCallPart(call_id="call_2", name="get_time", arguments="{}")
     events = project(state, log, [UnitOutput(function_call=second), UnitOutput(decision="yield")])

@@ -42,5 +42,18 @@ TEXT_CLOSE = [
 ]
 
 
+# Who has the floor, told once at the end of each batch that changed it: the
+# assistant generating once the answer opens, playing once its audio goes out.
+TURN_EVENT = "turn.event"
+
+
+def answer_audio(chunks: int) -> list[str]:
+    """An answer's audio chunks; the floor passes to the playing assistant
+    after the first."""
+    if not chunks:
+        return []
+    return AUDIO_CHUNK + [TURN_EVENT] + AUDIO_CHUNK * (chunks - 1)
+
+
 def full_turn(chunks: int) -> list[str]:
-    return COMMIT_FANOUT + RESPONSE_OPEN + AUDIO_CHUNK * chunks + RESPONSE_CLOSE
+    return COMMIT_FANOUT + RESPONSE_OPEN + [TURN_EVENT] + answer_audio(chunks) + RESPONSE_CLOSE

@@ -175,6 +175,8 @@ async def test_commit_all_on_done(server):
     )
     await client.expect("session.updated")
     response = await answered_turn(client)
+    # All of it counts as played at response.done: the floor is free.
+    assert (await client.expect("turn.event"))["event"] == "idle"
     item = assistant_item(server, response["output"][0]["id"])
     assert item.history_ms == 300.0
     await client.send({"type": "playback.ack", "played_ms": 100})

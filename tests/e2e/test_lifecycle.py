@@ -13,6 +13,8 @@ from tests.e2e.sequences import (
     RESPONSE_CLOSE,
     RESPONSE_OPEN,
     TEXT_CLOSE,
+    TURN_EVENT,
+    answer_audio,
     full_turn,
 )
 from tests.wsclient import WsClient, tone_pcm16, types_of
@@ -60,6 +62,18 @@ async def test_full_turn_in_documented_order(server):
     assert done["status"] == "completed"
     assert done["output"][0]["id"] == f"item_{done['id']}"
     assert done["duplex"]["playback"]["generated_ms"] == 300.0
+    # turn.event: the floor passes to the assistant, which plays its answer
+    # until the client says it played all of it; then nobody holds it
+    assert [e["event"] for e in events if e["type"] == TURN_EVENT] == [
+        "assistant_generating",
+        "assistant_playing",
+    ]
+    await client.send({"type": "playback.ack", "played_ms": 150.0})
+    assert types_of(await client.recv_until("playback.acknowledged")) == ["playback.acknowledged"]
+    await client.send({"type": "playback.ack", "played_ms": 300.0})
+    acked = await client.recv_until(TURN_EVENT)
+    assert types_of(acked) == ["playback.acknowledged", TURN_EVENT]
+    assert acked[-1]["event"] == "idle"
 
 
 async def test_text_input_becomes_transcript_and_answer(server):
@@ -94,7 +108,10 @@ async def test_text_modality_streams_text(server):
         "response.content_part.added",
     ]
     text = ["response.output_text.delta", "response.text.delta"]
-    assert types_of(events) == COMMIT_FANOUT + open_ + text * 2 + TEXT_CLOSE
+    assert types_of(events) == COMMIT_FANOUT + open_ + [TURN_EVENT] + text * 2 + TEXT_CLOSE
+    assert events[len(COMMIT_FANOUT + open_)]["event"] == "assistant_generating"
+    # no audio to play: the floor is free once the answer is done
+    assert (await client.expect(TURN_EVENT))["event"] == "idle"
 
 
 async def test_declared_silence_is_listen(server):
@@ -114,9 +131,10 @@ async def test_deferred_commit_then_response_create(server):
     fanout = await client.recv_until("conversation.item.done")
     assert types_of(fanout) == COMMIT_FANOUT
     assert fanout[2]["event"]["response_create_deferred"] is True
+    assert (await client.expect(TURN_EVENT))["event"] == "user_committed"
     await client.send({"type": "response.create"})
     events = await client.recv_until("rate_limits.updated")
-    assert types_of(events) == RESPONSE_OPEN + AUDIO_CHUNK + RESPONSE_CLOSE
+    assert types_of(events) == RESPONSE_OPEN + [TURN_EVENT] + answer_audio(1) + RESPONSE_CLOSE
 
 
 async def test_response_create_without_input(server):
@@ -156,15 +174,15 @@ async def test_response_cancel_fences_stale_output(server):
     response = await start_long_response(client)
     await client.send({"type": "response.cancel"})
     events = await client.recv_until("rate_limits.updated")
-    tail = [t for t in types_of(events) if t not in AUDIO_CHUNK]
+    tail = [t for t in types_of(events) if t not in AUDIO_CHUNK and t != TURN_EVENT]
     assert tail == RESPONSE_CLOSE
     done = events[-2]["response"]
     assert done["id"] == response["id"]
     assert done["status"] == "cancelled" and done["duplex"]["reason"] == "client_cancelled"
     assert done["output"][0]["status"] == "incomplete"
     quiet = await assert_quiet(client)
-    assert types_of(quiet) == ["session.heartbeat_ack"]
-    assert quiet[0]["epoch"] == 1
+    assert types_of(quiet) == [TURN_EVENT, "session.heartbeat_ack"]
+    assert quiet[0]["event"] == "idle" and quiet[1]["epoch"] == 1
 
 
 async def test_cancel_without_response_is_an_error(server):
@@ -184,7 +202,8 @@ async def test_output_audio_buffer_clear(server):
     done = next(e for e in events if e["type"] == "response.done")["response"]
     assert done["duplex"]["reason"] == "output_cleared"
     assert events[-1]["response_id"] == response["id"] and events[-1]["epoch"] == 1
-    assert types_of(await assert_quiet(client)) == ["session.heartbeat_ack"]
+    quiet = await assert_quiet(client)
+    assert [e.get("event") for e in quiet] == ["idle", None]  # the floor, then the ack
 
 
 async def test_barge_in_both_spellings(server):
@@ -199,7 +218,9 @@ async def test_barge_in_both_spellings(server):
         assert done["status"] == "cancelled"
         assert done["duplex"]["reason"] == "barge_in"
         assert events[-1]["epoch"] == epoch
-        assert types_of(await assert_quiet(client)) == ["session.heartbeat_ack"]
+        quiet = await assert_quiet(client)
+        assert types_of(quiet) == [TURN_EVENT, TURN_EVENT, "session.heartbeat_ack"]
+        assert [e["event"] for e in quiet[:2]] == ["barge_in", "idle"]
 
 
 async def test_input_cancel_and_clear(server):

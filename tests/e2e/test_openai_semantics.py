@@ -228,6 +228,7 @@ async def test_response_overrides_in_the_ga_spelling(server):
     await client.append(tone_pcm16(200))
     await client.send({"type": "input_audio_buffer.commit", "response_create": False})
     await client.recv_until("conversation.item.done")
+    assert (await client.expect("turn.event"))["event"] == "user_committed"
     refused = [
         ({"conversation": "none"}, "response.conversation"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "response.input"),

@@ -229,6 +229,7 @@ async def test_retried_event_id_applies_once_and_is_answered(server):
     )
     events = await client.recv_until("conversation.item.done")
     assert events[2]["event"]["audio_ms"] == 100.0
+    assert (await client.expect("turn.event"))["event"] == "user_committed"  # not answered yet
     landed = next(
         r.seq
         for r in await server.app.state.log.read(created["session"]["id"])

@@ -38,7 +38,11 @@ async def test_the_model_takes_the_floor_on_its_schedule(server):
     assert "input_audio_buffer.committed" not in types_of(events)
     expected = RESPONSE_OPEN + AUDIO_CHUNK * SPEAK_UNITS + RESPONSE_CLOSE
     # up to response.done: the rate_limits.updated that closes RESPONSE_CLOSE comes after it
-    assert types_of(events)[types_of(events).index("response.created") :] == expected[:-1]
+    answer = events[types_of(events).index("response.created") :]
+    assert [t for t in types_of(answer) if t != "turn.event"] == expected[:-1]
+    # the floor changes hands as turn.events: once the first unit's audio went out
+    phases = [e["event"] for e in answer if e["type"] == "turn.event"]
+    assert phases == ["assistant_playing"]
     done = events[-1]["response"]
     assert done["status"] == "completed"
     audio = b"".join(
@@ -47,12 +51,16 @@ async def test_the_model_takes_the_floor_on_its_schedule(server):
     assert len(audio) == SPEAK_UNITS * 24_000 * UNIT_MS // 1000 * 2  # one unit of tone each
     transcript = next(e for e in events if e["type"] == "response.output_audio_transcript.done")
     assert transcript["transcript"] == " ".join(WORDS[:SPEAK_UNITS])
-    # the floor changes hands as turn.events; giving it back is a listen decision
-    taken = events[types_of(events).index("response.created") - 1]
-    assert (taken["type"], taken["event"]) == ("turn.event", "assistant_generating")
-    after = [e for e in await client.recv_until("turn.event") if e["type"] != "rate_limits.updated"]
-    assert types_of(after) == ["response.listen", "turn.event"]
-    assert after[0]["reason"] == "model_end_of_turn" and after[1]["event"] == "idle"
+    # giving the floor back is a listen decision; the client still plays the
+    # answer until it says it played all of it, then the floor is free
+    after = await client.recv_until("response.listen")
+    assert after[-1]["reason"] == "model_end_of_turn"
+    await client.send(
+        {"type": "playback.ack", "played_ms": SPEAK_UNITS * UNIT_MS, "response_id": done["id"]}
+    )
+    acked = await client.recv_until("turn.event")
+    assert types_of(acked) == ["playback.acknowledged", "turn.event"]
+    assert acked[-1]["event"] == "idle"
 
 
 async def test_the_model_yields_when_the_user_talks_over_it(server):

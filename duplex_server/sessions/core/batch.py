@@ -8,11 +8,18 @@ the log; if the log refuses it, the actor refolds its state from the log.
 
 from __future__ import annotations
 
-from duplex_server.sessions.core.records import AnyBody, Origin, OutBody, Record, server_event_id
-from duplex_server.sessions.core.state import SessionState, apply
+from duplex_server.sessions.core.records import (
+    AnyBody,
+    FenceBody,
+    Origin,
+    OutBody,
+    Record,
+    server_event_id,
+)
+from duplex_server.sessions.core.state import SessionState, apply, turn_phase
 from protocol.capabilities import Capabilities
 from protocol.codec import encode_server_event
-from protocol.server_events import ServerEvent
+from protocol.server_events import ServerEvent, TurnEvent
 
 
 class Batch:
@@ -37,6 +44,8 @@ class Batch:
         self.answers = event_id
         self._event_id = event_id
         self._event_digest = event_digest
+        self._phase = turn_phase(state)  # as the last turn.event told it
+        self._settled = 0  # records already looked at by settle()
 
     def fact(self, body: AnyBody, origin: Origin = "client") -> Record:
         # The client's event_id rides on the first record only: that is the
@@ -57,6 +66,24 @@ class Batch:
         apply(self.state, record)
         self.records.append(record)
         return record
+
+    def settle(self) -> None:
+        """Tell who has the floor now, if the batch changed it: one
+        ``turn.event`` after everything else the batch says (a barge-in is
+        told first, as what happened, then the phase it left). Idempotent:
+        the step and the actor's append both call it. Nothing follows the
+        ``session.closed`` of a closing batch."""
+        state = self.state
+        if state.closed_reason is not None:
+            return
+        fresh, self._settled = self.records[self._settled :], len(self.records)
+        if any(isinstance(r.body, FenceBody) and r.body.reason == "barge_in" for r in fresh):
+            self.emit(TurnEvent(event="barge_in", turn_id=state.turn_id, epoch=state.epoch))
+        phase = turn_phase(state)
+        if phase != self._phase:
+            self._phase = phase
+            self.emit(TurnEvent(event=phase, turn_id=state.turn_id, epoch=state.epoch))
+        self._settled = len(self.records)
 
     def reply(self, event: ServerEvent) -> None:
         """Answer the socket that asked, and no other: PROTOCOL.md's

@@ -45,7 +45,9 @@ def step(
     if (refusal := refuse_gated(state, command, ctx.model.capabilities)) is not None:
         raise refusal
     batch = Batch(state, ctx.model.capabilities, now_ms, event_id, digest)
-    return batch, HANDLERS[type(command)](batch, command, ctx)
+    effects = HANDLERS[type(command)](batch, command, ctx)
+    batch.settle()
+    return batch, effects
 
 
 def event_digest(event: msgspec.Struct) -> str:

@@ -53,7 +53,6 @@ from protocol.server_events import (
     ResponseStatusDetails,
     ServerEvent,
     StatusError,
-    TurnEvent,
 )
 
 # Our finer cause of a response's end -> the nearest reason OpenAI defines
@@ -333,15 +332,14 @@ def project_unit_outputs(
     model decides the floor per unit: ``speak`` (or the first audio or text)
     opens a response and holds it open across units; ``end_of_turn`` (or
     ``listen`` while speaking) completes it; ``yield`` ends it cut short;
-    each change of the floor is a ``turn.event``, and giving it back a
-    logged listen decision (``response.listen``). ``listen`` while listening
+    each change of the floor is a ``turn.event`` (``Batch.settle``), and
+    giving it back a logged listen decision (``response.listen``). ``listen`` while listening
     changes nothing and is not logged (it comes every unit).
     ``encoder_for(response_id)``: the stream encoder of formats with state."""
     for output in outputs:
         response = batch.state.response
         produced = bool(output.audio or output.text or output.function_call)
         if response is None and (output.decision == "speak" or produced):
-            _turn_event(batch, "assistant_generating")
             response = start_response(batch)
         if response is not None and (output.audio or output.text):
             chunk = ModelChunk(
@@ -353,17 +351,9 @@ def project_unit_outputs(
         if response is not None and output.decision in ("end_of_turn", "listen"):
             finish_response(batch, "completed")
             listen(batch, "model_end_of_turn")
-            _turn_event(batch, "idle")
         elif response is not None and output.decision == "yield":
             finish_response(batch, "cancelled", "model_yield")
             listen(batch, "model_yield")
-            _turn_event(batch, "user_speaking")
-
-
-def _turn_event(batch: Batch, event: str) -> None:
-    """Who has the floor now, as the model decided it."""
-    state = batch.state
-    batch.emit(TurnEvent(event=event, turn_id=state.turn_id, epoch=state.epoch))
 
 
 def advance_epoch(batch: Batch, reason: FenceReason) -> None:

@@ -8,7 +8,7 @@ what keeps a live actor and a from-scratch refold byte-for-byte equal.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -90,6 +90,8 @@ class SessionState(msgspec.Struct):
     response_count: int = 0
     item_count: int = 0
     listen_count: int = 0
+    # A committed user turn no answer or listen decision has taken up yet.
+    turn_pending: bool = False
     user_speaking: bool = False  # server VAD: between speech_started and speech_stopped
     lease: Lease = msgspec.field(default_factory=Lease)
     # event_id -> (seq, digest) of the record it landed as, oldest first.
@@ -108,6 +110,36 @@ class SessionState(msgspec.Struct):
             if response is not None and (response_id is None or response.id == response_id):
                 return response
         return None
+
+
+TurnPhase = Literal[
+    "idle", "user_speaking", "user_committed", "assistant_generating", "assistant_playing"
+]
+
+
+def turn_phase(state: SessionState) -> TurnPhase:
+    """Who has the floor, as ``turn.event`` tells it: the user speaking
+    (server VAD, or a native model yielded to them), a committed turn
+    waiting for its answer, the assistant generating (nothing sent yet) or
+    playing (audio sent; after the answer is complete, until the client
+    acknowledges playing all of it, where playback is acknowledged), or
+    nobody."""
+    if state.user_speaking:
+        return "user_speaking"
+    if (response := state.response) is not None:
+        return "assistant_playing" if response.playback.sent_ms > 0 else "assistant_generating"
+    if state.turn_pending:
+        return "user_committed"
+    last = state.last_response
+    if last is not None and last.reason == "model_yield":
+        return "user_speaking"  # a native model gave the floor to a user who talks
+    playing = (
+        last is not None
+        and last.status == "completed"
+        and state.config.playback_commit_policy == "ack_only"
+        and last.playback.played_ms + 1e-6 < last.playback.generated_ms
+    )
+    return "assistant_playing" if playing else "idle"
 
 
 def initial_state(
@@ -188,6 +220,7 @@ def _commit(state: SessionState, body: CommitBody, seq: int) -> None:
         state.items.append(Item(id=body.item_id, role="user", parts=parts))
         state.item_count += 1
         state.turn_id += 1
+        state.turn_pending = True
     state.input = InputBuffer(end_ms=buf.end_ms)
 
 
@@ -268,7 +301,9 @@ def _fence(state: SessionState, body: FenceBody, seq: int) -> None:
 def _decision(state: SessionState, body: DecisionBody, seq: int) -> None:
     if body.action == "listen":
         state.listen_count += 1
+        state.turn_pending = False
     elif body.action == "speak":
+        state.turn_pending = False
         _start_response(state, body)
     elif body.action == "response_done":
         _finish_response(state, body)

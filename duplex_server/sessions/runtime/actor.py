@@ -447,6 +447,7 @@ class SessionActor:
 
     async def commit_batch(self, batch: Batch) -> bool:
         """Append the batch; on refusal restore the state from the log."""
+        batch.settle()  # the floor's change, for batches built outside the step
         if not batch.records:
             return True
         try:
