@@ -24,6 +24,7 @@ from protocol.session_config import (
     Tool,
     ToolChoice,
     TracingConfig,
+    Truncation,
 )
 
 
@@ -112,6 +113,7 @@ class SessionObject(msgspec.Struct):
     metadata: dict[str, str] | None = None
     include: list[str] | None = None
     prompt: PromptReference | None = None
+    truncation: Truncation | None = None
     response_format: str | None = None
     object: str = "realtime.session"
     type: str = "realtime"  # GA's session kind; beta clients ignore it

@@ -41,6 +41,9 @@ class TurnDetection(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     eagerness: Eagerness | UnsetType = UNSET
     # vLLM-Omni: speech shorter than this is not a turn (a cough, a click).
     min_speech_duration_ms: NonNegInt | UnsetType = UNSET
+    # OpenAI's: a timeout when no audio follows; not served, so only null is
+    # taken (config.py refuses a value by name).
+    idle_timeout_ms: NonNegInt | None | UnsetType = UNSET
 
 
 class ServerTurnDetection(TurnDetection, omit_defaults=False, forbid_unknown_fields=False):
@@ -146,6 +149,22 @@ Metadata = Annotated[
 Include = Literal["item.input_audio_transcription.logprobs"]
 
 
+class TokenLimits(msgspec.Struct, omit_defaults=True):
+    post_instructions: NonNegInt | UnsetType = UNSET
+
+
+class RetentionRatio(msgspec.Struct, omit_defaults=True):
+    """GA's truncation by retention ratio: stored and echoed (no model here
+    has a context window to overflow yet)."""
+
+    type: Literal["retention_ratio"]
+    retention_ratio: Unit
+    token_limits: TokenLimits | UnsetType = UNSET
+
+
+Truncation = Literal["auto", "disabled"] | RetentionRatio
+
+
 class Tool(msgspec.Struct, omit_defaults=True):
     type: Literal["function"] = "function"
     name: str = ""
@@ -213,6 +232,7 @@ class SessionUpdate(OverlapThresholds, omit_defaults=True):
     metadata: Metadata | None | UnsetType = UNSET
     include: list[Include] | None | UnsetType = UNSET
     prompt: PromptReference | None | UnsetType = UNSET
+    truncation: Truncation | UnsetType = UNSET
     response_format: Annotated[str, Meta(max_length=64)] | None | UnsetType = UNSET
     overlap_policy: OverlapPolicy | UnsetType = UNSET
     playback_commit_policy: PlaybackCommitPolicy | UnsetType = UNSET

@@ -13,6 +13,7 @@ import pytest
 
 from duplex_server.models import build_model
 from duplex_server.sessions.core.commands import HandlerContext
+from duplex_server.sessions.core.config import EffectiveConfig, merge_config
 from duplex_server.sessions.core.items import to_wire
 from duplex_server.sessions.core.pipeline import step
 from duplex_server.sessions.core.records import AudioBody, CloseBody
@@ -21,7 +22,7 @@ from duplex_server.sessions.core.turns import MIN_SPEECH_MS, VadGate
 from protocol import client_events as ce
 from protocol.codec import FrameDecoder
 from protocol.errors import ProtocolError
-from protocol.session_config import TurnDetection
+from protocol.session_config import SessionUpdate, TurnDetection
 from tests.wsclient import b64
 
 MODEL = build_model("echo")
@@ -136,6 +137,7 @@ STORED_AND_ECHOED = {
     "include": ["item.input_audio_transcription.logprobs"],
     "prompt": {"id": "pmpt_1", "version": "3", "variables": {"city": "Paris"}},
     "response_format": "pcm16",
+    "truncation": {"type": "retention_ratio", "retention_ratio": 0.8},
 }
 
 
@@ -165,6 +167,21 @@ def test_an_unknown_key_inside_turn_detection_is_refused_by_name():
         {"type": "session.update", "session": {"turn_detection": {"type": "server_vad", "sens": 1}}}
     )
     assert (error.code, error.param) == ("invalid_event", "session.turn_detection.sens")
+
+
+def test_openais_idle_timeout_is_taken_only_as_null():
+    vad = ("server_vad",)
+    config = EffectiveConfig(model="m")
+    served = merge_config(
+        config, SessionUpdate(turn_detection=TurnDetection(idle_timeout_ms=None)), vad
+    )
+    assert served.turn_detection is not None and served.turn_detection.idle_timeout_ms is None
+    with pytest.raises(ProtocolError) as refused:
+        merge_config(config, SessionUpdate(turn_detection=TurnDetection(idle_timeout_ms=5000)), vad)
+    assert (refused.value.code, refused.value.param) == (
+        "invalid_value",
+        "session.turn_detection.idle_timeout_ms",
+    )
 
 
 def test_unknown_top_level_fields_stay_tolerated():

@@ -20,6 +20,7 @@ EVERYTHING = {
     "include": ["item.input_audio_transcription.logprobs"],
     "prompt": {"id": "pmpt_1", "variables": {"name": "Ada"}},
     "response_format": "pcm16",
+    "truncation": {"type": "retention_ratio", "retention_ratio": 0.5},
 }
 
 
@@ -33,7 +34,14 @@ async def test_every_documented_field_is_echoed_in_each_dialect(server, events):
     assert session["duplex"]["output_format"]["rate"] == 22_050
     assert session["max_response_output_tokens"] == 200
     assert session["audio"]["input"]["noise_reduction"] == {"type": "near_field"}
-    stored = ("input_audio_noise_reduction", "tracing", "metadata", "include", "prompt")
+    stored = (
+        "input_audio_noise_reduction",
+        "tracing",
+        "metadata",
+        "include",
+        "prompt",
+        "truncation",
+    )
     for field in (*stored, "response_format"):
         assert session[field] == EVERYTHING[field], field
     assert session["tool_choice"] == "required"

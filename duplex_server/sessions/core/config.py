@@ -31,6 +31,7 @@ from protocol.session_config import (
     ToolChoice,
     ToolChoiceFunction,
     TracingConfig,
+    Truncation,
     TurnDetection,
 )
 
@@ -91,6 +92,7 @@ class EffectiveConfig(msgspec.Struct):
     metadata: dict[str, str] | None = None
     include: list[str] | None = None
     prompt: PromptReference | None = None
+    truncation: Truncation | None = None
     response_format: str | None = None
     # Opened on the plain OpenAI endpoint (not ?duplex=1): OpenAI's semantics
     # where the duplex wire differs, e.g. response.create with no input.
@@ -116,6 +118,12 @@ def _turn_detection(
 ) -> TurnDetection | None:
     if patch is None:
         return None
+    if isinstance(patch.idle_timeout_ms, int):
+        raise ProtocolError(
+            "invalid_value",
+            "turn_detection.idle_timeout_ms is not served: send null or leave it out",
+            param="session.turn_detection.idle_timeout_ms",
+        )
     served = "server_vad" in allowed and patch.type in SERVED_BY_SERVER_VAD
     if patch.type not in allowed and not served:
         offered = [*allowed, "semantic_vad"] if "server_vad" in allowed else list(allowed)
@@ -264,6 +272,7 @@ def merge_config(
         metadata=_set(patch.metadata, config.metadata),
         include=_set(patch.include, config.include),
         prompt=_set(patch.prompt, config.prompt),
+        truncation=_set(patch.truncation, config.truncation),
         response_format=_set(patch.response_format, config.response_format),
     )
 

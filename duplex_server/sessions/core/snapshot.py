@@ -118,5 +118,6 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
         metadata=cfg.metadata,
         include=cfg.include,
         prompt=cfg.prompt,
+        truncation=cfg.truncation,
         response_format=cfg.response_format,
     )
