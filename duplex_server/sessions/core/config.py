@@ -25,6 +25,7 @@ from protocol.session_config import (
     ExtraBody,
     InputTranscription,
     NoiseReduction,
+    OverlapThresholds,
     PromptReference,
     SessionUpdate,
     Tool,
@@ -255,18 +256,13 @@ def merge_config(
         auto_response=_set(extra.auto_response, config.auto_response),
         force_listen_count=_set(extra.force_listen_count, config.force_listen_count),
         chunk_delay_ms=_set(extra.chunk_delay_ms, config.chunk_delay_ms),
-        overlap_short_ack_ms=_set(
-            _first_set(patch.overlap_short_ack_ms, extra.overlap_short_ack_ms),
-            config.overlap_short_ack_ms,
-        ),
-        overlap_barge_in_ms=_set(
-            _first_set(patch.overlap_barge_in_ms, extra.overlap_barge_in_ms),
-            config.overlap_barge_in_ms,
-        ),
-        overlap_silence_rms=_set(
-            _first_set(patch.overlap_silence_rms, extra.overlap_silence_rms),
-            config.overlap_silence_rms,
-        ),
+        # the overlap thresholds, top level or under extra_body (top level wins)
+        **{
+            name: _set(
+                _first_set(getattr(patch, name), getattr(extra, name)), getattr(config, name)
+            )
+            for name in OverlapThresholds.__struct_fields__
+        },
         input_audio_noise_reduction=_set(noise_reduction, config.input_audio_noise_reduction),
         tracing=_set(patch.tracing, config.tracing),
         metadata=_set(patch.metadata, config.metadata),
