@@ -3,23 +3,37 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
-import logging
 import os
 import sys
+from collections.abc import Mapping
 
+from duplex_server import config_sources
 from duplex_server.config import ServerConfig, default_replica_id
+from duplex_server.log_format import LOG_FORMATS
 from duplex_server.models import MODEL_NAMES
 
 # Every serve flag's default is the server config's own: declared once, there.
 DEFAULTS = ServerConfig
 
 
-def _add_serve(sub: argparse._SubParsersAction) -> None:
+def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "serve",
         help="run the realtime server",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Every option is also read from the environment variable "
+        f"{config_sources.ENV_PREFIX}<OPTION> (--max-sessions: "
+        f"{config_sources.env_name('max_sessions')}) and from the --config file "
+        "(max_sessions = 100); a flag wins over the environment, the environment over "
+        "the file, the file over the default.",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="a TOML file of serve options, keys spelled like the options "
+        f"(max_sessions = 100); also {config_sources.env_name(config_sources.CONFIG_OPTION)}",
     )
     p.add_argument("--host", default=DEFAULTS.host, help="interface to listen on")
     p.add_argument("--port", type=int, default=DEFAULTS.port, help="TCP port to listen on")
@@ -241,6 +255,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         default=DEFAULTS.log_level,
         choices=["critical", "error", "warning", "info", "debug"],
     )
+    p.add_argument(
+        "--log-format",
+        default=DEFAULTS.log_format,
+        choices=LOG_FORMATS,
+        help="'text' for a terminal; 'json': one object a line (ts, level, logger, message, "
+        "session_id, response_id) for a log pipeline",
+    )
+    return p
 
 
 MIN_API_KEY_CHARS = 16
@@ -270,47 +292,9 @@ def _names(value: str) -> list[str]:
 def _config(args: argparse.Namespace) -> ServerConfig:
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         raise SystemExit("duplex-server: --ssl-certfile and --ssl-keyfile go together")
-    return ServerConfig(
-        host=args.host,
-        port=args.port,
-        store=args.store,
-        durability=args.durability,
-        model=args.model,
-        max_sessions=args.max_sessions,
-        idle_ttl_s=args.idle_ttl_s,
-        disconnect_grace_s=args.disconnect_grace_s,
-        max_frame_bytes=args.max_frame_bytes,
-        mailbox_size=args.mailbox_size,
-        max_input_realtime_factor=args.max_input_realtime_factor,
-        input_burst_ms=args.input_burst_ms,
-        max_session_media_bytes=args.max_session_media_bytes,
-        journal_max_events=args.journal_max_events,
-        journal_max_bytes=args.journal_max_bytes,
-        retain_audio=args.retain_audio,
-        retention_s=args.retention_s,
-        ended_sessions_kept=args.ended_sessions_kept,
-        api_key=args.api_key,
-        api_keys_file=args.api_keys_file,
-        header_timeout_s=args.header_timeout_s,
-        handshake_timeout_s=args.handshake_timeout_s,
-        max_connections_per_ip=args.max_connections_per_ip,
-        max_connection_rate_per_ip=args.max_connection_rate_per_ip,
-        max_sessions_per_ip=args.max_sessions_per_ip,
-        max_sessions_per_key=args.max_sessions_per_key,
-        allowed_origins=args.allowed_origins,
-        allowed_hosts=args.allowed_hosts,
-        ssl_certfile=args.ssl_certfile,
-        ssl_keyfile=args.ssl_keyfile,
-        replica_id=args.replica_id,
-        log_level=args.log_level,
-        ws_per_message_deflate=args.ws_per_message_deflate,
-        lease_ttl_ms=args.lease_ttl_ms,
-        store_retry_ms=args.store_retry_ms,
-        redis_prefix=args.redis_prefix,
-        asr_phrases=args.asr_phrases,
-        asr=args.asr,
-        tts=args.tts,
-    )
+    # Each serve option is the ServerConfig field of its name (a test holds this).
+    fields = {field.name for field in dataclasses.fields(ServerConfig)}
+    return ServerConfig(**{name: value for name, value in vars(args).items() if name in fields})
 
 
 def _tune_gc() -> None:
@@ -328,7 +312,7 @@ def _tune_gc() -> None:
 def serve(config: ServerConfig) -> None:
     import uvicorn
 
-    from duplex_server import redaction
+    from duplex_server import log_format, redaction
     from duplex_server.app import create_app
     from duplex_server.sessions.log.sqlite_store import StoreError
     from duplex_server.transport import uvicorn_config
@@ -337,12 +321,11 @@ def serve(config: ServerConfig) -> None:
         app = create_app(config)
     except (ValueError, StoreError) as exc:
         sys.exit(f"duplex-server: {redaction.redact(str(exc))}")
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s"
-    )
+    log_format.configure(config.log_level)
     _tune_gc()
     server = uvicorn.Server(uvicorn_config(app, config))
-    redaction.install()  # after uvicorn configured its loggers
+    log_format.install(config.log_format)  # after uvicorn configured its loggers
+    redaction.install()
     server.run()
 
 
@@ -405,16 +388,41 @@ def _audit(args: argparse.Namespace) -> None:
         sys.exit(f"duplex-server: no session {args.session} in {args.path}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The command line, and its ``serve`` part."""
     parser = argparse.ArgumentParser(prog="duplex-server", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_serve(sub)
+    serve_parser = _add_serve(sub)
     _add_audit(sub)
     _add_keys(sub)
     from duplex_server.bench.cli import add_bench
 
     add_bench(sub)
+    return parser, serve_parser
+
+
+def parse_args(argv: list[str] | None, environ: Mapping[str, str]) -> argparse.Namespace:
+    """The command line; for ``serve``, what no flag gives comes from the
+    environment, then from the ``--config`` file, then the defaults."""
+    parser, serve_parser = parsers()
     args = parser.parse_args(argv)
+    if args.command != "serve":
+        return args
+    try:
+        layered = config_sources.layered_defaults(serve_parser, args.config, environ)
+    except config_sources.ConfigSourceError as exc:
+        raise SystemExit(f"duplex-server: {exc}") from None
+    serve_parser.set_defaults(**layered)
+    return parser.parse_args(argv)  # again: now flags win over those defaults
+
+
+def serve_config(argv: list[str], environ: Mapping[str, str]) -> ServerConfig:
+    """What ``duplex-server serve ARGV`` would serve with, in ``environ``."""
+    return _config(parse_args(["serve", *argv], environ))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv, os.environ)
     if args.command == "serve":
         serve(_config(args))
     elif args.command in ("inspect", "replay"):

@@ -64,6 +64,7 @@ class ServerConfig:
     ssl_keyfile: str | None = None
     replica_id: str = field(default_factory=default_replica_id)
     log_level: str = "info"
+    log_format: str = "text"  # or json: one object a line (duplex_server.log_format)
     ws_per_message_deflate: bool = False
     lease_ttl_ms: int = 5000
     store_retry_ms: int = 1000

@@ -6,9 +6,8 @@ import numpy as np
 
 from duplex_server.audio.g711 import ALAW_TO_PCM16, ULAW_TO_PCM16, alaw_encode, ulaw_encode
 from duplex_server.audio.opus import OpusError, OpusStream, decode_packet
+from duplex_server.audio.resample import StreamResampler, resample_pcm16
 from protocol.audio_formats import G711_ALAW, G711_ULAW, OPUS, PCM16, PCM_F32LE, AudioFormat
-
-_LOWPASS_TAPS = 63
 
 
 class AudioDecodeError(ValueError):
@@ -45,8 +44,13 @@ def decode_to_pcm16(data: bytes, fmt: AudioFormat) -> bytes:
 
 
 def encode_from_pcm16(pcm: bytes, rate_hz: int, fmt: AudioFormat) -> bytes:
-    """Resample pcm16 at ``rate_hz`` to ``fmt`` and encode it."""
-    pcm = resample_pcm16(pcm, rate_hz, fmt.sample_rate_hz)
+    """Resample pcm16 at ``rate_hz`` to ``fmt`` and encode it, as a whole
+    signal (a stream of chunks goes through one :class:`StreamEncoder`)."""
+    return _encode(resample_pcm16(pcm, rate_hz, fmt.sample_rate_hz), fmt)
+
+
+def _encode(pcm: bytes, fmt: AudioFormat) -> bytes:
+    """pcm16 already at ``fmt``'s rate, in ``fmt``."""
     if fmt.name == PCM16:
         return pcm
     samples = _samples(pcm)
@@ -61,25 +65,30 @@ def encode_from_pcm16(pcm: bytes, rate_hz: int, fmt: AudioFormat) -> bytes:
     raise AudioDecodeError(f"cannot encode {fmt.name}")
 
 
-def _lowpass(signal: np.ndarray, cutoff: float) -> np.ndarray:
-    """Windowed-sinc FIR; ``cutoff`` is a fraction of the sample rate (< 0.5)."""
-    n = np.arange(_LOWPASS_TAPS) - (_LOWPASS_TAPS - 1) / 2
-    taps = 2 * cutoff * np.sinc(2 * cutoff * n) * np.hamming(_LOWPASS_TAPS)
-    taps /= taps.sum()
-    return np.convolve(signal, taps, mode="same")
+class StreamEncoder:
+    """One response's audio: pcm16 chunks at the model's rate in, ``fmt``
+    out, with no seams between chunks. One resampler runs across the chunks
+    (a new one if the model's rate changes, after the old one's tail), and
+    for Opus one encoder. Each chunk comes out as long as it went in; what
+    a response holds back when it ends (the resampler's ``delay``, at most
+    ~12 ms, as Opus holds back a partial 20 ms packet) is not sent."""
 
+    def __init__(self, fmt: AudioFormat) -> None:
+        self._fmt = fmt
+        self._resampler: StreamResampler | None = None
+        self._opus: OpusStream | None = None
 
-def resample_pcm16(pcm: bytes, src_hz: int, dst_hz: int) -> bytes:
-    """Band-limited linear resampling; keeps tone frequencies, not aliases."""
-    if src_hz == dst_hz or not pcm:
-        return pcm
-    signal = _samples(pcm).astype(np.float64)
-    if dst_hz < src_hz:
-        signal = _lowpass(signal, 0.45 * dst_hz / src_hz)
-    count = max(1, round(len(signal) * dst_hz / src_hz))
-    positions = np.arange(count) * (src_hz / dst_hz)
-    out = np.interp(positions, np.arange(len(signal)), signal)
-    return np.clip(np.round(out), -32768, 32767).astype("<i2").tobytes()
+    def encode(self, pcm16: bytes, rate_hz: int) -> bytes:
+        pcm = b""
+        if self._resampler is None or self._resampler.src_hz != rate_hz:
+            pcm = self._resampler.flush() if self._resampler is not None else b""
+            self._resampler = StreamResampler(rate_hz, self._fmt.sample_rate_hz)
+        pcm += self._resampler.push(pcm16)
+        if self._fmt.name != OPUS:
+            return _encode(pcm, self._fmt)
+        if self._opus is None:
+            self._opus = OpusStream()
+        return self._opus.encode(pcm)
 
 
 def pcm16_duration_ms(nbytes: int, rate_hz: int) -> float:

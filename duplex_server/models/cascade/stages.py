@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from duplex_server.audio import resample_pcm16
+from duplex_server.audio import StreamResampler, resample_pcm16
 from duplex_server.engine import Priority
 from duplex_server.engine.audio.espeak import Espeak
 from duplex_server.engine.audio.silero import SAMPLE_RATE_HZ as VAD_RATE_HZ
@@ -28,9 +28,14 @@ class SileroScorer:
     def __init__(self, model: SileroModel, stage: Stage) -> None:
         self._stream = VadStream(model)
         self._stage = stage
+        # The session's audio is one signal: resampled chunk by chunk on its
+        # own, each chunk's edges would click, and clicks score as speech.
+        self._resampler: StreamResampler | None = None
 
     async def score(self, pcm16: bytes, sample_rate_hz: int) -> list[tuple[float, float]]:
-        audio = resample_pcm16(pcm16, sample_rate_hz, VAD_RATE_HZ)
+        if self._resampler is None or self._resampler.src_hz != sample_rate_hz:
+            self._resampler = StreamResampler(sample_rate_hz, VAD_RATE_HZ)
+        audio = self._resampler.push(pcm16)
         return await self._stage.run(self._stream.feed, audio)
 
 

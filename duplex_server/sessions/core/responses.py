@@ -177,8 +177,9 @@ def emit_chunk(
 ) -> None:
     """One model chunk: an audio delta paired with its transcript delta, or text.
 
-    ``encode(pcm16, rate)`` replaces the stateless encoder for output formats
-    whose stream carries state across chunks (Opus)."""
+    ``encode(pcm16, rate)``: the response's stream encoder, which the
+    runtime keeps across its chunks (a resampler with no seams between
+    chunks; Opus's encoder); without one, each chunk is encoded on its own."""
     rid, iid = response.id, response.item_id
     if not _is_audio(response):
         if chunk.text:

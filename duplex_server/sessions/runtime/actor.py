@@ -63,6 +63,7 @@ from duplex_server.sessions.log.store import (
     StaleFence,
 )
 from duplex_server.sessions.log.tokens import hash_token, new_resume_token, token_matches
+from duplex_server.sessions.runtime import log_context
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.codecs import SessionCodecs
@@ -353,6 +354,13 @@ class SessionActor:
     # --- the loop ----------------------------------------------------------
 
     async def _run(self) -> None:
+        # This task's log lines, and those of the tasks it starts, name the
+        # session. Weakly: the task's context must not keep a closed actor
+        # alive (a cycle through it would wait for the cyclic GC).
+        actor = weakref.ref(self)
+        log_context.bind(
+            self.session_id, lambda: None if (live := actor()) is None else live.state.response
+        )
         failed = False
         try:
             self._feed.start()

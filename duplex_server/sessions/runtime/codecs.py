@@ -1,23 +1,25 @@
-"""A session's stateful codecs: Opus in and Opus out.
+"""A session's stateful codecs: Opus in, and each response's audio out.
 
 Opus packets depend on the ones before, so a session keeps one decoder for
-its input (made on first use) and one encoder per response for its output
-(no seams between a response's chunks). Stateless formats need neither."""
+its input (made on first use). A response's chunks go out through one
+:class:`~duplex_server.audio.StreamEncoder` (its resampler, and for Opus its
+encoder, run across the chunks: no seams between them); a new response, and
+so every epoch fence, starts a fresh one."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from duplex_server.audio import resample_pcm16
-from duplex_server.audio.opus import RATE_HZ as OPUS_RATE_HZ
-from duplex_server.audio.opus import OpusDecoder, OpusStream
-from protocol.audio_formats import OPUS, AudioFormat
+from duplex_server.audio import StreamEncoder
+from duplex_server.audio.opus import OpusDecoder
+from protocol.audio_formats import AudioFormat
 
 
 class SessionCodecs:
     def __init__(self) -> None:
         self._decoder: OpusDecoder | None = None
-        self._encoder: tuple[str, OpusStream] | None = None  # (response id, its encoder)
+        # (response id, its output format, its encoder)
+        self._encoder: tuple[str, AudioFormat, StreamEncoder] | None = None
 
     def decode_opus(self, packet: bytes) -> bytes:
         """pcm16 of one input packet, through the session's one decoder."""
@@ -25,14 +27,10 @@ class SessionCodecs:
             self._decoder = OpusDecoder()
         return self._decoder.decode(packet)
 
-    def stream_encoder(
-        self, response_id: str, fmt: AudioFormat
-    ) -> Callable[[bytes, int], bytes] | None:
-        """``encode(pcm16, rate)`` for a response whose output format keeps
-        state across chunks (Opus); None for the stateless ones."""
-        if fmt.name != OPUS:
-            return None
-        if self._encoder is None or self._encoder[0] != response_id:
-            self._encoder = (response_id, OpusStream())
-        stream = self._encoder[1]
-        return lambda pcm, rate: stream.encode(resample_pcm16(pcm, rate, OPUS_RATE_HZ))
+    def stream_encoder(self, response_id: str, fmt: AudioFormat) -> Callable[[bytes, int], bytes]:
+        """``encode(pcm16, rate)`` for the response's next chunk, through the
+        response's one encoder (made on its first chunk, and anew if the
+        session's output format changes under it)."""
+        if self._encoder is None or self._encoder[:2] != (response_id, fmt):
+            self._encoder = (response_id, fmt, StreamEncoder(fmt))
+        return self._encoder[2].encode

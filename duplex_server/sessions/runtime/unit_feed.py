@@ -2,7 +2,8 @@
 
 One of the two kinds of :class:`~duplex_server.sessions.runtime.model_feed.ModelFeed`
 (the other is ``turn_feed``). The actor hands over each appended chunk
-(pcm16 at the client's rate); this resamples it to the model's rate, cuts
+(pcm16 at the client's rate); this resamples it to the model's rate
+through one stream resampler (no seams between chunks), cuts
 it into units (core.units) and steps the model on them strictly in order on
 a task of its own, so a slow step delays this session's model, never the
 actor. What the model decided comes back through the mailbox as
@@ -12,7 +13,9 @@ fenced meanwhile.
 
 While the client sends nothing, the clock keeps time: after a unit's worth
 of quiet (and a little slack for network jitter) it feeds a silence unit,
-and one per unit after that, so the model hears the pause as it happens.
+and one per unit after that, so the model hears the pause as it happens;
+the resampler's held-back tail goes ahead of it, and the next speech starts
+a fresh stream (as does a change of the client's rate).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from duplex_server.audio import resample_pcm16
+from duplex_server.audio import StreamResampler
 from duplex_server.sessions.core.model_port import (
     InputUnit,
     ResponseRequest,
@@ -55,6 +58,7 @@ class UnitFeed:
         self._session_id = session_id
         self._session: UnitSession | None = None  # opened when the actor starts serving
         self._framer = UnitFramer(model.sample_rate_hz, model.unit_ms)
+        self._resampler: StreamResampler | None = None  # made for the client's rate
         self._unit_s = model.unit_ms / 1000
         self._post = post
         self._epoch = epoch
@@ -78,8 +82,14 @@ class UnitFeed:
         if self._failed:
             return
         self._last_input = asyncio.get_running_loop().time()
-        pcm = resample_pcm16(pcm16, sample_rate_hz, self._framer.sample_rate_hz)
-        for unit in self._framer.push(pcm):
+        if self._resampler is None or self._resampler.src_hz != sample_rate_hz:
+            tail = self._resampler.flush() if self._resampler is not None else b""
+            self._resampler = StreamResampler(sample_rate_hz, self._framer.sample_rate_hz)
+            self._frame(tail)
+        self._frame(self._resampler.push(pcm16))
+
+    def _frame(self, pcm16: bytes) -> None:
+        for unit in self._framer.push(pcm16):
             self._queue.put_nowait(unit)
 
     def keep_turn(self, item_id: str, pcm16: bytes) -> None:
@@ -136,5 +146,7 @@ class UnitFeed:
             await asyncio.sleep(self._unit_s)
             quiet = loop.time() - self._last_input
             if quiet >= self._unit_s * QUIET_UNITS and self._queue.empty():
+                if self._resampler is not None:
+                    self._frame(self._resampler.flush())
                 self._queue.put_nowait(self._framer.silence())
                 self._last_input = loop.time() - self._unit_s * (QUIET_UNITS - 1)

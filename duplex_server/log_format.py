@@ -1,0 +1,74 @@
+"""How the server's log lines look: text for a terminal, or one JSON object
+a line for a log pipeline (``--log-format json``).
+
+A JSON line has ``ts`` (UTC, ISO 8601, milliseconds), ``level``, ``logger``,
+``message``, and ``session_id`` and ``response_id``: set on every line
+logged while serving a session (the session actor binds them, see
+``sessions.runtime.log_context``), ``null`` elsewhere, so that a pipeline
+can filter one session's or one answer's lines. A traceback goes into
+``exception``. Every line of the process takes this shape, uvicorn's
+included.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+
+from duplex_server.sessions.runtime import log_context
+
+LOG_FORMATS = ("text", "json")
+TEXT_FORMAT = "%(levelname)s:     %(name)s: %(message)s"
+# Loggers that uvicorn gives handlers of their own; everything else reaches the root's.
+_LOGGERS = (None, "uvicorn", "uvicorn.error", "uvicorn.access")
+
+
+class SessionFields(logging.Filter):
+    """Stamps a record with the session (and response) it was logged for."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.session_id, record.response_id = log_context.current()
+        return True
+
+
+class JsonLines(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {
+            "ts": datetime.fromtimestamp(record.created, UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            "session_id": getattr(record, "session_id", None),
+            "response_id": getattr(record, "response_id", None),
+        }
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line["exception"] = record.exc_text
+        return json.dumps(line, ensure_ascii=False)
+
+
+def configure(level: str) -> None:
+    """The root logger, before uvicorn adds its own; :func:`install` then
+    gives every handler the chosen shape."""
+    logging.basicConfig(level=level.upper(), format=TEXT_FORMAT)
+
+
+def install(log_format: str) -> None:
+    """Put the session fields on every handler that writes the server's
+    logs and, for ``json``, the JSON shape (call once uvicorn configured its
+    loggers)."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
+    seen: set[int] = set()
+    for name in _LOGGERS:
+        for handler in logging.getLogger(name).handlers:
+            if id(handler) in seen:
+                continue
+            seen.add(id(handler))
+            handler.addFilter(SessionFields())
+            if log_format == "json":
+                handler.setFormatter(JsonLines())
