@@ -39,6 +39,9 @@ from duplex_server.sessions.log import redis_store
 
 TARGET_SLOPE_MB_PER_1000 = 0.05
 RECONNECT_PAUSE_S = 0.1  # after a failed session, before the next
+# A churn session that has not ended this long after it began is given up
+# (counted as failed): the run must end, and print, whatever the server does.
+SESSION_PATIENCE_S = 60.0
 
 
 @dataclass
@@ -61,8 +64,9 @@ class Churner:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                await self._one_session()
-            except (OSError, websockets.WebSocketException):
+                async with asyncio.timeout(SESSION_PATIENCE_S):
+                    await self._one_session()
+            except (OSError, websockets.WebSocketException):  # TimeoutError is an OSError
                 self.tally.failed += 1
                 await asyncio.sleep(RECONNECT_PAUSE_S)
             else:
