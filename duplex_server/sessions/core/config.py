@@ -43,6 +43,9 @@ TURN_DETECTION_DEFAULTS = TurnDetection(
 # ends a turn (OpenAI: "low" lets the user take their time, "high" answers soon).
 SEMANTIC_SILENCE_MS = {"low": 1200, "medium": 700, "auto": 700, "high": 350}
 SERVED_BY_SERVER_VAD = ("server_vad", "semantic_vad")
+# Session fields the server stores and echoes in every session object, and
+# otherwise leaves alone (PROTOCOL.md, "Fields, spelling by spelling").
+ECHOED_FIELDS = ("tracing", "metadata", "include", "prompt", "truncation", "response_format")
 
 
 def with_default_turn_detection(
@@ -264,12 +267,7 @@ def merge_config(
             for name in OverlapThresholds.__struct_fields__
         },
         input_audio_noise_reduction=_set(noise_reduction, config.input_audio_noise_reduction),
-        tracing=_set(patch.tracing, config.tracing),
-        metadata=_set(patch.metadata, config.metadata),
-        include=_set(patch.include, config.include),
-        prompt=_set(patch.prompt, config.prompt),
-        truncation=_set(patch.truncation, config.truncation),
-        response_format=_set(patch.response_format, config.response_format),
+        **{name: _set(getattr(patch, name), getattr(config, name)) for name in ECHOED_FIELDS},
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from duplex_server.sessions.core.config import ECHOED_FIELDS
 from duplex_server.sessions.core.state import SessionState
 from protocol.audio_formats import AudioFormat, ga_type
 from protocol.server_events import (
@@ -114,10 +115,5 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
         playback=ledger(response.playback if response else None),
         capabilities=capabilities,
         input_audio_noise_reduction=cfg.input_audio_noise_reduction,
-        tracing=cfg.tracing,
-        metadata=cfg.metadata,
-        include=cfg.include,
-        prompt=cfg.prompt,
-        truncation=cfg.truncation,
-        response_format=cfg.response_format,
+        **{name: getattr(cfg, name) for name in ECHOED_FIELDS},
     )
