@@ -14,7 +14,7 @@ from duplex_server.models import build_model
 from duplex_server.models.cascade.model import CascadeModel
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands import HandlerContext
-from duplex_server.sessions.core.gates import GATES, IMMUTABLE_AFTER_OPEN, refuse_gated
+from duplex_server.sessions.core.gates import GATES, IMMUTABLE_AFTER_OPEN, gates_of, refuse_gated
 from duplex_server.sessions.core.model_port import ModelChunk
 from duplex_server.sessions.core.pipeline import step
 from duplex_server.sessions.core.responses import emit_chunk, finish_response
@@ -116,6 +116,8 @@ SURFACES = [
     ("client commit", ce.InputAudioCommit(), "capability_unsupported", "type"),
     ("native commit", ce.InputCommit(), "capability_unsupported", "type"),
     ("external turn signal", ce.TurnSignal(), "capability_unsupported", "type"),
+    ("its vLLM-Omni spelling", ce.SignalTurn(), "capability_unsupported", "type"),
+    ("pushed text", ce.PushText(text="hi"), "native_text_append_unsupported", "type"),
     ("barge-in", ce.BargeIn(), "capability_unsupported", "type"),
     (
         "truncate",
@@ -124,6 +126,7 @@ SURFACES = [
         "type",
     ),
     ("playback ack", ce.PlaybackAck(played_ms=50), "capability_unsupported", "type"),
+    ("its vLLM-Omni spelling", ce.AudioPlaybackAck(played_ms=50), "capability_unsupported", "type"),
     ("model", update(model="another"), "model_update_unsupported", "session.model"),
     (
         "voice after audio",
@@ -180,6 +183,10 @@ def test_a_built_in_model_passes_every_gate(surface):
 
 def test_the_table_test_covers_every_gate():
     tested = {type(_event(s, spoken_conversation())) for s in SURFACES}
+    # every spelling of an event has its gates (a subclass with its own tag)
+    assert all(
+        gates_of(cls) for cls in ce.CLIENT_EVENT_TYPES.values() if issubclass(cls, tuple(GATES))
+    )
     named = {ce.SessionResume, ce.InputAudioCommit, ce.TurnSignal, ce.ItemTruncate, ce.BargeIn}
     assert named <= set(GATES) and set(GATES) <= tested
     assert set(IMMUTABLE_AFTER_OPEN) == set(IMMUTABLE_FIELDS)
@@ -241,3 +248,29 @@ def test_capabilities_say_what_each_model_does(model):
         "supports_image_input",
         "supports_text_only_turn",
     } <= set(wire)
+
+
+def test_a_turn_signal_carries_its_events_own_gates():
+    """A signal that is not a barge-in needs no barge-in; the event it
+    carries passes that event's gates (a truncate needs truncation)."""
+    no_cut = msgspec.structs.replace(
+        ECHO.capabilities, supports_barge_in=False, supports_audio_truncate=False
+    )
+    state = spoken_conversation()
+    cancel = ce.TurnSignal(event="input.cancel")
+    assert refuse_gated(state, cancel, no_cut) is None
+    assert refuse_gated(state, ce.TurnSignal(), no_cut).code == "capability_unsupported"
+
+    class NoTruncation(Lacking):
+        capabilities = msgspec.structs.replace(no_cut, supports_external_turn_signal=True)
+
+    truncate = ce.TurnSignal(
+        event="conversation.item.truncate",
+        payload={"item_id": assistant_item(state), "audio_end_ms": 50},
+        event_id="sig",
+    )
+    before = copy.deepcopy(state)
+    with pytest.raises(ProtocolError) as refused:
+        step(state, truncate, HandlerContext(NoTruncation()), 5000)
+    assert (refused.value.code, refused.value.event_id) == ("capability_unsupported", "sig")
+    assert state == before

@@ -24,6 +24,7 @@ from duplex_server.sessions.core.config import (
     merge_config,
     response_output_format,
 )
+from duplex_server.sessions.core.gates import refuse_gated
 from duplex_server.sessions.core.items import Item, Part, item_text, to_wire
 from duplex_server.sessions.core.model_port import ModelPort, history_view, session_view
 from duplex_server.sessions.core.records import (
@@ -984,6 +985,9 @@ def turn_signal(batch: Batch, event: ce.TurnSignal, ctx: HandlerContext) -> Effe
             param=f"payload{_path_of(str(exc))}",
             event_id=event.event_id,
         ) from None
+    # The event it carries needs what that event needs (a truncate, truncation).
+    if (refusal := refuse_gated(batch.state, signalled, batch.capabilities)) is not None:
+        raise refusal
     return CLIENT_HANDLERS[type(signalled)](batch, signalled, ctx)
 
 

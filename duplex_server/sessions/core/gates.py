@@ -48,16 +48,24 @@ def _truncates(event: ce.PlaybackAck) -> bool:
     return event.truncate
 
 
-_CLIENT_COMMIT = (Gate("supports_client_commit"),)
+def _signals_barge_in(event: ce.TurnSignal) -> bool:
+    return event.event == "barge_in"
 
+
+# Keyed by the event a class spells: another spelling (a subclass with its
+# own tag: input.commit, signal_turn, audio.playback_ack, ...) has the gates
+# of the event it spells (gates_of).
 GATES: dict[type[ce.ClientEvent], tuple[Gate, ...]] = {
     ce.SessionResume: (Gate("supports_session_resume", "unsupported_session_resume"),),
     ce.InputAudioAppend: (Gate("supports_input_append"),),
     ce.InputTextAppend: (Gate("input_modes", "native_text_append_unsupported", needs="text"),),
-    ce.InputAudioCommit: _CLIENT_COMMIT,
-    ce.InputCommit: _CLIENT_COMMIT,
-    # turn.signal's one event is a barge-in: an external signal that cuts the answer.
-    ce.TurnSignal: (Gate("supports_external_turn_signal"), Gate("supports_barge_in")),
+    ce.InputAudioCommit: (Gate("supports_client_commit"),),
+    # An external turn signal; one that cuts the answer needs barge-in too
+    # (the other events it may carry pass their own gates: commands.turn_signal).
+    ce.TurnSignal: (
+        Gate("supports_external_turn_signal"),
+        Gate("supports_barge_in", when=_signals_barge_in),
+    ),
     ce.BargeIn: (Gate("supports_barge_in"),),
     ce.ItemTruncate: (Gate("supports_audio_truncate"),),
     ce.PlaybackAck: (
@@ -67,9 +75,14 @@ GATES: dict[type[ce.ClientEvent], tuple[Gate, ...]] = {
 }
 
 
+def gates_of(event_type: type[ce.ClientEvent]) -> tuple[Gate, ...]:
+    """The gates of an event type, or of the event it is another spelling of."""
+    return next((GATES[base] for base in event_type.__mro__ if base in GATES), ())
+
+
 def refuse_unsupported(event: ce.ClientEvent, capabilities: Capabilities) -> ProtocolError | None:
     """The refusal of ``event`` if it needs a capability the model lacks."""
-    for gate in GATES.get(type(event), ()):
+    for gate in gates_of(type(event)):
         if gate.when is not None and not gate.when(event):
             continue
         if not gate.offered(capabilities):
