@@ -28,7 +28,7 @@ from duplex_server.sessions.runtime.actor import SessionActor
 from duplex_server.sessions.runtime.attachment import Attachment, TransportClosed
 from duplex_server.sessions.runtime.input_budget import REFUSAL_PAUSE_S
 from duplex_server.sessions.runtime.manager import SessionManager
-from protocol.client_events import SessionResume, SessionUpdateEvent
+from protocol.client_events import SessionHeartbeat, SessionResume, SessionUpdateEvent
 from protocol.close_codes import CloseCode
 from protocol.codec import FrameDecoder, encode_server_event
 from protocol.dialect import negotiate
@@ -212,6 +212,9 @@ class RealtimeConnection:
                         event_id=event.event_id,
                     )
                 )
+        elif isinstance(event, SessionHeartbeat):
+            if not self.actor.heartbeat(self.attachment.generation):
+                await self._refuse_flood(event.event_id)
         elif not self.actor.post_client(event, self.attachment.generation):
             await self._refuse_flood(event.event_id)
 

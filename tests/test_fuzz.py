@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from duplex_server.bench.fuzz import FrameFuzzer, FuzzClient, Known, Tally
 from duplex_server.models import build_model
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import HandlerContext
+from duplex_server.sessions.core.commands import SOCKET_EVENTS, HandlerContext
 from duplex_server.sessions.core.config import response_output_format, with_default_turn_detection
 from duplex_server.sessions.core.model_port import ModelChunk
 from duplex_server.sessions.core.pipeline import step
@@ -154,7 +154,7 @@ class PureSession:
         except ProtocolError as err:
             self._reject(err)
             return err.code
-        if isinstance(event, ce.SessionResume):
+        if isinstance(event, SOCKET_EVENTS):
             return "socket"  # answered by the socket layer, never a session step
         before = self.state.last_seq
         self.clock += 10

@@ -290,9 +290,9 @@ async def test_an_actor_bug_closes_the_socket_loudly(server, monkeypatch, caplog
     def buggy(batch, event, model):
         raise KeyError("handler bug")
 
-    monkeypatch.setitem(pipeline.HANDLERS, ce.SessionHeartbeat, buggy)
+    monkeypatch.setitem(pipeline.HANDLERS, ce.InputAudioClear, buggy)
     client, _ = await server.open()
-    await client.send({"type": "session.heartbeat"})
+    await client.send({"type": "input_audio_buffer.clear"})
     with pytest.raises(websockets.ConnectionClosed) as closed:
         await client.recv(timeout=5)
     assert closed.value.rcvd.code == 1011
@@ -315,8 +315,8 @@ async def test_a_session_whose_actor_failed_resumes_from_its_log(server, monkeyp
     await client.append(tone_pcm16(200))
     await client.send({"type": "input_audio_buffer.commit"})
     turn = await client.recv_until("rate_limits.updated")
-    monkeypatch.setitem(pipeline.HANDLERS, ce.SessionHeartbeat, buggy)
-    await client.send({"type": "session.heartbeat"})
+    monkeypatch.setitem(pipeline.HANDLERS, ce.InputAudioClear, buggy)
+    await client.send({"type": "input_audio_buffer.clear"})
     with pytest.raises(websockets.ConnectionClosed) as closed:
         await client.recv(timeout=5)
     assert closed.value.rcvd.code == 1011

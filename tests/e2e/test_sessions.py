@@ -8,6 +8,7 @@ import httpx
 import pytest
 import websockets
 
+from duplex_server.sessions.core.records import SignalBody
 from tests.wsclient import WsClient, tone_pcm16
 
 
@@ -102,6 +103,25 @@ async def test_heartbeat(server):
     ack = await client.expect("session.heartbeat_ack")
     # Attachment-scoped (PROTOCOL.md): no seq, so never replayed to another socket.
     assert ack["epoch"] == 0 and ack["server_event_seq"] is None
+
+
+async def test_heartbeats_are_answered_in_order_and_never_recorded(server):
+    """A heartbeat is the socket's liveness signal (DECISIONS.md): its ack
+    follows the answers to everything sent before it, and the log keeps none."""
+    client, created = await server.open()
+    await client.append(tone_pcm16(200))
+    await client.send({"type": "input_audio_buffer.commit"})
+    await client.send({"type": "session.heartbeat"})
+    before_ack = [event["type"] for event in await client.recv_until("session.heartbeat_ack")]
+    assert "input_audio_buffer.committed" in before_ack
+    ids = set()
+    for _ in range(5):
+        await client.send({"type": "session.heartbeat"})
+        ids.add((await client.recv_until("session.heartbeat_ack"))[-1]["event_id"])
+    assert len(ids) == 5
+    records = await server.app.state.log.read(created["session"]["id"])  # type: ignore[attr-defined]
+    signals = [r.body.signal for r in records if isinstance(r.body, SignalBody)]
+    assert records and "heartbeat" not in signals
 
 
 async def test_close_is_graceful(server):

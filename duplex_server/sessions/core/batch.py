@@ -36,9 +36,6 @@ class Batch:
         self.now_ms = now_ms
         self.records: list[Record] = []
         self.outbound: list[tuple[int, bytes]] = []
-        # Attachment-scoped answers: sent to the current socket once the batch
-        # is appended, after the journaled events before them; never journaled.
-        self.replies: list[bytes] = []
         # The client event this batch answers, kept after its first record took
         # the id: a batch that cannot be appended is refused under this name.
         self.answers = event_id
@@ -84,14 +81,6 @@ class Batch:
             self._phase = phase
             self.emit(TurnEvent(event=phase, turn_id=state.turn_id, epoch=state.epoch))
         self._settled = len(self.records)
-
-    def reply(self, event: ServerEvent) -> None:
-        """Answer the socket that asked, and no other: PROTOCOL.md's
-        attachment-scoped events carry no ``server_event_seq`` and are never
-        replayed (a replayed heartbeat ack would tell a resumed client that
-        what it sent on its new socket had landed)."""
-        event.event_id = f"event_{self.state.session_id[-8:]}_a{self.state.last_seq}"
-        self.replies.append(encode_server_event(event))
 
     def emit(
         self,

@@ -74,7 +74,6 @@ from protocol.server_events import (
     PlaybackAcknowledged,
     PlaybackEvent,
     SessionClosed,
-    SessionHeartbeatAck,
     SessionUpdated,
     SpeechStarted,
     SpeechStopped,
@@ -184,12 +183,6 @@ def session_update(batch: Batch, event: ce.SessionUpdateEvent, ctx: HandlerConte
     check_session_patch(event.session, model, event.event_id)
     batch.fact(ConfigBody(patch=event.session))
     batch.emit(SessionUpdated(session=session_object(state, batch.capabilities)))
-    return Effects()
-
-
-def heartbeat(batch: Batch, event: ce.SessionHeartbeat, ctx: HandlerContext) -> Effects:
-    batch.fact(SignalBody(signal="heartbeat"))
-    batch.reply(SessionHeartbeatAck(epoch=batch.state.epoch, session_id=batch.state.session_id))
     return Effects()
 
 
@@ -1068,7 +1061,6 @@ def playback_ack(batch: Batch, event: ce.PlaybackAck, ctx: HandlerContext) -> Ef
 
 CLIENT_HANDLERS: dict[type, Handler] = {
     ce.SessionUpdateEvent: session_update,
-    ce.SessionHeartbeat: heartbeat,
     ce.SessionEventAck: event_ack,
     ce.SessionClose: session_close,
     ce.InputAudioAppend: audio_append,
@@ -1088,12 +1080,15 @@ CLIENT_HANDLERS: dict[type, Handler] = {
     ce.TurnSignal: turn_signal,
     ce.PlaybackAck: playback_ack,
 }
+# Answered by the socket's attachment, never stepped: a resume (it picks the
+# session) and a heartbeat (a liveness signal, not recorded).
+SOCKET_EVENTS = (ce.SessionResume, ce.SessionHeartbeat)
 # Another spelling of an event (vLLM-Omni's, the native one) is a subclass
 # with its own tag: it is handled as the event it spells.
 for _spelling in ce.CLIENT_EVENT_TYPES.values():
-    if _spelling not in CLIENT_HANDLERS and _spelling is not ce.SessionResume:
+    if _spelling not in CLIENT_HANDLERS and _spelling not in SOCKET_EVENTS:
         CLIENT_HANDLERS[_spelling] = next(
             CLIENT_HANDLERS[base] for base in _spelling.__mro__ if base in CLIENT_HANDLERS
         )
 
-__all__ = ["CLIENT_HANDLERS", "Effects", "HandlerContext", "item_text"]
+__all__ = ["CLIENT_HANDLERS", "SOCKET_EVENTS", "Effects", "HandlerContext", "item_text"]

@@ -99,7 +99,7 @@ SignalName = Literal[
     "barge_in",
     "response.create",
     "response.cancel",
-    "heartbeat",
+    "heartbeat",  # written by servers before session 9; heartbeats are not recorded now
     "output_audio.clear",
     "input.clear",
     "input.cancel",

@@ -90,6 +90,7 @@ from protocol.server_events import (
     SessionClosed,
     SessionCreated,
     SessionExpired,
+    SessionHeartbeatAck,
     SessionReplaced,
     SessionResumed,
     SessionResyncRequired,
@@ -167,6 +168,7 @@ class SessionActor:
         self.attachment: Attachment | None = None
         self._mailbox: asyncio.Queue[object] = asyncio.Queue()
         self._pending_client = 0
+        self._heartbeats = 0  # acks sent, for their event ids
         # The model, unit by unit or turn by turn, behind one interface.
         # What the actor hands its parts refers to its mailbox, never back to
         # the actor: a closed session (its journal, its buffered audio) is then
@@ -307,6 +309,37 @@ class SessionActor:
         self._mailbox.put_nowait(mb.Client(event, generation, time.perf_counter()))
         return True
 
+    def heartbeat(self, generation: int) -> bool:
+        """Answer a socket's liveness signal; False when the mailbox is full.
+
+        A heartbeat concerns one socket, like ``session.created``: it keeps
+        the session from idling out and is answered to that socket alone,
+        never recorded (docs/DECISIONS.md, "heartbeats"). It is answered here
+        at once unless a command of this socket is still queued or being
+        applied; then it waits its turn in the mailbox, so that its ack still
+        says everything sent before it was applied."""
+        if not self._pending_client:
+            self._answer_heartbeat(generation)
+            return True
+        if self._pending_client >= self.settings.mailbox_size:
+            return False
+        self._pending_client += 1
+        self._mailbox.put_nowait(mb.Heartbeat(generation))
+        return True
+
+    def _answer_heartbeat(self, generation: int) -> None:
+        if self.attachment is None or generation != self.attachment.generation:
+            return  # a superseded socket's late frame
+        self.last_activity = time.monotonic()
+        self._heartbeats += 1
+        ack = SessionHeartbeatAck(
+            event_id=f"event_{self.session_id[-8:]}_h{generation}_{self._heartbeats}",
+            epoch=self.state.epoch,
+            session_id=self.session_id,
+        )
+        # After every event journaled before it: those were sent before it.
+        self.attachment.send_after(self.journal.last_seq, [encode_server_event(ack)])
+
     def read_pause_s(self) -> float:
         """How long the socket should go unread (input past its budget)."""
         return self.input_budget.read_pause_s(time.monotonic())
@@ -394,16 +427,19 @@ class SessionActor:
         return self.state.closed_reason or "shutdown"
 
     async def _dispatch(self, message: object) -> None:
-        if self._dirty and isinstance(message, mb.NEEDS_LOG) and not await self._heal():
+        # Every message heals a state a storage failure left wrong, not only
+        # those that need the log: a detach, an end or a suspend also append,
+        # and a batch built on the wrong state would not follow the log.
+        if self._dirty and not await self._heal() and isinstance(message, mb.NEEDS_LOG):
             await self._refuse_unrecorded(message)
             return
-        if isinstance(message, mb.Client):
-            self._pending_client -= 1
-            await self._on_client(message)
-        elif isinstance(message, mb.Reject):
-            self._pending_client -= 1
-            if self.attachment is not None and message.generation == self.attachment.generation:
-                await self.reject(message.error)
+        if isinstance(message, mb.Client | mb.Reject | mb.Heartbeat):
+            # Counted until applied, not until taken: a heartbeat is answered
+            # at once only while none of its socket's commands is in flight.
+            try:
+                await self._on_socket(message)
+            finally:
+                self._pending_client -= 1
         elif isinstance(message, mb.Chunks):
             await self._on_chunks(message)
         elif isinstance(message, mb.StreamEnd):
@@ -482,8 +518,6 @@ class SessionActor:
             return False
         self.retention.note(batch)
         evicted = self.journal.add(batch.outbound)
-        if batch.replies and self.attachment is not None:
-            self.attachment.send_after(self.journal.last_seq, batch.replies)
         if evicted is not None:
             await self._tidy(self._log.trim(self.session_id, evicted))
         return True
@@ -584,6 +618,14 @@ class SessionActor:
             await self.attachment.send_now(encode_server_event(Error(error=error_body(err))))
 
     # --- client commands ---------------------------------------------------
+
+    async def _on_socket(self, message: mb.Client | mb.Reject | mb.Heartbeat) -> None:
+        if isinstance(message, mb.Client):
+            await self._on_client(message)
+        elif isinstance(message, mb.Heartbeat):
+            self._answer_heartbeat(message.generation)
+        elif self.attachment is not None and message.generation == self.attachment.generation:
+            await self.reject(message.error)
 
     async def _on_client(self, message: mb.Client) -> None:
         if self.attachment is None or message.generation != self.attachment.generation:

@@ -33,6 +33,14 @@ class Reject:
 
 
 @dataclass
+class Heartbeat:
+    """A socket's liveness signal queued behind its earlier commands, so its
+    ack still means they were applied; it is never recorded."""
+
+    generation: int
+
+
+@dataclass
 class Chunks:
     """Engine output is waiting: the actor takes every chunk pending for the
     response at once (chunks produced while it was busy share one batch)."""
