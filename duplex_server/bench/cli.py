@@ -56,6 +56,29 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--failover-rounds", type=int, default=3, help="redis: kill-and-resume rounds")
     p.add_argument("--port", type=int, default=0, help="server port (0 = a free one)")
     p.add_argument("--ramp-s", type=float, default=5.0, help="spread session starts over this")
+    p.add_argument(
+        "--generators",
+        type=int,
+        default=0,
+        help="client processes, each one event loop on a core of its own (0: one per core "
+        "not given to the server, at least one)",
+    )
+    p.add_argument(
+        "--server-cores",
+        type=int,
+        default=None,
+        help="pin the server (and the bare echo server) to this many first cores and the "
+        "generators to the rest; 0: no pinning (default: 1 where there are two cores or more)",
+    )
+    p.add_argument(
+        "--find-capacity",
+        action="store_true",
+        help="instead: the most sessions whose p99 commit→first-audio stays under 50 ms, "
+        "probing for --seconds each from --sessions (doubling, then bisecting)",
+    )
+    p.add_argument(
+        "--max-probes", type=int, default=8, help="--find-capacity: at most this many runs"
+    )
 
     p = _kind(
         kinds,

@@ -1,11 +1,14 @@
-"""``duplex-server bench sessions`` runs end to end and says whether it
-measured the server: the generator's CPU beside the server's, and a verdict."""
+"""``duplex-server bench sessions`` (and soak and chaos) run end to end and say
+whether they measured the server: the generators' CPU beside the server's,
+and a verdict."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+
+import pytest
 
 
 def bench(*argv: str) -> dict:
@@ -20,17 +23,59 @@ def bench(*argv: str) -> dict:
     return json.loads(out.stdout)
 
 
-def test_bench_sessions_reports_the_generator_and_a_verdict():
-    report = bench("sessions", "--sessions", "4", "--seconds", "1", "--ramp-s", "0.2")
-    assert report["bench"] == "sessions" and report["errors"] == 0
-    for phase in (report, report["baseline_bare_echo"]):
-        assert phase["generator_cpu_percent"] >= 0.0
-        assert phase["generator_saturated"] == (phase["generator_cpu_percent"] >= 90.0)
-    assert report["valid"] == (
-        not report["generator_saturated"]
-        and not report["baseline_bare_echo"]["generator_saturated"]
+def test_bench_sessions_reports_the_generators_the_cpu_cost_and_a_verdict():
+    """Two generator processes: each one's CPU, the server's CPU per
+    session-second in both phases, their ratio (the headline), a verdict.
+    (Enough load that the bare echo server's CPU, counted in 10 ms ticks,
+    is more than nothing.)"""
+    sessions = 10
+    report = bench(
+        *("sessions", "--sessions", str(sessions), "--seconds", "2", "--ramp-s", "0.5"),
+        *("--generators", "2"),
     )
+    assert report["bench"] == "sessions" and report["errors"] == 0
+    assert report["generators"] == 2
+    assert report["pinning"]["pinned"] == (report["server_cores"] > 0)
+    per_session = "server_cpu_ms_per_session_second"
+    for phase in (report, report["baseline_bare_echo"]):
+        processes = phase["generator_processes"]
+        assert len(processes) == 2 and sum(p["sessions"] for p in processes) == sessions
+        assert all(p["cpu_ms"] > 0 and p["busy_percent"] > 0 for p in processes)
+        assert phase["generator_cpu_percent"] == max(p["busy_percent"] for p in processes)
+        assert phase["generator_saturated"] == bool(phase["generator_reasons"])
+        if any(p["busy_percent"] > 80.0 for p in processes):
+            assert phase["generator_saturated"]
+        assert phase[per_session] > 0
+        assert phase[per_session] == pytest.approx(
+            phase["server_cpu_ms"] / (sessions * phase["server_window_s"]), rel=0.01
+        )
+    echo = report["baseline_bare_echo"][per_session]
+    assert report["cpu_per_session_ratio"] == pytest.approx(report[per_session] / echo, abs=1e-3)
+    reasons = report["generator_reasons"] + report["baseline_bare_echo"]["generator_reasons"]
+    assert report["invalid_reasons"] == reasons
+    assert report["valid"] == (not reasons)
     assert report["appends_per_s"] > 0
+
+
+def test_bench_sessions_finds_a_capacity_in_bounded_probes():
+    """Two short probes from one session: doubling, each judged against 50 ms."""
+    report = bench(
+        *("sessions", "--find-capacity", "--sessions", "1", "--max-probes", "2"),
+        *("--seconds", "1", "--ramp-s", "0.2", "--generators", "1"),
+    )
+    probes = report["probes"]
+    assert [p["sessions"] for p in probes][:1] == [1] and len(probes) <= 2
+    for probe in probes:
+        p99 = probe["commit_to_first_audio_ms"]["p99"]
+        assert probe["passed"] == (
+            not probe["generator_saturated"] and p99 is not None and p99 < 50.0
+        )
+    passed = [p["sessions"] for p in probes if p["passed"]]
+    assert report["capacity_sessions"] == (max(passed) if passed else None)
+    if passed and report["server_cores"]:
+        assert report["capacity_sessions_per_server_core"] == pytest.approx(
+            max(passed) / report["server_cores"], abs=0.1
+        )
 
 
 def test_bench_soak_samples_the_server_and_draws_the_plot(tmp_path):
