@@ -13,11 +13,10 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from duplex_server import http_routes
+from duplex_server import http_routes, metrics
 from duplex_server.auth import EphemeralKeys, KeyRing
 from duplex_server.client_secrets import client_secrets
 from duplex_server.config import ServerConfig
-from duplex_server.metrics import Metrics
 from duplex_server.models import build_model
 from duplex_server.realtime import realtime_endpoint
 from duplex_server.sessions.log.memory_store import MemoryLog
@@ -78,7 +77,6 @@ def create_app(config: ServerConfig) -> Starlette:
         asr=config.asr,
         tts=config.tts,
     )
-    metrics = Metrics()
     manager = SessionManager(
         log,
         model,
@@ -92,7 +90,6 @@ def create_app(config: ServerConfig) -> Starlette:
                 max_input_realtime_factor=config.max_input_realtime_factor,
                 input_burst_ms=config.input_burst_ms,
                 max_session_media_bytes=config.max_session_media_bytes,
-                observe_append=metrics.observe_append,
             ),
             max_sessions=config.max_sessions,
             idle_ttl_s=config.idle_ttl_s,
@@ -102,7 +99,6 @@ def create_app(config: ServerConfig) -> Starlette:
             purge_interval_s=config.purge_interval_s,
             ended_sessions_kept=config.ended_sessions_kept,
             lease_ttl_s=config.lease_ttl_ms / 1000,
-            on_open=metrics.sessions_opened.inc,
         ),
     )
 
@@ -137,7 +133,7 @@ def create_app(config: ServerConfig) -> Starlette:
     app.state.log = log
     app.state.model = model
     app.state.manager = manager
-    app.state.metrics = metrics
+    app.state.metrics = metrics.app_registry(manager.live_by_model)
     app.state.decoder = FrameDecoder(config.max_frame_bytes)
     app.state.sockets_per_address = Counter()  # open WebSockets per client address
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import msgspec
@@ -9,11 +10,11 @@ from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
     JSONResponse,
-    PlainTextResponse,
     Response,
     StreamingResponse,
 )
 
+from duplex_server import metrics as series
 from duplex_server.auth import Principal, caller, denial
 from duplex_server.redaction import redact
 from duplex_server.sessions.core.records import ConfigBody, to_line
@@ -113,10 +114,10 @@ async def models(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     if isinstance(denied := _principal(request, "admin"), Response):
         return denied
-    state = request.app.state
-    return PlainTextResponse(
-        state.metrics.render(len(state.manager.actors)), media_type="text/plain; version=0.0.4"
-    )
+    registry = request.app.state.metrics
+    # Rendering walks every series: off the event loop, like any unbounded work.
+    body = await asyncio.to_thread(series.render, registry)
+    return Response(body, media_type=series.CONTENT_TYPE)
 
 
 async def session_detail(request: Request) -> Response:

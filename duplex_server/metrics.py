@@ -1,12 +1,39 @@
-"""Prometheus text exposition for the few numbers operators and benches read.
+"""The series an operator of a voice server watches, through ``prometheus_client``.
 
-Hand-rolled on purpose: a histogram and a counter are a few lines, and the
-server keeps no dependency for them.
+The metric objects are module-level, as in most Prometheus-instrumented
+servers: the code that knows a number records it where it happens (the
+actor, the connection, a cascade stage, the engine), and nothing passes a
+metrics object around. This module is a leaf: it imports nothing of the
+server, so every layer may import it.
+
+A scrape is served from a registry built per app (:func:`app_registry`):
+the shared series, the process, GC and platform collectors, and the
+app's own gauges, read when scraped (live sessions by model). Two apps in
+one process (the tests) share the counters and keep their own gauges.
+docs/DECISIONS.md lists the series and how each is measured; the Grafana
+dashboard in deploy/grafana-dashboard.json plots them.
 """
 
 from __future__ import annotations
 
-import bisect
+import math
+from collections.abc import Callable, Iterator
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS_S = (
     0.0001,
@@ -32,88 +59,186 @@ LATENCY_BUCKETS_S = (
     1.0,
     2.5,
     5.0,
+    10.0,
+)
+# Processing time over audio time: under 1 keeps up with a live voice.
+REALTIME_FACTOR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# A ``_created`` twin of every counter and histogram doubles the exposition
+# for a timestamp no dashboard here reads.
+disable_created_metrics()
+
+# --- sessions and admission ---------------------------------------------------
+
+SESSIONS_OPENED = Counter("duplex_sessions_opened", "sessions opened", ["model"], registry=None)
+ADMISSIONS_REFUSED = Counter(
+    "duplex_admissions_refused",
+    "connections or sessions refused before a session opened, by reason",
+    ["reason"],
+    registry=None,
+)
+RESUMES = Counter(
+    "duplex_resumes",
+    "session.resume requests by outcome (resumed, or the error code)",
+    ["outcome"],
+    registry=None,
+)
+TAKEOVERS = Counter(
+    "duplex_takeovers",
+    "sessions taken over from another replica (shared stores)",
+    registry=None,
+)
+
+# --- client input and the log --------------------------------------------------
+
+CLIENT_EVENTS = Counter(
+    "duplex_client_events", "client events received, by type", ["type"], registry=None
+)
+APPEND_LATENCY = Histogram(
+    "duplex_append_latency_seconds",
+    "client frame received -> its records appended to the session log",
+    buckets=LATENCY_BUCKETS_S,
+    registry=None,
+)
+STORE_APPEND_LATENCY = Histogram(
+    "duplex_store_append_seconds",
+    "one batch's append to the session store, durable when it returns",
+    buckets=LATENCY_BUCKETS_S,
+    registry=None,
+)
+STORE_ERRORS = Counter(
+    "duplex_store_errors",
+    "session store operations that failed, by operation",
+    ["operation"],
+    registry=None,
+)
+
+# --- what a listener hears ------------------------------------------------------
+
+COMMIT_TO_FIRST_AUDIO = Histogram(
+    "duplex_commit_to_first_audio_seconds",
+    "input_audio_buffer.commit received -> the answer's first audio recorded",
+    buckets=LATENCY_BUCKETS_S,
+    registry=None,
+)
+SPEECH_STOPPED_TO_FIRST_AUDIO = Histogram(
+    "duplex_speech_stopped_to_first_audio_seconds",
+    "server VAD heard the end of speech -> the answer's first audio recorded",
+    buckets=LATENCY_BUCKETS_S,
+    registry=None,
+)
+BARGE_IN_TO_SILENCE = Histogram(
+    "duplex_barge_in_to_silence_seconds",
+    "frame that barged in received -> the answer's audio fenced off",
+    buckets=LATENCY_BUCKETS_S,
+    registry=None,
+)
+AUDIO_UNDERRUNS = Counter(
+    "duplex_audio_underruns",
+    "answers whose next audio came after what was sent before it had played out",
+    registry=None,
+)
+
+# --- the engine ----------------------------------------------------------------
+
+STAGE_LATENCY = Histogram(
+    "duplex_stage_seconds",
+    "one call of a model stage (asr, tts, llm, vad), queueing included",
+    ["stage"],
+    buckets=LATENCY_BUCKETS_S,
+    registry=None,
+)
+STAGE_REALTIME_FACTOR = Histogram(
+    "duplex_stage_realtime_factor",
+    "a stage call's time over the audio it heard or made",
+    ["stage"],
+    buckets=REALTIME_FACTOR_BUCKETS,
+    registry=None,
+)
+ENGINE_QUEUE_DEPTH = Gauge(
+    "duplex_engine_queue_depth",
+    "requests waiting for an engine slot, by engine",
+    ["engine"],
+    registry=None,
+)
+
+SHARED = (
+    SESSIONS_OPENED,
+    ADMISSIONS_REFUSED,
+    RESUMES,
+    TAKEOVERS,
+    CLIENT_EVENTS,
+    APPEND_LATENCY,
+    STORE_APPEND_LATENCY,
+    STORE_ERRORS,
+    COMMIT_TO_FIRST_AUDIO,
+    SPEECH_STOPPED_TO_FIRST_AUDIO,
+    BARGE_IN_TO_SILENCE,
+    AUDIO_UNDERRUNS,
+    STAGE_LATENCY,
+    STAGE_REALTIME_FACTOR,
+    ENGINE_QUEUE_DEPTH,
 )
 
 
-class Histogram:
-    def __init__(
-        self, name: str, help_text: str, buckets: tuple[float, ...] = LATENCY_BUCKETS_S
-    ) -> None:
-        self.name = name
-        self.help = help_text
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)  # last slot: +Inf
-        self.total = 0.0
-        self.count = 0
+class LiveSessions(Collector):
+    """``duplex_sessions_live{model}``, counted when scraped."""
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
-        self.count += 1
+    def __init__(self, live_by_model: Callable[[], dict[str, int]]) -> None:
+        self._live_by_model = live_by_model
 
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        cumulative = 0
-        for bound, count in zip(self.buckets, self.counts, strict=False):
-            cumulative += count
-            lines.append(f'{self.name}_bucket{{le="{bound}"}} {cumulative}')
-        lines.append(f'{self.name}_bucket{{le="+Inf"}} {self.count}')
-        lines.append(f"{self.name}_sum {self.total}")
-        lines.append(f"{self.name}_count {self.count}")
-        return lines
-
-
-class Counter:
-    def __init__(self, name: str, help_text: str) -> None:
-        self.name = name
-        self.help = help_text
-        self.value = 0
-
-    def inc(self, amount: int = 1) -> None:
-        self.value += amount
-
-    def render(self) -> list[str]:
-        return [
-            f"# HELP {self.name} {self.help}",
-            f"# TYPE {self.name} counter",
-            f"{self.name} {self.value}",
-        ]
-
-
-class Metrics:
-    def __init__(self) -> None:
-        self.append_latency = Histogram(
-            "duplex_append_latency_seconds",
-            "client frame received -> its records appended to the session log",
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "duplex_sessions_live", "sessions with a live actor, by model", labels=["model"]
         )
-        self.client_events = Counter("duplex_client_events_total", "client events applied")
-        self.sessions_opened = Counter("duplex_sessions_opened_total", "sessions opened")
+        for model, count in sorted(self._live_by_model().items()):
+            family.add_metric([model], count)
+        yield family
 
-    def observe_append(self, seconds: float) -> None:
-        self.append_latency.observe(seconds)
-        self.client_events.inc()
 
-    def render(self, live_sessions: int) -> str:
-        lines = [
-            *self.append_latency.render(),
-            *self.client_events.render(),
-            *self.sessions_opened.render(),
-            "# HELP duplex_sessions_live sessions with a live actor",
-            "# TYPE duplex_sessions_live gauge",
-            f"duplex_sessions_live {live_sessions}",
-        ]
-        return "\n".join(lines) + "\n"
+def app_registry(live_by_model: Callable[[], dict[str, int]]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    for collector in (PROCESS_COLLECTOR, GC_COLLECTOR, PLATFORM_COLLECTOR, *SHARED):
+        registry.register(collector)
+    registry.register(LiveSessions(live_by_model))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)
+
+
+def observe_stage(stage: str, seconds: float, audio_s: float) -> None:
+    """One stage call: its latency, and its real-time factor when it had audio."""
+    STAGE_LATENCY.labels(stage).observe(seconds)
+    if audio_s > 0:
+        STAGE_REALTIME_FACTOR.labels(stage).observe(seconds / audio_s)
+
+
+# --- reading an exposition (benches) -------------------------------------------
 
 
 def parse_histogram(text: str, name: str) -> list[tuple[float, int]]:
-    """``[(upper_bound, cumulative_count)]`` of one histogram in exposition text."""
-    prefix = f'{name}_bucket{{le="'
-    out = []
-    for line in text.splitlines():
-        if line.startswith(prefix):
-            bound, _, count = line[len(prefix) :].partition('"} ')
-            out.append((float("inf") if bound == "+Inf" else float(bound), int(count)))
-    return out
+    """``[(upper_bound, cumulative_count)]`` of one unlabelled histogram in
+    exposition text, read with ``prometheus_client``'s parser."""
+    for family in text_string_to_metric_families(text):
+        if family.name == name and family.type == "histogram":
+            return [
+                (float(sample.labels["le"]), int(sample.value))
+                for sample in family.samples
+                if sample.name == f"{name}_bucket"
+            ]
+    return []
+
+
+def sample_value(text: str, name: str, labels: dict[str, str] | None = None) -> float | None:
+    """One sample's value in exposition text (a counter's ``_total``, a gauge)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and (labels is None or sample.labels == labels):
+                return sample.value
+    return None
 
 
 def histogram_quantile(buckets: list[tuple[float, int]], q: float) -> float | None:
@@ -124,7 +249,7 @@ def histogram_quantile(buckets: list[tuple[float, int]], q: float) -> float | No
     lower_bound, lower_count = 0.0, 0
     for bound, count in buckets:
         if count >= rank:
-            if bound == float("inf"):
+            if math.isinf(bound):
                 return lower_bound
             span = count - lower_count
             fraction = (rank - lower_count) / span if span else 0.0

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from duplex_server import metrics
 from duplex_server.auth import (
     ANONYMOUS,
     EPHEMERAL_PREFIX,
@@ -189,11 +190,13 @@ class RealtimeConnection:
         try:
             event = self.decoder.decode(frame)
         except ProtocolError as err:
+            metrics.CLIENT_EVENTS.labels("undecodable").inc()
             if self.actor is None:
                 await self._send_error(err)
             elif not self.actor.post_reject(err, self.attachment.generation):
                 await self._refuse_flood()
             return
+        metrics.CLIENT_EVENTS.labels(event.type).inc()
         if isinstance(event, SessionResume):
             await self._resume(event)
         elif self.actor is None:
@@ -252,6 +255,7 @@ class RealtimeConnection:
         try:
             actor = await self.manager.resume(fresh, request, self.principal.owns)
         except ProtocolError as err:
+            metrics.RESUMES.labels(err.code).inc()
             await self._send_error(err)
             if err.code in GUESSES:
                 await self._failed_resume(request)
@@ -261,6 +265,7 @@ class RealtimeConnection:
             await self.attachment.stop()
             previous.detach(self.attachment.generation)
             previous.end("client_close")
+        metrics.RESUMES.labels("resumed").inc()
         self.attachment = fresh
         self.actor = actor
 
@@ -290,11 +295,13 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     sockets: Counter[str] = app_state.sockets_per_address
     cap = app_state.config.max_connections_per_ip
     if cap and sockets[address] >= cap:
+        metrics.ADMISSIONS_REFUSED.labels("address_sockets").inc()
         await websocket.close(CloseCode.TRY_AGAIN_LATER, "too many connections from this address")
         return
     origin = websocket.headers.get("origin")
     allowed = app_state.config.allowed_origins
     if allowed and origin is not None and origin not in allowed:
+        metrics.ADMISSIONS_REFUSED.labels("origin").inc()
         # A page elsewhere must not drive a user's browser into this server.
         await websocket.close(CloseCode.POLICY_VIOLATION, "origin not allowed")
         return
@@ -314,6 +321,7 @@ async def _serve_socket(websocket: WebSocket) -> None:
     if refused is not None:
         # Refused before the upgrade: no half-open socket for a wrong key.
         status, err = refused
+        metrics.ADMISSIONS_REFUSED.labels(err.code).inc()
         body = {"error": {"type": err.error_class, "code": err.code, "message": err.message}}
         await websocket.send_denial_response(JSONResponse(body, status))
         return

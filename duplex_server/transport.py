@@ -19,6 +19,7 @@ import uvicorn
 from starlette.applications import Starlette
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from duplex_server import metrics
 from duplex_server.config import ServerConfig
 
 # Room around an event's largest field: a frame up to max_frame_bytes plus
@@ -80,6 +81,8 @@ def guarded_http(
             address = self.client[0] if self.client else ""
             over_cap = max_per_address and open_per_address[address] >= max_per_address
             if over_cap or not rate.admit(address, time.monotonic()):
+                reason = "address_connections" if over_cap else "address_connection_rate"
+                metrics.ADMISSIONS_REFUSED.labels(reason).inc()
                 transport.close()
                 return
             open_per_address[address] += 1

@@ -34,6 +34,11 @@ class ClientEvent(msgspec.Struct, tag_field="type", omit_defaults=True):
     # Duplex clients may stamp the epoch they believe current; older -> stale_epoch.
     epoch: NonNegInt | None = None
 
+    @property
+    def type(self) -> str:
+        """The event's ``type`` as the client spelled it (its struct's tag)."""
+        return str(type(self).__struct_config__.tag)
+
 
 class SessionUpdateEvent(ClientEvent, tag="session.update"):
     session: SessionUpdate = msgspec.field(default_factory=SessionUpdate)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Generic, Protocol, TypeVar
 
+from duplex_server import metrics
+
 P = TypeVar("P")
 C = TypeVar("C")
 # A backend yields chunks: covariant in them.
@@ -54,8 +56,14 @@ class _Waiter:
 
 
 class EngineCore(Generic[P, C]):
-    def __init__(self, backend: EngineBackend[P, C], max_concurrency: int = 64) -> None:
+    """``name`` labels its queue depth in ``/metrics``."""
+
+    def __init__(
+        self, backend: EngineBackend[P, C], max_concurrency: int = 64, name: str = "engine"
+    ) -> None:
         self.backend = backend
+        self.name = name
+        self._depth = metrics.ENGINE_QUEUE_DEPTH.labels(name)
         self.max_concurrency = max_concurrency
         self._running: set[str] = set()
         self._aborted: set[str] = set()
@@ -99,6 +107,7 @@ class EngineCore(Generic[P, C]):
             self._waiting,
             _Waiter(int(request.priority), next(self._order), request.request_id, future),
         )
+        self._depth.set(len(self._waiting))
         await future  # resolved by _release, with the slot already ours
 
     def _release(self, request_id: str) -> None:
@@ -110,3 +119,4 @@ class EngineCore(Generic[P, C]):
                 continue  # aborted or cancelled while waiting
             self._running.add(waiter.request_id)
             waiter.future.set_result(None)
+        self._depth.set(len(self._waiting))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -11,8 +13,12 @@ import pytest
 from duplex_server.bench.redis_process import RedisServer
 from duplex_server.bench.server_process import free_port
 from duplex_server.config import ServerConfig
+from duplex_server.metrics import histogram_quantile, parse_histogram
 from tests.conftest import running_server
+from tests.scrape import grew, scrape, value
 from tests.wsclient import tone_pcm16
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 async def test_health_and_models(server):
@@ -50,20 +56,53 @@ async def test_session_log_as_json_lines(server):
     assert detail["id"] == session_id and detail["turn_id"] == 1
 
 
-async def test_metrics_count_applied_events(server):
-    from duplex_server.metrics import histogram_quantile, parse_histogram
-
+async def test_metrics_follow_a_voice_turn(server):
+    before = await scrape(server.http_url)
     client, _ = await server.open()
     for _ in range(3):
         await client.send({"type": "session.heartbeat"})
         await client.expect("session.heartbeat_ack")
+    await client.append(tone_pcm16(300))
+    await client.send({"type": "input_audio_buffer.commit"})
+    await client.recv_until("response.done")
+    after = await scrape(server.http_url)
+    events = "duplex_client_events"
+    assert grew(before, after, events, f"{events}_total", type="session.heartbeat") == 3
+    assert grew(before, after, events, f"{events}_total", type="input_audio_buffer.commit") == 1
+    opened = "duplex_sessions_opened"
+    assert grew(before, after, opened, f"{opened}_total", model="echo") == 1
+    assert value(after, "duplex_sessions_live", "duplex_sessions_live", model="echo") == 1
+    for histogram in (
+        "duplex_append_latency_seconds",
+        "duplex_store_append_seconds",
+        "duplex_commit_to_first_audio_seconds",
+    ):
+        assert grew(before, after, histogram, f"{histogram}_count") >= 1, histogram
+    buckets = parse_histogram(await _text(server), "duplex_commit_to_first_audio_seconds")
+    assert 0 < histogram_quantile(buckets, 0.5) < 10.0
+    # The standard collectors an operator's dashboards expect.
+    assert value(after, "process_resident_memory_bytes", "process_resident_memory_bytes") > 0
+    assert "python_gc_collections" in after
+
+
+async def _text(server) -> str:
     async with httpx.AsyncClient(base_url=server.http_url) as http:
-        text = (await http.get("/metrics")).text
-    assert "duplex_client_events_total 3" in text
-    assert "duplex_sessions_opened_total 1" in text and "duplex_sessions_live 1" in text
-    buckets = parse_histogram(text, "duplex_append_latency_seconds")
-    assert buckets[-1] == (float("inf"), 3)
-    assert 0 < histogram_quantile(buckets, 0.5) < 5.0
+        return (await http.get("/metrics")).text
+
+
+async def test_the_grafana_dashboard_plots_only_series_the_server_exports(server):
+    dashboard = json.loads((REPO / "deploy" / "grafana-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    queried = {name for expr in exprs for name in re.findall(r"\b(?:duplex|process)_\w+", expr)}
+    families = await scrape(server.http_url)
+    exported = {sample for family in families.values() for sample, _ in family} | set(families)
+    suffixes = ("_bucket", "_count", "_sum", "_total")
+    missing = {
+        name
+        for name in queried
+        if name not in exported and not any(name.removesuffix(s) in families for s in suffixes)
+    }
+    assert len(queried) >= 15 and not missing, missing
 
 
 async def test_ready_when_the_replica_can_open_a_session(server):

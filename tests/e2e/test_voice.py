@@ -13,6 +13,7 @@ from duplex_server.audio import resample_pcm16
 from duplex_server.config import ServerConfig
 from duplex_server.engine.audio.sphinx import Sphinx
 from tests.conftest import free_port, running_server
+from tests.scrape import grew, scrape
 from tests.speech import ANSWERS, PHRASES, silence, speak
 from tests.wsclient import WsClient
 
@@ -103,6 +104,19 @@ async def test_spoken_turn_with_server_vad(voice_server, chunk_ms):
     assert partial < types.index("input_audio_buffer.speech_stopped")
 
 
+async def test_the_voice_path_is_measured(voice_server):
+    before = await scrape(voice_server.http_url)
+    await spoken_turn(voice_server, PHRASES[1])
+    after = await scrape(voice_server.http_url)
+    for stage in ("vad", "asr", "tts"):
+        for family in ("duplex_stage_seconds", "duplex_stage_realtime_factor"):
+            assert grew(before, after, family, f"{family}_count", stage=stage) >= 1, (family, stage)
+    stopped = "duplex_speech_stopped_to_first_audio_seconds"
+    assert grew(before, after, stopped, f"{stopped}_count") == 1
+    rtf = "duplex_stage_realtime_factor"
+    assert grew(before, after, rtf, f"{rtf}_sum", stage="asr") > 0
+
+
 async def test_several_sessions_share_the_stages(voice_server):
     await asyncio.gather(*(spoken_turn(voice_server, phrase) for phrase in PHRASES[1:4]))
 
@@ -141,6 +155,7 @@ def assistant_item(server, item_id: str):
 
 
 async def test_speech_over_the_answer_barges_in(voice_server):
+    before = await scrape(voice_server.http_url)
     client = await vad_session(voice_server)
     response_id, item_id = await answer_started(client)
     await asyncio.sleep(0.4)
@@ -151,6 +166,9 @@ async def test_speech_over_the_answer_barges_in(voice_server):
     decision = first(events, "overlap.decision")
     assert decision["action"] == "barge_in" and decision["response_id"] == response_id
     assert decision["metadata"]["overlap_ms"] >= 400
+    silenced = "duplex_barge_in_to_silence_seconds"
+    after = await scrape(voice_server.http_url)
+    assert grew(before, after, silenced, f"{silenced}_count") == 1
     done = [e for e in events if e["type"] == "response.done"]
     assert done[0]["response"]["id"] == response_id
     assert (done[0]["response"]["status"], done[0]["response"]["duplex"]["reason"]) == (

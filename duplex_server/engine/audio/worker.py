@@ -42,7 +42,7 @@ class Stage:
     def __init__(self, name: str) -> None:
         self.name = name
         self.engine: EngineCore[StageCall, Any] = EngineCore(
-            _ThreadBackend(name), max_concurrency=1
+            _ThreadBackend(name), max_concurrency=1, name=name
         )
         self._ids = itertools.count()
 

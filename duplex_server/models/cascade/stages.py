@@ -5,8 +5,10 @@ synthesiser its responses use."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Protocol
 
+from duplex_server import metrics
 from duplex_server.audio import StreamResampler, resample_pcm16
 from duplex_server.engine import Priority
 from duplex_server.engine.audio.espeak import Espeak
@@ -36,7 +38,10 @@ class SileroScorer:
         if self._resampler is None or self._resampler.src_hz != sample_rate_hz:
             self._resampler = StreamResampler(sample_rate_hz, VAD_RATE_HZ)
         audio = self._resampler.push(pcm16)
-        return await self._stage.run(self._stream.feed, audio)
+        started = time.perf_counter()
+        scores = await self._stage.run(self._stream.feed, audio)
+        metrics.observe_stage("vad", time.perf_counter() - started, len(audio) / 2 / VAD_RATE_HZ)
+        return scores
 
 
 class Recogniser(Protocol):
@@ -101,14 +106,24 @@ class CascadeStages:
     async def transcribe(self, pcm16: bytes, sample_rate_hz: int, partial: bool = False) -> str:
         audio = resample_pcm16(pcm16, sample_rate_hz, ASR_RATE_HZ)
         priority = Priority.BATCH if partial else Priority.REALTIME
+        started = time.perf_counter()
         try:
-            return await self.asr_stage.run(self.asr.transcribe, audio, priority=priority)
+            text = await self.asr_stage.run(self.asr.transcribe, audio, priority=priority)
         except Exception as exc:  # the stage boundary: any recogniser failure
             log.exception("speech recognition failed")
             raise TranscriptionError(f"speech recognition failed: {exc}") from exc
+        metrics.observe_stage(
+            "asr_partial" if partial else "asr",
+            time.perf_counter() - started,
+            len(audio) / 2 / ASR_RATE_HZ,
+        )
+        return text
 
     # --- speaking --------------------------------------------------------------
 
     async def synthesize(self, text: str, voice: str, speed: float) -> tuple[bytes, int]:
+        started = time.perf_counter()
         pcm = await self.tts_stage.run(self.tts.synthesize, text, voice, speed)
-        return pcm, self.tts.sample_rate_hz
+        rate = self.tts.sample_rate_hz
+        metrics.observe_stage("tts", time.perf_counter() - started, len(pcm) / 2 / rate)
+        return pcm, rate

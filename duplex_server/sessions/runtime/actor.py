@@ -14,8 +14,9 @@ import logging
 import time
 import weakref
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from duplex_server import metrics
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands import (
     Effects,
@@ -65,6 +66,7 @@ from duplex_server.sessions.log.store import (
 from duplex_server.sessions.log.tokens import hash_token, new_resume_token, token_matches
 from duplex_server.sessions.runtime import log_context
 from duplex_server.sessions.runtime import mailbox as mb
+from duplex_server.sessions.runtime.answer_timing import AnswerTiming
 from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.codecs import SessionCodecs
 from duplex_server.sessions.runtime.hearing import Hearing
@@ -107,10 +109,6 @@ OFFLOAD_DECODE_CHARS = 256 * 1024
 DRAIN_TIMEOUT_S = 2.0
 
 
-def _ignore(seconds: float) -> None:
-    pass
-
-
 @dataclass
 class ActorSettings:
     owner: str
@@ -126,8 +124,6 @@ class ActorSettings:
     input_burst_ms: float = 10_000.0
     # Media (audio samples, video frames) one session may put in the log.
     max_session_media_bytes: int = 1024 * 1024 * 1024
-    # Called with (frame received -> records appended) in seconds, for metrics.
-    observe_append: Callable[[float], None] = field(default=_ignore)
 
 
 def _now_ms() -> int:
@@ -169,6 +165,8 @@ class SessionActor:
         self._mailbox: asyncio.Queue[object] = asyncio.Queue()
         self._pending_client = 0
         self._heartbeats = 0  # acks sent, for their event ids
+        self.timing = AnswerTiming()
+        self._input_at: float | None = None  # arrival of the client frame being applied
         # The model, unit by unit or turn by turn, behind one interface.
         # What the actor hands its parts refers to its mailbox, never back to
         # the actor: a closed session (its journal, its buffered audio) is then
@@ -494,6 +492,7 @@ class SessionActor:
         batch.settle()  # the floor's change, for batches built outside the step
         if not batch.records:
             return True
+        started = time.perf_counter()
         try:
             await self._log.append(self.session_id, batch.records, self.fence)
         except DuplicateEvent as dup:
@@ -507,6 +506,7 @@ class SessionActor:
             return False
         except (LogError, OSError) as exc:
             log.error("session %s: append failed: %s", self.session_id, exc)
+            metrics.STORE_ERRORS.labels("append").inc()
             self._storage_failed()
             await self._send_error_now(
                 ProtocolError(
@@ -516,6 +516,9 @@ class SessionActor:
                 )
             )
             return False
+        landed = time.perf_counter()
+        metrics.STORE_APPEND_LATENCY.observe(landed - started)
+        self.timing.landed(self.state, batch.records, self._input_at, landed)
         self.retention.note(batch)
         evicted = self.journal.add(batch.outbound)
         if evicted is not None:
@@ -630,6 +633,13 @@ class SessionActor:
     async def _on_client(self, message: mb.Client) -> None:
         if self.attachment is None or message.generation != self.attachment.generation:
             return  # a superseded socket's late frame
+        self._input_at = message.received_at
+        try:
+            await self._apply_client(message)
+        finally:
+            self._input_at = None
+
+    async def _apply_client(self, message: mb.Client) -> None:
         event = message.event
         self.last_activity = time.monotonic()
         # Before the context: a retried commit must not be transcribed again.
@@ -643,7 +653,9 @@ class SessionActor:
         if done is None:
             return
         batch, effects = done
-        self.settings.observe_append(time.perf_counter() - message.received_at)
+        metrics.APPEND_LATENCY.observe(time.perf_counter() - message.received_at)
+        if isinstance(event, InputAudioCommit):
+            self.timing.committed(message.received_at)
         await self.apply_effects(effects)
         if isinstance(event, InputAudioAppend):
             self._charge_input(batch)
@@ -718,8 +730,11 @@ class SessionActor:
     async def _run_heard(self, command: HeardCommand | None) -> None:
         if command is None:
             return
+        decided_at = time.perf_counter()
         done = await self._execute(command, await self._context_for(command))
         if done is not None:
+            if isinstance(command, TurnEnded):
+                self.timing.speech_stopped(decided_at)
             self.hearing.recorded(command)
             await self.apply_effects(done[1])
 

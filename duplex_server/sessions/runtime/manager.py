@@ -12,9 +12,9 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from duplex_server import metrics
 from duplex_server.sessions.core.commands import check_session_patch
 from duplex_server.sessions.core.config import merge_config
 from duplex_server.sessions.core.gates import refuse_unsupported
@@ -59,7 +59,6 @@ class ManagerSettings:
     ended_sessions_kept: int = 10_000
     # Shared stores: how long a lease lives unrenewed (renewed every third of it).
     lease_ttl_s: float = 5.0
-    on_open: Callable[[], None] | None = field(default=None)
 
     @property
     def owner(self) -> str:
@@ -96,18 +95,21 @@ class SessionManager:
         ``address_quota`` (0: only the server's cap applies). A detached
         session waiting for its resume counts: closing sockets frees no slot."""
         if self.at_capacity:
+            metrics.ADMISSIONS_REFUSED.labels("capacity").inc()
             raise ProtocolError(
                 "resource_exhausted",
                 f"server is at capacity ({self.settings.max_sessions} sessions); retry later",
             )
         held = sum(1 for actor in self.actors.values() if actor.state.owner == owner)
         if owner_quota and held >= owner_quota:
+            metrics.ADMISSIONS_REFUSED.labels("key_quota").inc()
             raise ProtocolError(
                 "resource_exhausted",
                 f"this key holds its quota of {owner_quota} live sessions; close one first",
             )
         from_address = sum(1 for actor in self.actors.values() if actor.address == address)
         if address_quota and from_address >= address_quota:
+            metrics.ADMISSIONS_REFUSED.labels("address_quota").inc()
             raise ProtocolError(
                 "resource_exhausted",
                 f"{address_quota} live sessions were opened from this address; close one first",
@@ -120,15 +122,20 @@ class SessionManager:
             await actor.open(attachment, patch, handshake, openai_semantics, owner)
         except LogError as exc:
             self.actors.pop(session_id, None)
+            metrics.ADMISSIONS_REFUSED.labels("storage_unavailable").inc()
+            metrics.STORE_ERRORS.labels("open").inc()
             raise ProtocolError(
                 "storage_unavailable", f"cannot open a session: the session log failed ({exc})"
             ) from exc
         except BaseException:
             self.actors.pop(session_id, None)
             raise
-        if self.settings.on_open is not None:
-            self.settings.on_open()
+        metrics.SESSIONS_OPENED.labels(self.model.name).inc()
         return actor
+
+    def live_by_model(self) -> dict[str, int]:
+        """Live sessions by model, for ``duplex_sessions_live``: one model a server."""
+        return {self.model.name: len(self.actors)}
 
     @property
     def at_capacity(self) -> bool:
@@ -296,6 +303,7 @@ class SessionManager:
                 param="session_id",
                 event_id=request.event_id,
             )
+        metrics.TAKEOVERS.inc()
         return self.actors[session_id]
 
     async def _read_for_resume(self, request: SessionResume) -> list[Record]:
