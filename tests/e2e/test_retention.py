@@ -121,3 +121,48 @@ async def test_the_purge_deletes_sessions_together(server):
     assert most[0] == len(purged) > 1
     for session_id in closed:
         server.final_states.pop(session_id, None)
+
+
+async def test_the_purge_deletes_in_small_paced_batches(server, monkeypatch):
+    """A batch of deletes at a time, then a pause as long as the batch took
+    (PURGE_DUTY 0.5): a live append never queues behind more than one batch."""
+    if not server.app.state.log.durable:
+        return  # the memory store deletes at close: nothing is left to purge
+    from duplex_server.sessions.runtime import manager as manager_module
+
+    manager = server.app.state.manager
+    log = server.app.state.log
+    closed = []
+    for _ in range(5):
+        client, created = await server.open()
+        await client.send({"type": "session.close"})
+        await client.expect("session.closed")
+        closed.append(created["session"]["id"])
+    for _ in range(200):  # the actors leave once their close is logged
+        if not set(closed) & set(manager.actors):
+            break
+        await asyncio.sleep(0.01)
+    delete, in_flight, most, pauses = log.delete, [0], [0], []
+
+    async def counting(session_id: str) -> None:
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        try:
+            await delete(session_id)
+        finally:
+            in_flight[0] -= 1
+
+    async def pause(seconds: float) -> None:
+        pauses.append((seconds, in_flight[0]))
+
+    log.delete = counting
+    monkeypatch.setattr(manager_module, "PURGE_BATCH", 2)
+    monkeypatch.setattr(manager_module, "purge_pause", pause)
+    purged = await manager.purge(now_ms=2**62)
+    monkeypatch.undo()
+    assert set(closed) <= set(purged)
+    batches = -(-len(purged) // 2)
+    assert most[0] == 2 and len(pauses) == batches - 1
+    assert all(seconds >= 0 and busy == 0 for seconds, busy in pauses)  # between batches
+    for session_id in closed:
+        server.final_states.pop(session_id, None)
