@@ -85,14 +85,24 @@ async def test_function_call_output_item(server):
     error = await client.expect("error")
     assert error["error"]["code"] == "invalid_event"
     assert error["error"]["param"] == "item.call_id"
-    await client.send(
-        {
-            "type": "conversation.item.create",
-            "item": {"type": "function_call_output", "call_id": "c1", "output": '{"ok": true}'},
-        }
+    output = {"type": "function_call_output", "call_id": "c1", "output": '{"ok": true}'}
+    await client.send({"type": "conversation.item.create", "event_id": "o1", "item": output})
+    error = (await client.expect("error"))["error"]
+    assert (error["code"], error["param"], error["event_id"]) == (
+        "unknown_function_call",
+        "item.call_id",
+        "o1",
     )
+    # A call the client restores into the conversation may be answered, once.
+    call = {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": "{}"}
+    await client.send({"type": "conversation.item.create", "item": call})
+    await client.recv_until("conversation.item.done")
+    await client.send({"type": "conversation.item.create", "item": output})
     added = (await client.recv_until("conversation.item.done"))[0]
     assert added["item"]["call_id"] == "c1" and added["item"]["output"] == '{"ok": true}'
+    await client.send({"type": "conversation.item.create", "event_id": "o2", "item": output})
+    error = (await client.expect("error"))["error"]
+    assert (error["code"], error["event_id"]) == ("duplicate_function_call_output", "o2")
 
 
 async def test_previous_item_id_must_exist(server):

@@ -186,3 +186,36 @@ async def test_a_tool_call_reaches_the_client_as_openai_shapes_it(server, monkey
     output = events[-1]["response"]["output"]
     assert [item["type"] for item in output] == ["message", "function_call"]
     assert output[1]["call_id"] == "call_7" and events[-1]["response"]["status"] == "completed"
+
+
+async def test_the_output_of_a_call_whose_answer_was_cut_off_is_stale(server, monkeypatch):
+    """A call the model made in an answer that was then cancelled stands no
+    more: its output is refused (stale_function_call_output), the session
+    goes on, and the call item says incomplete."""
+    from duplex_server.models import scripted
+    from duplex_server.sessions.core.model_port import FunctionCallPart, UnitOutput
+
+    original = scripted.ScriptedSession.step
+
+    async def calling(self, unit):
+        outputs = await original(self, unit)
+        if self.spoken == 1:
+            call = FunctionCallPart(call_id="call_9", name="lookup", arguments="{}")
+            outputs.append(UnitOutput(function_call=call))
+        return outputs
+
+    monkeypatch.setattr(scripted.ScriptedSession, "step", calling)
+    client, _ = await server.open()
+    await append_units(client, quiet(UNIT_MS * (LISTEN_UNITS + 2)))
+    await client.recv_until("response.function_call_arguments.done", timeout=RESPONSE_TIMEOUT_S)
+    await client.send({"type": "response.cancel"})
+    done = (await client.recv_until("response.done", timeout=RESPONSE_TIMEOUT_S))[-1]["response"]
+    assert done["status"] == "cancelled"
+    call = next(item for item in done["output"] if item["type"] == "function_call")
+    assert call["status"] == "incomplete"
+    output = {"type": "function_call_output", "call_id": "call_9", "output": "{}"}
+    await client.send({"type": "conversation.item.create", "event_id": "late", "item": output})
+    error = (await client.recv_until("error"))[-1]["error"]
+    assert (error["code"], error["event_id"]) == ("stale_function_call_output", "late")
+    await client.send({"type": "session.heartbeat"})
+    await client.recv_until("session.heartbeat_ack")

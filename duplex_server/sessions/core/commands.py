@@ -51,6 +51,7 @@ from duplex_server.sessions.core.responses import (
 )
 from duplex_server.sessions.core.snapshot import ledger, session_object
 from duplex_server.sessions.core.state import Response, SessionState
+from duplex_server.sessions.core.tool_calls import check_function_call_output
 from duplex_server.sessions.core.turns import OverlapAction, Transition
 from protocol import client_events as ce
 from protocol.audio_formats import OPUS, SUPPORTED_INPUT, AudioFormat, resolve_format
@@ -601,6 +602,8 @@ def _client_item(state: SessionState, event: ce.ItemCreate) -> tuple[Item, list[
                 param=f"item.{field_name}",
                 event_id=event.event_id,
             )
+    if wire.type == "function_call_output":
+        check_function_call_output(state, wire.call_id, event.event_id)  # type: ignore[arg-type]  # a str, checked above
     if wire.type == "message" and wire.role is UNSET:
         raise ProtocolError(
             "invalid_event",

@@ -361,9 +361,13 @@ def _finish_response(state: SessionState, body: DecisionBody) -> None:
         return
     response.status = body.status or "completed"
     response.reason = body.reason
+    status = "completed" if response.status == "completed" else "incomplete"
+    for call_item_id in response.call_item_ids:  # a cut-off call stands no more
+        if (call := state.find_item(call_item_id)) is not None:
+            call.status = status
     item = state.find_item(response.item_id)
     if item is not None:
-        item.status = "completed" if response.status == "completed" else "incomplete"
+        item.status = status
         for part in item.parts:
             if part.type == "audio":
                 part.transcript = response.transcript
