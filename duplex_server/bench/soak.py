@@ -44,6 +44,11 @@ RECONNECT_PAUSE_S = 0.1  # after a failed session, before the next
 SESSION_PATIENCE_S = 60.0
 
 
+class CloseRefused(Exception):
+    """The server answered ``session.close`` with an error (the store could
+    not record it): the session stays open, so no close of the socket comes."""
+
+
 @dataclass
 class Tally:
     """What the churn clients counted since the last sample."""
@@ -66,7 +71,8 @@ class Churner:
             try:
                 async with asyncio.timeout(SESSION_PATIENCE_S):
                     await self._one_session()
-            except (OSError, websockets.WebSocketException):  # TimeoutError is an OSError
+            except (OSError, websockets.WebSocketException, CloseRefused):
+                # (the patience running out is a TimeoutError, an OSError)
                 self.tally.failed += 1
                 await asyncio.sleep(RECONNECT_PAUSE_S)
             else:
@@ -89,8 +95,9 @@ class Churner:
                 elif '"response.done"' in head:
                     break
             await ws.send('{"type":"session.close"}')
-            async for _ in ws:  # until the server closes the socket
-                pass
+            async for message in ws:  # until the server closes the socket
+                if '"type":"error"' in message[:48]:
+                    raise CloseRefused(message[:300])
 
 
 class StoreSize:

@@ -395,7 +395,10 @@ class SessionActor:
         failed = False
         try:
             self._feed.start()
-            while self.state.closed_reason is None and self.lifecycle.serving:
+            # A closed state ends the loop only if the log holds the close: a
+            # closing batch sets closed_reason before it is appended, and one
+            # the store refused (dirty) must not end the actor, its socket open.
+            while self.lifecycle.serving and (self._dirty or self.state.closed_reason is None):
                 message = await self._mailbox.get()
                 await self._dispatch(message)
         except Exception:
@@ -431,6 +434,8 @@ class SessionActor:
         if self._dirty and not await self._heal() and isinstance(message, mb.NEEDS_LOG):
             await self._refuse_unrecorded(message)
             return
+        if not self.lifecycle.serving:
+            return  # the heal found the session closed, and closed its socket
         if isinstance(message, mb.Client | mb.Reject | mb.Heartbeat):
             # Counted until applied, not until taken: a heartbeat is answered
             # at once only while none of its socket's commands is in flight.
@@ -556,6 +561,11 @@ class SessionActor:
         # A batch whose reply was lost may have landed: its events go out now.
         self.journal.restore(journal_entries(records), self.state.server_event_seq)
         self._dirty = False
+        if self.state.closed_reason is not None:
+            # The closing batch landed though its append failed (a timeout
+            # lost the reply): once the journal's close went out, so does the socket.
+            await self._finish_close()
+            return True
         if self.state.response is not None:
             batch = self.new_batch()
             batch.emit(
@@ -934,6 +944,9 @@ class SessionActor:
 
     async def _on_end(self, reason: CloseReason) -> None:
         """Expiry or server shutdown: tell the client why, then close."""
+        if self._dirty:
+            self._end_requested = False  # the store is still down: the reaper asks again
+            return
         if self.state.closed_reason is not None:
             return
         batch = self.new_batch()
