@@ -87,40 +87,57 @@ async def test_closed_sessions_are_deleted_after_retention(server):
     await kept.expect("session.heartbeat_ack")
 
 
+async def closed_sessions(server, count: int) -> list[str]:
+    """Open and close ``count`` sessions; their ids once their actors left."""
+    closed = []
+    for _ in range(count):
+        client, created = await server.open()
+        await client.send({"type": "session.close"})
+        await client.expect("session.closed")
+        closed.append(created["session"]["id"])
+    for _ in range(200):  # the actors leave once their close is logged
+        if not set(closed) & set(server.manager.actors):
+            break
+        await asyncio.sleep(0.01)
+    return closed
+
+
+class CountedDeletes:
+    """Wraps the store's ``delete``: how many run at once, now and at most."""
+
+    def __init__(self, log) -> None:
+        self._delete = log.delete
+        self.in_flight = 0
+        self.most = 0
+        log.delete = self
+
+    async def __call__(self, session_id: str) -> None:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await self._delete(session_id)
+        finally:
+            self.in_flight -= 1
+
+
+def forget(server, session_ids: list[str]) -> None:
+    """Purged sessions have no log left to refold at teardown."""
+    for session_id in session_ids:
+        server.final_states.pop(session_id, None)
+
+
 async def test_the_purge_deletes_sessions_together(server):
     """Expired sessions are deleted concurrently, to share the store's group
     commits or round trips: one at a time, a busy server's purge fell behind
     the sessions it served and its store grew without bound."""
     if not server.app.state.log.durable:
         return  # the memory store deletes at close: nothing is left to purge
-    manager = server.app.state.manager
-    log = server.app.state.log
-    closed = []
-    for _ in range(4):
-        client, created = await server.open()
-        await client.send({"type": "session.close"})
-        await client.expect("session.closed")
-        closed.append(created["session"]["id"])
-    for _ in range(200):  # the actors leave once their close is logged
-        if not set(closed) & set(manager.actors):
-            break
-        await asyncio.sleep(0.01)
-    delete, in_flight, most = log.delete, [0], [0]
-
-    async def counting(session_id: str) -> None:
-        in_flight[0] += 1
-        most[0] = max(most[0], in_flight[0])
-        try:
-            await delete(session_id)
-        finally:
-            in_flight[0] -= 1
-
-    log.delete = counting
-    purged = await manager.purge(now_ms=2**62)  # every closed session is past its retention
+    closed = await closed_sessions(server, 4)
+    deletes = CountedDeletes(server.app.state.log)
+    purged = await server.manager.purge(now_ms=2**62)  # every closed session is past its retention
     assert set(closed) <= set(purged)
-    assert most[0] == len(purged) > 1
-    for session_id in closed:
-        server.final_states.pop(session_id, None)
+    assert deletes.most == len(purged) > 1
+    forget(server, closed)
 
 
 async def test_the_purge_deletes_in_small_paced_batches(server, monkeypatch):
@@ -130,39 +147,18 @@ async def test_the_purge_deletes_in_small_paced_batches(server, monkeypatch):
         return  # the memory store deletes at close: nothing is left to purge
     from duplex_server.sessions.runtime import manager as manager_module
 
-    manager = server.app.state.manager
-    log = server.app.state.log
-    closed = []
-    for _ in range(5):
-        client, created = await server.open()
-        await client.send({"type": "session.close"})
-        await client.expect("session.closed")
-        closed.append(created["session"]["id"])
-    for _ in range(200):  # the actors leave once their close is logged
-        if not set(closed) & set(manager.actors):
-            break
-        await asyncio.sleep(0.01)
-    delete, in_flight, most, pauses = log.delete, [0], [0], []
-
-    async def counting(session_id: str) -> None:
-        in_flight[0] += 1
-        most[0] = max(most[0], in_flight[0])
-        try:
-            await delete(session_id)
-        finally:
-            in_flight[0] -= 1
+    closed = await closed_sessions(server, 5)
+    deletes, pauses = CountedDeletes(server.app.state.log), []
 
     async def pause(seconds: float) -> None:
-        pauses.append((seconds, in_flight[0]))
+        pauses.append((seconds, deletes.in_flight))
 
-    log.delete = counting
     monkeypatch.setattr(manager_module, "PURGE_BATCH", 2)
     monkeypatch.setattr(manager_module, "purge_pause", pause)
-    purged = await manager.purge(now_ms=2**62)
+    purged = await server.manager.purge(now_ms=2**62)
     monkeypatch.undo()
     assert set(closed) <= set(purged)
     batches = -(-len(purged) // 2)
-    assert most[0] == 2 and len(pauses) == batches - 1
+    assert deletes.most == 2 and len(pauses) == batches - 1
     assert all(seconds >= 0 and busy == 0 for seconds, busy in pauses)  # between batches
-    for session_id in closed:
-        server.final_states.pop(session_id, None)
+    forget(server, closed)
