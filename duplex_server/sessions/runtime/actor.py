@@ -314,9 +314,11 @@ class SessionActor:
         the session from idling out and is answered to that socket alone,
         never recorded (docs/DECISIONS.md, "heartbeats"). It is answered here
         at once unless a command of this socket is still queued or being
-        applied; then it waits its turn in the mailbox, so that its ack still
-        says everything sent before it was applied."""
-        if not self._pending_client:
+        applied, or a storage failure left the state to heal; then it waits
+        its turn in the mailbox, so that its ack still says everything sent
+        before it was applied, and a client that only heartbeats through an
+        outage learns how it ended (the heal runs before the ack)."""
+        if not self._pending_client and not self._dirty:
             self._answer_heartbeat(generation)
             return True
         if self._pending_client >= self.settings.mailbox_size:
