@@ -301,10 +301,15 @@ class SessionActor:
 
     def post_client(self, event: ClientEvent, generation: int) -> bool:
         """Queue a client command; False when the mailbox is full (flood)."""
+        return self._post_from_socket(mb.Client(event, generation, time.perf_counter()))
+
+    def _post_from_socket(self, message: mb.Client | mb.Reject | mb.Heartbeat) -> bool:
+        """Queue what a socket sent, counted against the mailbox bound until
+        applied; False when the mailbox is full (flood)."""
         if self._pending_client >= self.settings.mailbox_size:
             return False
         self._pending_client += 1
-        self._mailbox.put_nowait(mb.Client(event, generation, time.perf_counter()))
+        self._mailbox.put_nowait(message)
         return True
 
     def heartbeat(self, generation: int) -> bool:
@@ -321,11 +326,7 @@ class SessionActor:
         if not self._pending_client and not self._dirty:
             self._answer_heartbeat(generation)
             return True
-        if self._pending_client >= self.settings.mailbox_size:
-            return False
-        self._pending_client += 1
-        self._mailbox.put_nowait(mb.Heartbeat(generation))
-        return True
+        return self._post_from_socket(mb.Heartbeat(generation))
 
     def _answer_heartbeat(self, generation: int) -> None:
         if self.attachment is None or generation != self.attachment.generation:
@@ -346,11 +347,7 @@ class SessionActor:
 
     def post_reject(self, error: ProtocolError, generation: int) -> bool:
         """Queue the error for a frame that did not decode (journaled in order)."""
-        if self._pending_client >= self.settings.mailbox_size:
-            return False
-        self._pending_client += 1
-        self._mailbox.put_nowait(mb.Reject(error, generation))
-        return True
+        return self._post_from_socket(mb.Reject(error, generation))
 
     async def resume(
         self, attachment: Attachment, request: SessionResume, may_use: OwnerCheck = anyone
