@@ -1,247 +1,518 @@
 // The voice page: microphone -> /v1/realtime?duplex=1 -> speaker, with live
-// transcripts, playback acks and barge-in (the server decides; the page
-// flushes its queue when told the answer was cut).
-const SEND_EVERY_MS = 100;
-const JITTER_MS = 120;
-const SERVER_RATE = 24000; // what the server speaks
+// transcripts, playback acknowledgements (the server's history holds what
+// was heard, no more), barge-in (the server decides; the page stops playing
+// and says where the answer was cut) and resume after a dropped connection.
+import { AudioIO, MicrophoneError, toBase64 } from "./audio.js";
+import { Call, Fatal } from "./call.js";
+import { Conversation } from "./transcript.js";
 
-const state = {
-  status: "idle",
-  userTranscripts: [],
-  assistantTranscripts: [],
-  playedMs: 0,
-  audioDeltas: 0,
-  acks: 0,
-  cleared: 0,
-  errors: [],
-};
-window.duplexState = state;
+const ACK_EVERY_MS = 250;
+const INTERRUPTED_SHOWN_MS = 1500;
+const INPUT_MAP_MS = 60000; // how far back speech ends can be placed in time
 
 const $ = (id) => document.getElementById(id);
-let socket = null;
-let context = null;
-let player = null;
-let microphone = null;
-let pending = [];
-let pendingSamples = 0;
-let current = null; // {id, startSample, samples} of the answer being played
-let lastPlayed = 0;
-let ackTimer = null;
-const assistantLines = new Map();
+const conversation = new Conversation($("conversation"));
+let models = [];
+let call = null;
+let audio = null;
+let page = null; // the live call's bookkeeping
 
-function setStatus(text) {
-  state.status = text;
-  $("status").textContent = text;
+// ---- what the page says -------------------------------------------------
+
+function say(kind, text) {
+  const node = $(kind);
+  node.textContent = text || "";
+  node.hidden = !text;
 }
 
-function addLine(kind, text) {
-  const line = document.createElement("div");
-  line.className = `line ${kind}`;
-  line.textContent = `${kind === "user" ? "You" : "Assistant"}: ${text}`;
-  $("log").appendChild(line);
-  return line;
+function showState(state) {
+  const node = $("state");
+  if (node.dataset.state === state) return;
+  node.dataset.state = state;
+  node.textContent = state;
 }
 
-function toBase64(int16) {
-  const bytes = new Uint8Array(int16.buffer, int16.byteOffset, int16.byteLength);
-  let binary = "";
-  for (let i = 0; i < bytes.length; i += 0x8000) {
-    binary += String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000));
+// The visible state, from what is true now.
+function refreshState() {
+  if (!page) return;
+  const now = performance.now();
+  if (page.link !== "open") return showState(page.link);
+  if (now < page.interruptedUntil) return showState("interrupted");
+  if (page.userSpeaking) return showState("hearing you");
+  if (page.playing()) return showState("speaking");
+  if (page.awaiting) return showState("thinking");
+  showState("listening");
+}
+
+function setLevel(peak) {
+  const percent = Math.min(100, Math.round(Math.sqrt(peak) * 100));
+  $("level").style.width = `${percent}%`;
+  $("level").parentElement.setAttribute("aria-valuenow", String(percent));
+}
+
+// ---- the model and its capabilities ------------------------------------
+
+const CAPABILITY_LABELS = [
+  ["supports_barge_in", "barge-in"],
+  ["supports_session_resume", "resume after a drop"],
+  ["supports_audio_truncate", "exact truncation"],
+  ["supports_playback_ack", "playback acks"],
+  ["supports_model_native_turn_policy", "native turn-taking"],
+];
+
+// Why a model cannot hold this page's conversation; empty when it can.
+function unfit(model) {
+  const caps = model.capabilities || {};
+  const reasons = [];
+  if (!(caps.input_modes || []).includes("audio")) reasons.push("it takes no audio input");
+  if (!(caps.output_formats || []).includes("pcm16")) reasons.push("it does not speak");
+  const hears = (caps.signal_sources || []).some(
+    (source) => source === "server_policy" || source === "model_native",
+  );
+  if (!hears) {
+    reasons.push(
+      "it does not listen for speech (no voice activity detection or turn-taking of its own)",
+    );
   }
-  return btoa(binary);
+  return reasons;
 }
 
-function fromBase64(text) {
-  const binary = atob(text);
-  const bytes = new Uint8Array(binary.length);
-  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
-  return new Int16Array(bytes.buffer);
+function unfitMessage(model) {
+  const reasons = unfit(model);
+  if (!reasons.length) return "";
+  return (
+    `The model “${model.id}” cannot hold a spoken conversation: ${reasons.join("; ")}. ` +
+    "Start the server with a voice model (duplex-server serve --model cascade)."
+  );
 }
 
-// Linear interpolation between sample rates; enough for speech.
-function resample(samples, from, to) {
-  if (from === to) return samples;
-  const out = new Float32Array(Math.round((samples.length * to) / from));
-  const step = from / to;
-  for (let i = 0; i < out.length; i++) {
-    const x = i * step;
-    const left = Math.floor(x);
-    const right = Math.min(left + 1, samples.length - 1);
-    out[i] = samples[left] + (samples[right] - samples[left]) * (x - left);
+function selectedModel() {
+  return models.find((model) => model.id === $("model").value);
+}
+
+function showModel() {
+  const model = selectedModel();
+  const list = $("capabilities");
+  list.replaceChildren();
+  if (!model) return;
+  const caps = model.capabilities || {};
+  const chips = [];
+  if (caps.implementation_level) chips.push([caps.implementation_level, true]);
+  const hears = (caps.signal_sources || []).includes("server_policy");
+  chips.push(["hears when you stop", hears || caps.supports_model_native_turn_policy]);
+  for (const [field, label] of CAPABILITY_LABELS) {
+    if (field in caps) chips.push([label, Boolean(caps[field])]);
   }
-  return out;
-}
-
-function send(event) {
-  if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(event));
-}
-
-function onMicrophone(block) {
-  let peak = 0;
-  for (const v of block) peak = Math.max(peak, Math.abs(v));
-  $("level").style.width = `${Math.min(100, peak * 300)}%`;
-  pending.push(block);
-  pendingSamples += block.length;
-  if (pendingSamples < (context.sampleRate * SEND_EVERY_MS) / 1000) return;
-  const pcm = new Int16Array(pendingSamples);
-  let at = 0;
-  for (const chunk of pending) {
-    for (const v of chunk) pcm[at++] = Math.max(-32768, Math.min(32767, v * 32768));
+  if (caps.chunk_period_ms) chips.push([`${caps.chunk_period_ms} ms chunks`, true]);
+  for (const [label, yes] of chips) {
+    const chip = document.createElement("li");
+    chip.className = yes ? "yes" : "no";
+    chip.textContent = yes ? label : `no ${label}`;
+    list.appendChild(chip);
   }
-  pending = [];
-  pendingSamples = 0;
-  send({
+  const problem = unfitMessage(model);
+  say("alert", problem);
+  $("start").disabled = Boolean(problem) || call !== null;
+}
+
+async function loadModels() {
+  try {
+    const response = await fetch("/v1/models", { cache: "no-store" });
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    models = (await response.json()).data || [];
+  } catch (err) {
+    say("alert", `Could not ask the server which models it runs (${err.message}). Is it running?`);
+    return;
+  }
+  const select = $("model");
+  select.replaceChildren();
+  for (const model of models) {
+    const option = document.createElement("option");
+    option.value = model.id;
+    option.textContent = model.id;
+    select.appendChild(option);
+  }
+  const remembered = localStorage.getItem("duplex.model");
+  if (models.some((model) => model.id === remembered)) select.value = remembered;
+  showModel();
+}
+
+// ---- one call -----------------------------------------------------------
+
+class PageCall {
+  constructor(capabilities) {
+    this.capabilities = capabilities;
+    this.link = "connecting";
+    this.userSpeaking = false;
+    this.awaiting = false; // a turn was taken and its answer has not started playing
+    this.interruptedUntil = 0;
+    this.speechEnd = null; // wall time the last taken turn's speech ended
+    this.inputMs = 0; // input audio sent so far (the server's input timeline)
+    this.inputMap = []; // [input ms at a chunk's end, wall ms then]
+    this.silenceMs = 500;
+    this.latencies = [];
+    this.live = new Set(); // answers whose playback is still being acknowledged
+    this.current = null;
+  }
+
+  playing() {
+    const answer = this.current;
+    return answer !== null && answer.started && answer.cut === null && !answer.fullyPlayed;
+  }
+
+  // Where the server's input timeline position `ms` was, on the wall clock.
+  wallAt(ms, fallback) {
+    const after = this.inputMap.find(([end]) => end >= ms);
+    if (!after) return fallback;
+    const wall = after[1] - (after[0] - ms);
+    return wall <= fallback ? wall : fallback;
+  }
+
+  sentChunk(durationMs, wallMs) {
+    this.inputMs += durationMs;
+    this.inputMap.push([this.inputMs, wallMs]);
+    while (this.inputMap.length && wallMs - this.inputMap[0][1] > INPUT_MAP_MS) {
+      this.inputMap.shift();
+    }
+  }
+}
+
+function onChunk(pcm, durationMs, wallMs) {
+  if (!call || !page) return;
+  // While the link is down the microphone is not buffered: the conversation
+  // pauses and carries on from what is said after it is back.
+  const sent = call.send({
     type: "input_audio_buffer.append",
     audio: toBase64(pcm),
-    sample_rate_hz: context.sampleRate,
+    sample_rate_hz: audio.context.sampleRate,
   });
+  if (sent) page.sentChunk(durationMs, wallMs);
 }
 
 function onPlayed(played) {
-  lastPlayed = played;
-  if (!current) return;
-  const mine = Math.max(0, Math.min(played - current.startSample, current.samples));
-  state.playedMs = Math.round((mine * 1000) / context.sampleRate);
-}
-
-function sendAck() {
-  if (!current || state.playedMs <= 0) return;
-  send({ type: "playback.ack", played_ms: state.playedMs, response_id: current.id });
-  state.acks += 1;
-}
-
-function flushPlayback() {
-  player.port.postMessage({ type: "clear" });
-  current = null;
-  state.cleared += 1;
-}
-
-function onAudioDelta(event) {
-  const pcm = fromBase64(event.delta);
-  const floats = new Float32Array(pcm.length);
-  for (let i = 0; i < pcm.length; i++) floats[i] = pcm[i] / 32768;
-  const samples = resample(floats, event.sample_rate_hz || SERVER_RATE, context.sampleRate);
-  if (!current || current.id !== event.response_id) {
-    current = { id: event.response_id, startSample: lastPlayed, samples: 0 };
+  if (!page) return;
+  let finished = false;
+  for (const [id, ms] of played) {
+    const answer = conversation.answers.get(id);
+    if (!answer) continue;
+    answer.played(ms);
+    finished ||= answer.fullyPlayed && !answer.finalAckSent;
   }
-  current.samples += samples.length;
-  player.port.postMessage({ type: "push", samples }, [samples.buffer]);
-  state.audioDeltas += 1;
+  if (finished) sendAcks(); // the whole answer was heard: say so now, not at the next tick
 }
 
-function onServerEvent(event) {
+function onStarted(responseId) {
+  if (!page) return;
+  const answer = conversation.answers.get(responseId);
+  if (!answer) return;
+  answer.started = true;
+  page.awaiting = false;
+  if (answer.speechEnd !== undefined && answer.speechEnd !== null) {
+    const ms = performance.now() - answer.speechEnd;
+    answer.latency(ms);
+    page.latencies.push(ms);
+    const sorted = [...page.latencies].sort((a, b) => a - b);
+    const median = sorted[Math.floor((sorted.length - 1) / 2)];
+    $("latency").textContent =
+      `last answer ${(ms / 1000).toFixed(2)} s after you stopped speaking` +
+      (sorted.length > 1
+        ? ` · median ${(median / 1000).toFixed(2)} s over ${sorted.length} answers`
+        : "");
+  }
+}
+
+// Cumulative acknowledgements of what each answer has played so far.
+function sendAcks() {
+  if (!page || !call) return;
+  for (const answer of page.live) {
+    if (answer.cut !== null) {
+      if (!answer.finalAckSent) sendCut(answer);
+      continue;
+    }
+    if (answer.playedMs > answer.ackedMs + 1 || (answer.fullyPlayed && !answer.finalAckSent)) {
+      const played = Math.round(answer.playedMs * 10) / 10;
+      if (call.send({ type: "playback.ack", response_id: answer.id, played_ms: played })) {
+        answer.ackedMs = answer.playedMs;
+        if (answer.fullyPlayed) {
+          answer.finalAckSent = true;
+          page.live.delete(answer);
+        }
+      }
+    }
+  }
+}
+
+function sendCut(answer) {
+  const event = {
+    type: "playback.ack",
+    response_id: answer.id,
+    played_ms: Math.round(answer.playedMs * 10) / 10,
+  };
+  if (page.capabilities.supports_audio_truncate) event.truncate = true;
+  if (call.send(event)) {
+    answer.finalAckSent = true;
+    page.live.delete(answer);
+  }
+}
+
+// Stop playing `answer` where it is: the page's record and the server's
+// history both end at what was heard.
+async function cut(answer, why) {
+  if (answer.cutting) return; // the clear and the response.done both say so
+  answer.cutting = true;
+  const played = await audio.clear();
+  answer.cutAt(played.get(answer.id) || 0, why);
+  page.interruptedUntil = performance.now() + INTERRUPTED_SHOWN_MS;
+  if (page.current === answer) page.current = null;
+  sendCut(answer);
+  refreshState();
+}
+
+function cutReason(response) {
+  const duplex = response.duplex || {};
+  if (duplex.reason === "server_restart") return "cut by a server restart";
+  if (response.status === "failed") return "failed";
+  return "interrupted";
+}
+
+function onEvent(event) {
   switch (event.type) {
     case "session.created":
-      setStatus("listening");
-      send({
-        type: "session.update",
-        session: { turn_detection: { type: "server_vad" } },
-      });
+      $("session").textContent = event.session.id;
+      if (event.session.turn_detection && event.session.turn_detection.silence_duration_ms) {
+        page.silenceMs = event.session.turn_detection.silence_duration_ms;
+      }
       break;
     case "input_audio_buffer.speech_started":
-      setStatus("hearing you");
+      page.userSpeaking = true;
+      conversation.user(event.item_id);
       break;
-    case "input_audio_buffer.speech_stopped":
-      setStatus("thinking");
-      break;
-    case "conversation.item.input_audio_transcription.completed":
-      state.userTranscripts.push(event.transcript);
-      addLine("user", event.transcript || "(nothing heard)");
-      break;
-    case "response.output_audio_transcript.delta": {
-      let line = assistantLines.get(event.response_id);
-      if (!line) {
-        line = { text: "", node: addLine("assistant", "") };
-        assistantLines.set(event.response_id, line);
-      }
-      line.text += event.delta;
-      line.node.textContent = `Assistant: ${line.text}`;
+    case "input_audio_buffer.speech_stopped": {
+      page.userSpeaking = false;
+      page.awaiting = true; // unless the server drops it (input_audio_buffer.cleared)
+      const arrived = performance.now();
+      page.speechEnd = page.wallAt(event.audio_end_ms, arrived - page.silenceMs);
       break;
     }
-    case "response.output_audio_transcript.done":
-      state.assistantTranscripts.push(event.transcript);
+    case "input_audio_buffer.cleared":
+      // Speech that was not taken as a turn (a short remark over an answer).
+      page.userSpeaking = false;
+      page.awaiting = false;
+      for (const [id, turn] of conversation.users) {
+        if (turn.node.classList.contains("partial") && !turn.heard) {
+          turn.dropped();
+          conversation.users.delete(id);
+        }
+      }
       break;
-    case "response.output_audio.delta":
-      setStatus("speaking");
-      onAudioDelta(event);
+    case "conversation.item.input_audio_transcription.delta":
+      conversation.user(event.item_id).partial(event.delta || "");
       break;
-    case "output_audio_buffer.cleared":
-      flushPlayback();
-      setStatus("listening");
+    case "conversation.item.input_audio_transcription.completed":
+      conversation.user(event.item_id).final(event.transcript);
       break;
-    case "response.done":
-      sendAck();
-      if (event.response.status !== "completed") flushPlayback();
-      setStatus("listening");
+    case "input_audio_buffer.committed":
+      page.awaiting = true;
+      break;
+    case "response.created": {
+      const answer = conversation.answer(event.response.id);
+      answer.speechEnd = page.speechEnd;
+      page.speechEnd = null;
+      page.current = answer;
+      page.live.add(answer);
+      break;
+    }
+    case "response.output_audio.delta": {
+      const answer = conversation.answer(event.response_id);
+      const meta = event.metadata || {};
+      const rate = event.sample_rate_hz || 24000;
+      const samples = (event.delta.length * 3) / 4 / 2;
+      const duration = meta.audio_duration_ms ?? (samples * 1000) / rate;
+      answer.audio(duration, meta.audio_text_marks);
+      if (answer.cut === null) audio.play(event.response_id, event.delta, rate);
+      break;
+    }
+    case "response.output_audio_transcript.delta":
+    case "response.output_text.delta":
+      conversation.answer(event.response_id).text(event.delta || "");
+      break;
+    case "response.output_audio.done":
+      // Its tail may be shorter than the jitter buffer: play it now. (The
+      // answer's length is known only if it completes: a cut one stopped early.)
+      audio.ended();
+      break;
+    case "output_audio_buffer.cleared": {
+      const answer = conversation.answers.get(event.response_id);
+      if (answer) cut(answer, "interrupted");
+      break;
+    }
+    case "response.done": {
+      const response = event.response;
+      const answer = conversation.answer(response.id);
+      page.awaiting = false;
+      if (response.status === "completed") {
+        answer.audioFinished();
+        answer.render();
+      } else {
+        cut(answer, cutReason(response));
+      }
+      break;
+    }
+    case "session.resync_required":
+      say("notice", "Part of the conversation could not be replayed after the reconnect.");
+      break;
+    case "session.replaced":
+      finish("This conversation was taken over by another window.");
+      break;
+    case "session.expired":
+      finish(`The session expired (${event.reason}). Press Start for a new conversation.`);
+      break;
+    case "session.closed":
+      if (event.reason !== "client_close") finish(`The session ended (${event.reason}).`);
       break;
     case "error":
-      state.errors.push(event.error);
-      console.warn("server error", event.error);
+      onServerError(event.error || {});
       break;
     default:
   }
+  refreshState();
+}
+
+function onServerError(error) {
+  // A late acknowledgement for an answer the server has moved past.
+  if (error.code === "response_not_found") return;
+  if (error.code === "rate_limited") {
+    say("notice", "The server is busy: some of your audio was not taken.");
+    return;
+  }
+  say("notice", `The server said: ${error.message || error.code} (${error.code})`);
+}
+
+function onLink(kind, detail) {
+  if (!page) return;
+  if (kind === "open") {
+    page.link = "open";
+    $("session").textContent = detail.sessionId;
+    say("notice", "");
+  } else if (kind === "reconnecting") {
+    page.link = "reconnecting";
+    page.userSpeaking = false;
+    say(
+      "notice",
+      `Connection lost. Reconnecting to the same session (try ${detail.attempt} of ${detail.of})…`,
+    );
+  } else if (kind === "resumed") {
+    page.link = "open";
+    $("session").textContent = detail.sessionId;
+    const seconds = (detail.afterMs / 1000).toFixed(1);
+    say(
+      "notice",
+      `Reconnected after ${seconds} s: the same session (${detail.sessionId}) resumed, ` +
+        "nothing it said was lost.",
+    );
+    conversation.note(`reconnected after ${seconds} s, same session`);
+  } else if (kind === "ended") {
+    finish(detail.message);
+    return;
+  }
+  refreshState();
+}
+
+// ---- start and stop -----------------------------------------------------
+
+function settings() {
+  const session = { turn_detection: { type: "server_vad" } };
+  const model = $("model").value;
+  if (model) session.model = model;
+  const voice = $("voice").value;
+  if (voice) session.voice = voice;
+  const instructions = $("instructions").value.trim();
+  if (instructions) session.instructions = instructions;
+  return session;
+}
+
+function remember() {
+  localStorage.setItem("duplex.model", $("model").value);
+  localStorage.setItem("duplex.voice", $("voice").value);
+  localStorage.setItem("duplex.instructions", $("instructions").value);
+}
+
+// During a call the settings are fixed and folded away (a phone's screen is
+// for the conversation); the summary line still says what was chosen.
+function lockSettings(locked) {
+  for (const id of ["model", "voice", "instructions", "key"]) $(id).disabled = locked;
+  $("settings").open = !locked;
+  const voice = $("voice").value || "default voice";
+  $("summary").textContent = locked ? `· ${$("model").value} · ${voice}` : "";
 }
 
 async function start() {
+  const model = selectedModel();
+  if (!model) {
+    await loadModels();
+    if (!selectedModel()) return;
+  }
+  const problem = unfitMessage(selectedModel());
+  if (problem) {
+    say("alert", problem);
+    return;
+  }
+  remember();
+  say("alert", "");
+  say("notice", "");
   $("start").disabled = true;
-  setStatus("starting");
-  context = new AudioContext({ sampleRate: SERVER_RATE });
-  await context.audioWorklet.addModule("/static/audio-worklet.js");
-  const stream = await navigator.mediaDevices.getUserMedia({
-    // Echo cancellation keeps the assistant's own voice from sounding like a
-    // barge-in; gain control and noise suppression are off because they clip
-    // and smear speech in ways that cost the recogniser more than they help.
-    audio: {
-      echoCancellation: true,
-      autoGainControl: false,
-      noiseSuppression: false,
-      channelCount: 1,
-    },
-  });
-  microphone = context.createMediaStreamSource(stream);
-  const capture = new AudioWorkletNode(context, "capture");
-  capture.port.onmessage = (event) => onMicrophone(event.data);
-  microphone.connect(capture);
-  player = new AudioWorkletNode(context, "player", {
-    outputChannelCount: [1],
-    processorOptions: { jitterSamples: Math.round((context.sampleRate * JITTER_MS) / 1000) },
-  });
-  player.port.onmessage = (event) => onPlayed(event.data.played);
-  player.connect(context.destination);
-  const scheme = location.protocol === "https:" ? "wss" : "ws";
-  socket = new WebSocket(`${scheme}://${location.host}/v1/realtime?duplex=1`, await protocols());
-  socket.onmessage = (message) => onServerEvent(JSON.parse(message.data));
-  socket.onclose = () => setStatus("disconnected");
-  ackTimer = setInterval(sendAck, 250);
+  lockSettings(true);
+  conversation.clear();
+  $("session").textContent = "none";
+  $("latency").textContent = "no answer yet";
+  page = new PageCall(selectedModel().capabilities || {});
+  showState("connecting");
+  audio = new AudioIO({ onChunk, onLevel: setLevel, onStarted, onPlayed });
+  try {
+    await audio.open();
+    call = new Call({ key: $("key").value.trim(), settings: settings(), onEvent, onLink });
+    await call.start();
+  } catch (err) {
+    if (err instanceof MicrophoneError || err instanceof Fatal) {
+      finish(err.message);
+      return;
+    }
+    finish(`Something went wrong starting the call: ${err.message || err}`);
+    throw err;
+  }
+  page.timers = [setInterval(sendAcks, ACK_EVERY_MS), setInterval(refreshState, 100)];
   $("stop").disabled = false;
 }
 
-// A server with keys: trade the key the user typed for a client secret, so
-// the key itself never rides in a WebSocket subprotocol.
-async function protocols() {
-  const key = $("key").value.trim();
-  if (!key) return ["realtime"];
-  const minted = await fetch("/v1/realtime/client_secrets", {
-    method: "POST",
-    headers: { Authorization: `Bearer ${key}`, "Content-Type": "application/json" },
-    body: "{}",
-  });
-  if (!minted.ok) throw new Error(`the key was refused (HTTP ${minted.status})`);
-  const secret = await minted.json();
-  return ["realtime", `openai-insecure-api-key.${secret.value}`];
-}
-
-function stop() {
-  clearInterval(ackTimer);
-  if (socket) socket.close();
-  if (context) context.close();
+// Ends the call on this page; `message` (if any) says why, as an alert.
+function finish(message) {
+  if (call) call.stop();
+  if (audio) audio.close();
+  if (page && page.timers) for (const timer of page.timers) clearInterval(timer);
+  call = null;
+  audio = null;
+  page = null;
+  setLevel(0);
+  showState(message ? "ended" : "idle");
+  if (message) say("alert", message);
+  lockSettings(false);
   $("stop").disabled = true;
-  $("start").disabled = false;
-  setStatus("idle");
+  const model = selectedModel();
+  $("start").disabled = !model || Boolean(unfitMessage(model));
 }
 
-$("start").addEventListener("click", () => start().catch((err) => {
-  state.errors.push(String(err));
-  setStatus(`error: ${err.message || err}`);
-}));
-$("stop").addEventListener("click", stop);
+$("start").addEventListener("click", () => start());
+// Enter in a settings field starts the call (if it can start).
+$("setup").addEventListener("submit", (event) => {
+  event.preventDefault();
+  if (!$("start").disabled) start();
+});
+$("stop").addEventListener("click", () => {
+  sendAcks();
+  finish("");
+  say("notice", "Call ended.");
+});
+$("model").addEventListener("change", showModel);
+$("voice").value = localStorage.getItem("duplex.voice") || "";
+$("instructions").value = localStorage.getItem("duplex.instructions") || "";
+loadModels();

@@ -1,131 +1,138 @@
-"""The voice page at ``GET /`` in a real headless Chromium: a spoken question
-from a WAV file as the microphone, an answer heard and acknowledged."""
+"""The voice page at ``GET /`` in a real headless Chromium against a real
+server process: a spoken question from a WAV file as the microphone, the
+answer heard (its playback acknowledged in the log), and speech over the
+answer cutting it where it was heard. Each test reads the page's text and
+the session's log, as a person and an operator would."""
 
 from __future__ import annotations
 
-import shutil
-import wave
+import os
+import re
 
-import pytest
-from playwright.async_api import async_playwright
-
-from duplex_server.sessions.core.records import AckBody, CommitBody, DecisionBody, OutBody
-from protocol.dialect import Dialect, present
+from tests.e2e.voicepage import (
+    VoicePage,
+    chromium,
+    log_lines,
+    quiet,
+    said,
+    voice_server,
+    write_wav,
+)
 from tests.openai_conformance import check_event
-from tests.speech import PHRASES, silence, speak
+from tests.speech import PHRASES
 
-CHROMIUM = shutil.which("chromium")
-RATE = 48_000
-# Flags for a closed network and no screen (see the machine notes).
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--use-fake-ui-for-media-stream",
-    "--use-fake-device-for-media-stream",
-    "--autoplay-policy=no-user-gesture-required",
-]
+DESKTOP = {"width": 900, "height": 760}
+PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True}
+ANSWER = f"You said: {PHRASES[0]}."
 
 
-def question_wav(path, phrase: str) -> None:
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(RATE)
-        out.writeframes(silence(1500, RATE) + speak(phrase, RATE) + silence(6000, RATE))
-
-
-async def test_voice_page_hears_a_question_and_plays_the_answer(voice_server, tmp_path):
-    assert CHROMIUM, "chromium is not installed (make test installs the Debian package)"
-    wav = tmp_path / "question.wav"
-    question_wav(wav, PHRASES[0])
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[*FLAGS, f"--use-file-for-fake-audio-capture={wav}%noloop"],
-        )
-        try:
-            page = await browser.new_page()
-            await page.goto(voice_server.http_url + "/")
-            assert await page.title() == "duplex-server: talk"
-            await page.click("#start")
-            await page.wait_for_function(
-                "window.duplexState.assistantTranscripts.length > 0"
-                " && window.duplexState.playedMs >= 1000 && window.duplexState.acks > 0",
-                timeout=30_000,
-            )
-            state = await page.evaluate("window.duplexState")
-            log_text = await page.inner_text("#log")
-        finally:
-            await browser.close()
-    assert state["errors"] == []
-    assert state["userTranscripts"] == [PHRASES[0]]
-    assert state["assistantTranscripts"] == [f"You said: {PHRASES[0]}."]
-    assert f"You: {PHRASES[0]}" in log_text and "Assistant: You said" in log_text
-    # The server's side: the turn and the answer, its history as far as the page played it.
-    (actor,) = voice_server.manager.actors.values()
-    user, assistant = actor.state.items[:2]
-    assert user.role == "user" and user.parts[0].transcript == PHRASES[0]
-    assert assistant.role == "assistant" and assistant.history_ms >= 1000
-    # ... and in its log: the VAD's decisions, the transcript, the page's acks.
-    records = await voice_server.app.state.log.read(actor.session_id)
-    actions = [r.body.action for r in records if isinstance(r.body, DecisionBody)]
-    assert "speech_started" in actions and "speech_stopped" in actions
-    commits = [r.body for r in records if isinstance(r.body, CommitBody)]
-    assert commits[0].transcript == PHRASES[0]
-    acks = [r.body for r in records if isinstance(r.body, AckBody) and r.body.what == "playback"]
-    assert acks and max(a.played_ms for a in acks) >= 1000
-    # What the page received (a GA socket) held to the openai SDK's models too;
-    # the page is not a websockets client, so its events are checked from the log.
-    sent = [
-        present(r.body.payload, Dialect.GA)
-        for r in records
-        if isinstance(r.body, OutBody) and r.body.payload
+def audio_out(lines: list[dict], response_id: str | None = None) -> list[dict]:
+    """The journaled audio deltas of a session's log (of one response)."""
+    return [
+        line
+        for line in lines
+        if line["kind"] == "out"
+        and line["body"]["audio_ms"] > 0
+        and response_id in (None, line["body"]["response_id"])
     ]
-    checked = [check_event(p.decode(), "ga") for p in sent if p is not None]
+
+
+async def test_a_spoken_question_is_answered_aloud_on_a_phone_screen(tmp_path):
+    wav = write_wav(tmp_path / "question.wav", quiet(1500), said(PHRASES[0]), quiet(6000))
+    with voice_server(tmp_path) as server:
+        async with chromium(wav) as browser:
+            page = await VoicePage.open(browser, server.http_url, **PHONE)
+            frames = page.frames_received()
+            assert await page.page.title() == "duplex-server: talk"
+            # The model's capabilities are shown before the call starts.
+            chips = await page.text("#capabilities")
+            assert "hears when you stop" in chips and "barge-in" in chips
+            await page.page.select_option("#voice", "ash")
+            await page.page.fill("#instructions", "Answer in one sentence.")
+            await page.start()
+            session_id = await page.session_id()
+            await page.wait_text("#conversation", ANSWER)
+            await page.wait_state("listening")  # the answer has played out
+            assert await page.turns("user") == [PHRASES[0]]
+            assert await page.turns("assistant") == [ANSWER]
+            latency = await page.text("#conversation .turn.assistant .latency")
+            assert re.fullmatch(r"\d+\.\d\d s to first audio", latency), latency
+            assert "after you stopped speaking" in await page.text("#latency")
+            seen = await page.states_seen()
+            assert seen == [
+                "idle",
+                "connecting",
+                "listening",
+                "hearing you",
+                "thinking",
+                "speaking",
+                "listening",
+            ]
+            # Nothing on the page is wider than the phone's screen.
+            overflow = await page.page.evaluate(
+                "document.documentElement.scrollWidth - window.innerWidth"
+            )
+            assert overflow <= 0
+            assert await page.text("#alert") == ""
+        lines = log_lines(server, session_id)
+    opening = next(line["body"] for line in lines if line["kind"] == "config")
+    assert (opening["patch"]["voice"], opening["patch"]["instructions"]) == (
+        "ash",
+        "Answer in one sentence.",
+    )
+    # The page acknowledged what it played, all of the answer, in the log.
+    (response_id,) = {line["body"]["response_id"] for line in audio_out(lines)}
+    answer_ms = sum(line["body"]["audio_ms"] for line in audio_out(lines))
+    acks = [line["body"] for line in lines if line["kind"] == "ack"]
+    played = [a["played_ms"] for a in acks if a["what"] == "playback"]
+    assert {a["response_id"] for a in acks if a["what"] == "playback"} == {response_id}
+    assert len(played) > 3 and played == sorted(played)
+    assert abs(played[-1] - answer_ms) < 30, (played[-1], answer_ms)
+    # What the page received on its socket held to the openai SDK's GA models.
+    checked = [check_event(frame, "ga") for frame in frames]
     assert len(checked) > 20 and [v for v in checked if v is not None] == []
 
 
-KEY = "page-" + "k" * 27
-
-
-@pytest.mark.server_config(api_key=KEY)
-async def test_voice_page_trades_its_key_for_a_client_secret(voice_server, tmp_path):
-    """On a server with keys the page mints a client secret with the key its
-    user typed and opens its socket with that: the key itself never rides in
-    a WebSocket subprotocol. Without a key it is refused."""
-    wav = tmp_path / "quiet.wav"
-    with wave.open(str(wav), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(RATE)
-        out.writeframes(silence(3000, RATE))
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[*FLAGS, f"--use-file-for-fake-audio-capture={wav}%noloop"],
-        )
-        ephemeral = voice_server.app.state.ephemeral
-        taken = []
-        take = ephemeral.take
-        ephemeral.take = lambda key: taken.append(take(key)) or taken[-1]
-        try:
-            page = await browser.new_page()
-            await page.goto(voice_server.http_url + "/")
-            await page.click("#start")  # no key: the socket is refused
-            await page.wait_for_function("window.duplexState.status === 'disconnected'")
-            await page.click("#stop")
-            await page.fill("#key", KEY)
-            await page.click("#start")
-            await page.wait_for_function("window.duplexState.status === 'listening'")
-            state = await page.evaluate("window.duplexState")
-        finally:
-            await browser.close()
-    assert state["errors"] == []
-    (actor,) = voice_server.manager.actors.values()
-    assert actor.state.owner == "default"  # the key's principal, through the secret
-    assert len(taken) == 1 and taken[0] is not None  # the socket presented a secret, once
+async def test_speaking_over_the_answer_cuts_it_where_it_was_heard(tmp_path):
+    """The second question starts while the first answer plays: the page stops
+    the answer, says it was interrupted, shows only what was heard of it, and
+    tells the server exactly how much that was (a truncating ack); then it
+    answers the new question."""
+    over = PHRASES[4]
+    wav = write_wav(
+        tmp_path / "over.wav", quiet(1500), said(PHRASES[0]), quiet(1500), said(over), quiet(5000)
+    )
+    with voice_server(tmp_path) as server:
+        async with chromium(wav) as browser:
+            page = await VoicePage.open(browser, server.http_url, viewport=DESKTOP)
+            await page.start()
+            session_id = await page.session_id()
+            await page.wait_text("#conversation", f"You said: {over}.")
+            await page.wait_state("listening")
+            cut, second = await page.turns("assistant")
+            badges = await page.page.locator("#conversation .badge").all_inner_texts()
+            seen = await page.states_seen()
+            if path := os.environ.get("VOICE_PAGE_SCREENSHOT"):
+                await page.page.screenshot(path=path, full_page=True)
+        lines = log_lines(server, session_id)
+    assert "interrupted" in seen and seen.index("speaking") < seen.index("interrupted")
+    assert badges == ["interrupted"]
+    assert second == f"You said: {over}."
+    # The cut answer shows a beginning of the first answer, no more, and a dash.
+    assert cut.endswith(" —") and cut != ANSWER
+    heard = cut.removesuffix(" —")
+    assert ANSWER.startswith(heard)
+    # The log: the first answer was cancelled by the barge-in, and the page's
+    # last acknowledgement of it truncates it where playback stopped.
+    first_id = audio_out(lines)[0]["body"]["response_id"]
+    acks = [
+        line["body"]
+        for line in lines
+        if line["kind"] == "ack" and line["body"].get("response_id") == first_id
+    ]
+    generated = sum(line["body"]["audio_ms"] for line in audio_out(lines, first_id))
+    assert acks[-1].get("truncate") is True
+    assert 0 < acks[-1]["played_ms"] < generated
+    assert not any(a.get("truncate") for a in acks[:-1])
+    # The page showed the words that fit in what was played.
+    assert len(heard) <= len(ANSWER) * acks[-1]["played_ms"] / generated + 8

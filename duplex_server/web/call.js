@@ -1,0 +1,245 @@
+// One conversation with the server: a client secret, a socket, the session
+// it opens, and the same session resumed on a new socket when the network
+// or the server drops (PROTOCOL.md: session.resume with the resume token and
+// the last server_event_seq seen; the server replays what was missed).
+
+const HEARTBEAT_MS = 5000;
+const SILENT_LIMIT_MS = 15000; // no frame for this long: the link is dead
+const EVENT_ACK_MS = 2000;
+// Waits before each reconnect try; their number bounds how long the page
+// keeps trying (about 20 s, inside the server's 30 s disconnect grace).
+export const RETRY_DELAYS_MS = [250, 750, 1500, 2500, 4000, 5000, 6000];
+
+// A failure a person must act on (wrong key, refused settings, session gone).
+export class Fatal extends Error {}
+// A failure that another try may get past (server restarting, network down).
+class Retryable extends Error {}
+
+function errorText(error) {
+  const code = error && error.code ? ` (${error.code})` : "";
+  return `${(error && error.message) || "unknown error"}${code}`;
+}
+
+export class Call {
+  // settings: the opening session.update's session object.
+  // onEvent(event): every server event, once, in order (replays deduplicated).
+  // onLink(kind, detail): "open", "reconnecting", "resumed", "ended".
+  constructor({ key, settings, onEvent, onLink }) {
+    this.key = key;
+    this.settings = settings;
+    this.onEvent = onEvent;
+    this.onLink = onLink;
+    this.socket = null;
+    this.sessionId = null;
+    this.resumeToken = null;
+    this.lastSeq = 0;
+    this.ackedSeq = 0;
+    this.lastHeard = 0;
+    this.stopped = false;
+    this.timers = [];
+  }
+
+  get attached() {
+    return this.socket !== null && this.socket.readyState === WebSocket.OPEN;
+  }
+
+  async start() {
+    try {
+      await this.attach(false);
+    } catch (err) {
+      if (err instanceof Fatal) throw err;
+      throw new Fatal(`Could not reach the server (${err.message}). Is it running?`);
+    }
+    this.timers.push(setInterval(() => this.tick(), 1000));
+    this.timers.push(setInterval(() => this.send({ type: "session.heartbeat" }), HEARTBEAT_MS));
+    this.onLink("open", { sessionId: this.sessionId });
+  }
+
+  // Sends one client event; false when there is no socket to send it on.
+  send(event) {
+    if (!this.attached) return false;
+    this.socket.send(JSON.stringify(event));
+    return true;
+  }
+
+  stop() {
+    this.stopped = true;
+    for (const timer of this.timers) clearInterval(timer);
+    if (this.attached) this.send({ type: "session.close" });
+    if (this.socket) this.socket.close();
+  }
+
+  // Trades the user's key (or none, on a server without keys) for a client
+  // secret that opens one socket: the key never rides in a subprotocol.
+  async mint() {
+    const headers = { "Content-Type": "application/json" };
+    if (this.key) headers.Authorization = `Bearer ${this.key}`;
+    let response;
+    try {
+      response = await fetch("/v1/realtime/client_secrets", {
+        method: "POST",
+        headers,
+        body: "{}",
+        cache: "no-store",
+      });
+    } catch {
+      throw new Retryable("the server did not answer");
+    }
+    if (response.status === 401) {
+      throw new Fatal(
+        this.key
+          ? "The server refused this API key. Check the key and press Start again."
+          : "This server needs an API key. Enter it above and press Start again.",
+      );
+    }
+    if (response.status === 403) {
+      throw new Fatal("This API key may not open voice sessions (it lacks the realtime scope).");
+    }
+    if (response.status >= 500 || response.status === 429) {
+      throw new Retryable(`the server answered HTTP ${response.status}`);
+    }
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Fatal(`The server refused to start a session: ${errorText(body.error)}`);
+    return body.value;
+  }
+
+  // Opens a socket and either a new session or, with resume, the old one;
+  // resolves once the session is attached.
+  async attach(resume) {
+    const secret = await this.mint();
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const url = `${scheme}://${location.host}/v1/realtime?duplex=1&autostart=0`;
+    const socket = new WebSocket(url, ["realtime", `openai-insecure-api-key.${secret}`]);
+    this.socket = socket;
+    await new Promise((resolve, reject) => {
+      let attached = false;
+      socket.onopen = () => {
+        this.lastHeard = performance.now();
+        if (resume) {
+          socket.send(
+            JSON.stringify({
+              type: "session.resume",
+              session_id: this.sessionId,
+              resume_token: this.resumeToken,
+              last_received_server_event_seq: this.lastSeq,
+            }),
+          );
+        } else {
+          socket.send(JSON.stringify({ type: "session.update", session: this.settings }));
+        }
+      };
+      socket.onmessage = (message) => {
+        this.lastHeard = performance.now();
+        const event = JSON.parse(message.data);
+        if (!attached) {
+          if (event.type === "session.created" || event.type === "session.resumed") {
+            attached = true;
+            this.sessionId = event.session ? event.session.id : this.sessionId;
+            this.resumeToken = event.resume_token;
+            resolve();
+          } else if (event.type === "error") {
+            const error = event.error || {};
+            const again = error.type === "server_error" || error.type === "rate_limit_error";
+            socket.onclose = null;
+            socket.close();
+            const what = resume ? "resume the conversation" : "start the conversation";
+            reject(
+              again
+                ? new Retryable(errorText(error))
+                : new Fatal(`The server would not ${what}: ${errorText(error)}`),
+            );
+            return;
+          }
+        }
+        this.receive(event);
+      };
+      socket.onclose = () => {
+        if (!attached) {
+          reject(new Retryable("the connection closed before the session opened"));
+        } else if (this.socket === socket) {
+          this.dropped();
+        }
+      };
+    });
+  }
+
+  receive(event) {
+    const seq = event.server_event_seq;
+    if (seq !== null && seq !== undefined) {
+      if (seq <= this.lastSeq) return; // replayed twice: already handled
+      this.lastSeq = seq;
+    }
+    if (event.type === "session.resumed") this.resumeToken = event.resume_token;
+    this.onEvent(event);
+  }
+
+  tick() {
+    if (!this.attached) return;
+    if (performance.now() - this.lastHeard > SILENT_LIMIT_MS) {
+      // Nothing heard for too long (heartbeats included): the link is dead
+      // even if no close came. Drop it and resume on a new one.
+      const socket = this.socket;
+      socket.onclose = null;
+      socket.onmessage = null;
+      socket.close();
+      this.dropped();
+      return;
+    }
+    // Acknowledged events leave the server's replay journal.
+    const now = performance.now();
+    if (this.lastSeq > this.ackedSeq && now - (this.lastEventAck || 0) >= EVENT_ACK_MS) {
+      this.send({ type: "session.event_ack", server_event_seq: this.lastSeq });
+      this.ackedSeq = this.lastSeq;
+      this.lastEventAck = now;
+    }
+  }
+
+  // The socket is gone while the session lives: resume it on a new one,
+  // a bounded number of times.
+  async dropped() {
+    if (this.stopped || this.reconnecting) return;
+    this.reconnecting = true;
+    this.socket = null;
+    const since = performance.now();
+    let reason = "";
+    for (let attempt = 1; attempt <= RETRY_DELAYS_MS.length; attempt++) {
+      this.onLink("reconnecting", { attempt, of: RETRY_DELAYS_MS.length, reason });
+      await new Promise((resolve) => setTimeout(resolve, RETRY_DELAYS_MS[attempt - 1]));
+      if (this.stopped) return;
+      try {
+        await this.attach(true);
+        this.reconnecting = false;
+        this.onLink("resumed", {
+          sessionId: this.sessionId,
+          afterMs: performance.now() - since,
+          attempts: attempt,
+        });
+        return;
+      } catch (err) {
+        if (err instanceof Fatal) {
+          this.reconnecting = false;
+          this.end(err.message);
+          return;
+        }
+        reason = err.message;
+      }
+    }
+    this.reconnecting = false;
+    const seconds = ((performance.now() - since) / 1000).toFixed(0);
+    this.end(
+      `The server did not come back: ${RETRY_DELAYS_MS.length} tries to reconnect in ` +
+        `${seconds} s failed (${reason}). The conversation has ended; press Start for a new one.`,
+    );
+  }
+
+  // The session is over for this page (said by the server or given up).
+  end(message) {
+    this.stopped = true;
+    for (const timer of this.timers) clearInterval(timer);
+    if (this.socket) {
+      this.socket.onclose = null;
+      this.socket.close();
+    }
+    this.onLink("ended", { message });
+  }
+}
