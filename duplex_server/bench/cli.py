@@ -94,15 +94,37 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         kinds,
         "voice",
         "duplex_server.bench.voice",
-        "spoken turns and barge-ins against the cascade model",
+        "recorded human speech against the default cascade, each recogniser side by side: "
+        "speech end -> first answer audio, word error rate, refused audio, a fifth "
+        "session's heartbeat, stage times and real-time factors",
     )
     p.add_argument("--sessions", type=int, default=4, help="concurrent speaking clients")
-    p.add_argument("--turns", type=int, default=3, help="questions per client")
+    p.add_argument("--turns", type=int, default=3, help="utterances per client")
     p.add_argument("--chunk-ms", type=int, default=20, help="microphone chunk size")
     p.add_argument(
-        "--open-vocabulary",
+        "--asr",
+        default="pocketsphinx,auto",
+        help="comma-separated server --asr values, one server each in turn; the first is "
+        "the baseline of the ratios, the last is judged against the targets",
+    )
+    p.add_argument(
+        "--speech-dir",
+        default="",
+        help="the recorded speech (fetched there with pip when missing; default "
+        "$DUPLEX_SERVER_SPEECH_DIR or ~/.cache/duplex-server/speech/...)",
+    )
+    p.add_argument(
+        "--server-cores",
+        type=int,
+        default=0,
+        help="pin each server to this many first cores and the bench to the rest (0: no "
+        "pinning, the server may use every core, as `make serve` does)",
+    )
+    p.add_argument(
+        "--phrases",
         action="store_true",
-        help="run PocketSphinx on open English instead of the bench phrases",
+        help="instead: eSpeak questions with barge-ins against the phrase-grammar mode, "
+        "with the echo model as the baseline",
     )
 
     p = _kind(

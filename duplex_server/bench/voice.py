@@ -1,289 +1,353 @@
-"""``duplex-server bench voice``: spoken turns against the cascade model.
+"""``duplex-server bench voice``: people's recorded speech against the
+default cascade, one recogniser after another, in one run.
 
-N clients each speak a question (eSpeak NG speech, streamed in real time in
-``chunk_ms`` chunks, server VAD on), listen to part of the answer and talk
-over it, then ask again. Measured, client side: the VAD's
-``speech_stopped`` -> first answer audio, speech end -> first answer audio,
-barge-in onset and threshold crossing -> ``response.done`` cancelled, and
-gaps in the answer audio played at real time behind a jitter buffer. Server
-side: CPU per session. Stage real-time factors (ASR, TTS) are timed on the
-same phrases in this process. The baseline, measured in the same run, is the
-``echo`` model answering the same audio committed by the client.
+For each ``--asr`` (default ``pocketsphinx,auto``: the previous default,
+the baseline, then the new one), a server process with the cascade model
+and that recogniser; ``--sessions`` speakers (default 4) each say
+``--turns`` recorded utterances (``recorded_speech``: people reading, with
+their reference text) the way a browser sends a microphone, 20 ms appends
+at real-time pace without pause, server VAD on, and listen to each answer at
+real time before the next; a fifth session sends heartbeats meanwhile.
+Measured per recogniser:
+
+- speech end (the last loud 20 ms of the recording, sent) -> the answer's
+  first audio, p50/p95, and the VAD's ``speech_stopped`` -> first audio;
+- the word error rate of the turns' final transcripts against the
+  references (``wer``);
+- appends refused (``rate_limited``) per session: audio the server lost;
+- the fifth session's heartbeat round trip, p50/p99/max;
+- the stage times the server puts in ``response.done``
+  (``response.duplex.stage_metrics``: ``vad_hangover_ms``,
+  ``asr_final_ms``, ``tts_first_clause_ms``) where it reports them;
+- ASR and TTS real-time factors as the server measured them (its
+  ``/metrics``): under the load (queueing included), and on one session
+  saying the ~10 s reading alone afterwards (``asr_rtf``, ``tts_rtf``);
+- the server's CPU (its worker processes included) and the bench's own: the
+  run is invalid when the bench's event loop saturated its core or its
+  microphones fell behind real time.
+
+Ratios compare each recogniser with the first in the same run, and
+``targets`` judges the last one (the default) against issue 18's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import os
-import tempfile
 import time
-from dataclasses import dataclass, field
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import psutil
-import websockets
 
-from duplex_server.audio import resample_pcm16
-from duplex_server.bench.generator import GeneratorCpu, validity
+from duplex_server.bench import recorded_speech, wer
+from duplex_server.bench.generator import GeneratorCpu, verdict
+from duplex_server.bench.load_processes import CorePlan, pinned, plan_cores, usable_cores
+from duplex_server.bench.recorded_speech import Utterance
 from duplex_server.bench.server_process import ServerProcess
-from duplex_server.sessions.core.turns import BARGE_IN_MS
+from duplex_server.bench.voice_client import HeartbeatProbe, SessionOutcome, Speaker, Turn
+from duplex_server.metrics import sample_value
 
-RATE = 24_000
-JITTER_MS = 120.0
-PHRASES = ["turn on the lights please", "what time is it", "open the door", "play some music"]
-VOICE = "en-us+f3"
-TARGET_FIRST_AUDIO_P95_MS = 250.0
-TARGET_BARGE_IN_MS = 150.0
-TARGET_TTS_RTF = 0.05
-
-
-@dataclass
-class VoiceMeasures:
-    stopped_to_audio: list[float] = field(default_factory=list)
-    speech_end_to_audio: list[float] = field(default_factory=list)
-    onset_to_cancel: list[float] = field(default_factory=list)
-    threshold_to_cancel: list[float] = field(default_factory=list)
-    underruns: int = 0
-    answers: int = 0
-    misheard: int = 0
+TARGET_P50_MS = 700.0
+TARGET_P95_MS = 1000.0
+TARGET_HEARTBEAT_MS = 100.0
+# A microphone chunk later than this behind its schedule: the bench, not the
+# server, set the pace of the audio.
+MIC_LATE_LIMIT_MS = 100.0
+STAGES = ("asr", "asr_partial", "tts")
 
 
-def _speech(text: str) -> bytes:
-    from duplex_server.engine.audio.espeak import Espeak
+@dataclass(frozen=True)
+class Phase:
+    """What one recogniser's server was asked to do."""
 
-    espeak = Espeak.shared()
-    return resample_pcm16(espeak.synthesize(text, VOICE), espeak.sample_rate_hz, RATE)
-
-
-class Speaker:
-    """One session: a paced microphone and a reader that timestamps events."""
-
-    def __init__(self, url: str, chunk_ms: int, measures: VoiceMeasures) -> None:
-        self.url = url
-        self.chunk_ms = chunk_ms
-        self.m = measures
-        self.events: asyncio.Queue[tuple[float, dict]] = asyncio.Queue()
-
-    async def _send_paced(self, ws, pcm: bytes) -> float:
-        """Stream ``pcm`` at real time; returns when its last chunk was sent."""
-        loop = asyncio.get_running_loop()
-        step = RATE * self.chunk_ms // 1000 * 2
-        next_at = loop.time()
-        for at in range(0, len(pcm), step):
-            chunk = base64.b64encode(pcm[at : at + step]).decode()
-            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
-            next_at += self.chunk_ms / 1000
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
-        return loop.time()
-
-    async def _read(self, ws) -> None:
-        loop = asyncio.get_running_loop()
-        async for frame in ws:
-            await self.events.put((loop.time(), json.loads(frame)))
-
-    async def _until(self, *types: str) -> tuple[float, dict]:
-        while True:
-            at, event = await asyncio.wait_for(self.events.get(), 30)
-            if event["type"] in types:
-                return at, event
-
-    async def run(self, turns: int, offset: int) -> None:
-        async with websockets.connect(self.url, max_size=None) as ws:
-            reader = asyncio.create_task(self._read(ws))
-            await self._until("session.created")
-            await ws.send(
-                json.dumps(
-                    {
-                        "type": "session.update",
-                        "session": {"turn_detection": {"type": "server_vad"}},
-                    }
-                )
-            )
-            await self._until("session.updated")
-            silence = b"\0\0" * (RATE // 2)
-            for turn in range(turns):
-                phrase = PHRASES[(offset + turn) % len(PHRASES)]
-                await self._turn(ws, phrase, silence)
-            reader.cancel()
-
-    async def _turn(self, ws, phrase: str, silence: bytes) -> None:
-        speech = _speech(phrase)
-        await self._send_paced(ws, silence)
-        speech_end = await self._send_paced(ws, speech)
-        sender = asyncio.create_task(self._send_paced(ws, silence * 3))
-        stopped_at, _ = await self._until("input_audio_buffer.speech_stopped")
-        _, heard = await self._until("conversation.item.input_audio_transcription.completed")
-        self.m.misheard += heard["transcript"] != phrase
-        first_at, first = await self._until("response.output_audio.delta")
-        self.m.stopped_to_audio.append(first_at - stopped_at)
-        self.m.speech_end_to_audio.append(first_at - speech_end)
-        sender.cancel()  # the microphone's silence; the barge-in speech follows
-        await self._listen_then_barge_in(ws, first_at, first)
-
-    async def _listen_then_barge_in(self, ws, first_at: float, first: dict) -> None:
-        """Play the answer at real time behind a jitter buffer (counting gaps),
-        then talk over it and time the cancellation."""
-        played_until = first_at + JITTER_MS / 1000
-        scheduled = len(base64.b64decode(first["delta"])) / (2 * RATE)
-        barge = asyncio.create_task(self._barge_in(ws, first_at + 0.3))
-        while True:
-            at, event = await self._until("response.output_audio.delta", "response.done")
-            if event["type"] == "response.done":
-                break
-            if at > played_until + scheduled:
-                self.m.underruns += 1
-                played_until, scheduled = at, 0.0
-            scheduled += len(base64.b64decode(event["delta"])) / (2 * RATE)
-        onset, threshold = await barge
-        if event["response"]["status"] == "cancelled":
-            self.m.onset_to_cancel.append(at - onset)
-            self.m.threshold_to_cancel.append(at - threshold)
-        self.m.answers += 1
-        await self._until("response.done")  # the answer to the barge-in turn
-        self.m.answers += 1
-
-    async def _barge_in(self, ws, at: float) -> tuple[float, float]:
-        await asyncio.sleep(max(0.0, at - asyncio.get_running_loop().time()))
-        onset = asyncio.get_running_loop().time()
-        speech = _speech(PHRASES[0])
-        await self._send_paced(ws, speech + b"\0\0" * RATE)
-        return onset, onset + BARGE_IN_MS / 1000
+    spec: str
+    utterances: list[Utterance]
+    reading: Utterance
+    sessions: int
+    turns: int
+    chunk_ms: int
+    cores: CorePlan
 
 
-def _stage_rtf(open_vocabulary: bool) -> dict:
-    from duplex_server.engine.audio.espeak import Espeak
-    from duplex_server.engine.audio.sphinx import Sphinx
-
-    espeak = Espeak.shared()
-    sphinx = Sphinx(None if open_vocabulary else PHRASES)
-    tts_s = asr_s = answer_audio_s = question_audio_s = 0.0
-    for phrase in PHRASES * 3:
-        started = time.perf_counter()
-        pcm = espeak.synthesize(f"You said: {phrase}.", VOICE)
-        tts_s += time.perf_counter() - started
-        answer_audio_s += len(pcm) / (2 * espeak.sample_rate_hz)
-        speech = resample_pcm16(espeak.synthesize(phrase, VOICE), espeak.sample_rate_hz, 16_000)
-        question_audio_s += len(speech) / (2 * 16_000)
-        started = time.perf_counter()
-        sphinx.transcribe(speech)
-        asr_s += time.perf_counter() - started
+def _quantiles(samples_s: list[float], qs: tuple[int, ...]) -> dict:
+    if not samples_s:
+        return {**{f"p{q}": None for q in qs}, "n": 0}
+    values = np.array(samples_s) * 1000.0
     return {
-        "tts_rtf": round(tts_s / answer_audio_s, 4),
-        "asr_rtf": round(asr_s / question_audio_s, 4),
+        **{f"p{q}": round(float(np.percentile(values, q)), 1) for q in qs},
+        "n": len(samples_s),
     }
 
 
-async def _drive(url: str, args: argparse.Namespace, proc: psutil.Process) -> dict:
-    measures = VoiceMeasures()
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return response.read().decode()
+
+
+def _stage_sums(text: str) -> dict[str, tuple[float, float]]:
+    """Per stage: the sum of every call's real-time factor, and the call count."""
+    sums = {}
+    for stage in STAGES:
+        labels = {"stage": stage}
+        total = sample_value(text, "duplex_stage_realtime_factor_sum", labels) or 0.0
+        count = sample_value(text, "duplex_stage_realtime_factor_count", labels) or 0.0
+        sums[stage] = (total, count)
+    return sums
+
+
+def _mean_rtf(before: str, after: str) -> dict[str, float | None]:
+    """Each stage's mean real-time factor over the calls between two scrapes."""
+    start, end = _stage_sums(before), _stage_sums(after)
+    means: dict[str, float | None] = {}
+    for stage in STAGES:
+        calls = end[stage][1] - start[stage][1]
+        means[stage] = round((end[stage][0] - start[stage][0]) / calls, 4) if calls else None
+    return means
+
+
+def _cpu_s(proc: psutil.Process) -> float:
+    """A server's CPU so far, with its worker processes (PocketSphinx runs in one)."""
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            times = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def _assign(utterances: list[Utterance], sessions: int, turns: int) -> list[list[Utterance]]:
+    """Session i's turn t says utterance i + t * sessions (round robin), so
+    the first turns of a run are the first utterances: the reading among them."""
+    return [
+        [utterances[(i + t * sessions) % len(utterances)] for t in range(turns)]
+        for i in range(sessions)
+    ]
+
+
+async def _concurrent(url: str, phase: Phase) -> tuple[list[SessionOutcome], HeartbeatProbe, dict]:
     generator = GeneratorCpu()
+    probe = HeartbeatProbe(url)
+    ready = asyncio.Event()
+    probing = asyncio.create_task(probe.run(ready))
+    await ready.wait()
     generator.start()
-    proc.cpu_percent(None)
-    started = time.perf_counter()
-    speakers = [Speaker(url, args.chunk_ms, measures) for _ in range(args.sessions)]
-    await asyncio.gather(*(s.run(args.turns, i) for i, s in enumerate(speakers)))
-    cpu = proc.cpu_percent(None)
-    return {
-        **generator.report(),
-        "vad_stopped_to_first_audio_ms": _p50_p95(measures.stopped_to_audio),
-        "speech_end_to_first_audio_ms": _p50_p95(measures.speech_end_to_audio),
-        "barge_in_onset_to_cancel_ms": _p50_p95(measures.onset_to_cancel),
-        "barge_in_threshold_to_cancel_ms": _p50_p95(measures.threshold_to_cancel),
-        "audio_underruns": measures.underruns,
-        "answers": measures.answers,
-        "misheard_turns": measures.misheard,
-        "server_cpu_percent_per_session": round(cpu / args.sessions, 1),
-        "seconds": round(time.perf_counter() - started, 1),
-    }
+    speakers = [Speaker(url, phase.chunk_ms) for _ in range(phase.sessions)]
+    scripts = _assign(phase.utterances, phase.sessions, phase.turns)
+    outcomes = await asyncio.gather(
+        *(s.run(script) for s, script in zip(speakers, scripts, strict=True))
+    )
+    cpu = generator.report()
+    probe.stop()
+    await probing
+    return list(outcomes), probe, cpu
 
 
-def _p50_p95(samples: list[float]) -> dict:
-    if not samples:
-        return {"p50": None, "p95": None, "n": 0}
-    values = np.array(samples) * 1000
-    return {
-        "p50": round(float(np.percentile(values, 50)), 1),
-        "p95": round(float(np.percentile(values, 95)), 1),
-        "n": len(samples),
-    }
+async def _alone(url: str, phase: Phase) -> SessionOutcome:
+    return await Speaker(url, phase.chunk_ms, listen=False).run([phase.reading])
 
 
-async def _echo_baseline(url: str, args: argparse.Namespace) -> dict:
-    """The same questions to the echo model, committed by the client at speech
-    end: the latency of the session core alone (no VAD, ASR or TTS)."""
-    latencies: list[float] = []
-    generator = GeneratorCpu()
-    generator.start()
-
-    async def one(offset: int) -> None:
-        speaker = Speaker(url, args.chunk_ms, VoiceMeasures())
-        async with websockets.connect(url, max_size=None) as ws:
-            reader = asyncio.create_task(speaker._read(ws))
-            await speaker._until("session.created")
-            for turn in range(args.turns):
-                speech = _speech(PHRASES[(offset + turn) % len(PHRASES)])
-                end = await speaker._send_paced(ws, speech)
-                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-                at, _ = await speaker._until("response.output_audio.delta")
-                latencies.append(at - end)
-                await speaker._until("response.done")
-            reader.cancel()
-
-    await asyncio.gather(*(one(i) for i in range(args.sessions)))
-    return {"speech_end_to_first_audio_ms": _p50_p95(latencies), **generator.report()}
-
-
-def _with_server(model: str, phrases: Path | None, drive) -> dict:
-    server = ServerProcess("memory", model=model, asr_phrases=phrases)
+def _run_phase(phase: Phase) -> dict:
+    server = ServerProcess(
+        "memory", model="cascade", asr=phase.spec, max_sessions=phase.sessions + 5
+    )
     try:
-        server.start()
-        return asyncio.run(drive(server.ws_url, server))
+        with pinned(phase.cores.server):
+            server.start(timeout_s=120.0)
+        metrics_url = server.http_url + "/metrics"
+        proc = psutil.Process(server.pid)
+        with pinned(phase.cores.generators):
+            before = _scrape(metrics_url)
+            cpu_before, started = _cpu_s(proc), time.monotonic()
+            outcomes, probe, generator = asyncio.run(_concurrent(server.ws_url, phase))
+            cpu_after, seconds = _cpu_s(proc), time.monotonic() - started
+            loaded = _scrape(metrics_url)
+            alone = asyncio.run(_alone(server.ws_url, phase))
+            quiet = _scrape(metrics_url)
     finally:
         server.stop()
+    return _phase_report(
+        phase,
+        outcomes,
+        probe,
+        {
+            **generator,
+            "server_cpu_percent": round(100.0 * (cpu_after - cpu_before) / seconds, 1),
+            "seconds": round(seconds, 1),
+        },
+        under_load=_mean_rtf(before, loaded),
+        alone_rtf=_mean_rtf(loaded, quiet),
+        alone=alone,
+    )
+
+
+def _turn_report(turn: Turn) -> dict:
+    score = wer.score(turn.reference, " ".join(turn.heard))
+    return {**turn.report(), "reference": turn.reference, "word_errors": score.errors}
+
+
+def _stage_quantiles(turns: list[Turn]) -> dict:
+    names = sorted({name for turn in turns for name in turn.stage_metrics})
+    return {
+        name: _quantiles(
+            [turn.stage_metrics[name] / 1000 for turn in turns if name in turn.stage_metrics],
+            (50, 95),
+        )
+        for name in names
+    }
+
+
+def _phase_report(
+    phase: Phase,
+    outcomes: list[SessionOutcome],
+    probe: HeartbeatProbe,
+    cpu: dict,
+    under_load: dict[str, float | None],
+    alone_rtf: dict[str, float | None],
+    alone: SessionOutcome,
+) -> dict:
+    turns = [turn for outcome in outcomes for turn in outcome.turns]
+    answered = [turn for turn in turns if turn.answered]
+    scores = wer.total([wer.score(turn.reference, " ".join(turn.heard)) for turn in turns])
+    latency = _quantiles([t.latency_s for t in turns if t.latency_s is not None], (50, 95))
+    heartbeat = _quantiles(probe.rtt_s, (50, 99))
+    heartbeat["max"] = round(max(probe.rtt_s) * 1000, 1) if probe.rtt_s else None
+    heartbeat["lost"] = probe.lost
+    refused = [outcome.refused for outcome in outcomes]
+    mic_late = max(outcome.mic_late_ms for outcome in outcomes)
+    report = {
+        "asr": phase.spec,
+        "turns": len(turns),
+        "turns_answered": len(answered),
+        "speech_end_to_first_audio_ms": latency,
+        "vad_stopped_to_first_audio_ms": _quantiles(
+            [t.stopped_to_audio_s for t in turns if t.stopped_to_audio_s is not None], (50, 95)
+        ),
+        "word_error_rate": None if scores.rate is None else round(scores.rate, 4),
+        "word_errors": scores.errors,
+        "reference_words": scores.reference_words,
+        "misheard_turns": sum(wer.score(t.reference, " ".join(t.heard)).errors > 0 for t in turns),
+        "appends_sent_per_session": [outcome.appends for outcome in outcomes],
+        "appends_refused_per_session": refused,
+        "other_errors": [error for outcome in outcomes for error in outcome.other_errors][:10],
+        "heartbeat_rtt_ms": heartbeat,
+        "stage_metrics_ms": _stage_quantiles(answered),
+        "asr_rtf": alone_rtf["asr"],
+        "tts_rtf": alone_rtf["tts"],
+        "rtf_alone_on": f"{phase.reading.name} ({phase.reading.seconds:.1f} s), one session",
+        "rtf_under_load": under_load,
+        **cpu,
+        "mic_late_ms_max": mic_late,
+        "transcripts": [
+            {"session": index, **_turn_report(turn)}
+            for index, outcome in enumerate(outcomes)
+            for turn in outcome.turns
+        ],
+        "alone_transcripts": [_turn_report(turn) for turn in alone.turns],
+    }
+    reasons = []
+    if cpu["generator_saturated"]:
+        reasons.append(
+            f"{phase.spec}: the bench's event loop was {cpu['generator_cpu_percent']} % busy"
+        )
+    if mic_late > MIC_LATE_LIMIT_MS:
+        reasons.append(f"{phase.spec}: a microphone fell {mic_late} ms behind real time")
+    report["invalid_reasons"] = reasons
+    report["targets"] = {
+        "every_turn_answered": len(answered) == len(turns),
+        "no_audio_refused": sum(refused) == 0,
+        "heartbeat_p99_under_100ms": heartbeat["p99"] is not None
+        and heartbeat["p99"] < TARGET_HEARTBEAT_MS
+        and probe.lost == 0,
+        "speech_end_to_first_audio_p50_at_most_700ms": latency["p50"] is not None
+        and latency["p50"] <= TARGET_P50_MS,
+        "speech_end_to_first_audio_p95_at_most_1000ms": latency["p95"] is not None
+        and latency["p95"] <= TARGET_P95_MS,
+    }
+    return report
+
+
+def _ratio(ours: float | None, base: float | None) -> float | None:
+    return None if ours is None or not base else round(ours / base, 3)
+
+
+def _ratios(ours: dict, base: dict) -> dict:
+    latency, base_latency = (
+        ours["speech_end_to_first_audio_ms"],
+        base["speech_end_to_first_audio_ms"],
+    )
+    return {
+        "speech_end_to_first_audio_p50": _ratio(latency["p50"], base_latency["p50"]),
+        "speech_end_to_first_audio_p95": _ratio(latency["p95"], base_latency["p95"]),
+        "word_error_rate": _ratio(ours["word_error_rate"], base["word_error_rate"]),
+        "asr_rtf": _ratio(ours["asr_rtf"], base["asr_rtf"]),
+        "heartbeat_rtt_p99": _ratio(
+            ours["heartbeat_rtt_ms"]["p99"], base["heartbeat_rtt_ms"]["p99"]
+        ),
+        "appends_refused": [
+            sum(ours["appends_refused_per_session"]),
+            sum(base["appends_refused_per_session"]),
+        ],
+    }
 
 
 def run(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        phrases = Path(tmp) / "phrases.txt"
-        phrases.write_text("\n".join(PHRASES))
-        baseline = _with_server("echo", phrases, lambda url, server: _echo_baseline(url, args))
-        ours = _with_server(
-            "cascade",
-            None if args.open_vocabulary else phrases,
-            lambda url, server: _drive(url, args, psutil.Process(server.pid)),
+    if args.phrases:
+        from duplex_server.bench import voice_phrases
+
+        voice_phrases.run(args)
+        return
+    specs = list(dict.fromkeys(spec.strip() for spec in args.asr.split(",") if spec.strip()))
+    if not specs:
+        raise SystemExit("bench voice: --asr names no recogniser")
+    try:
+        cores = plan_cores(args.server_cores, usable_cores())
+    except ValueError as exc:
+        raise SystemExit(f"bench voice: {exc}") from None
+    directory = Path(args.speech_dir) if args.speech_dir else recorded_speech.default_dir()
+    try:
+        utterances = recorded_speech.load(recorded_speech.ensure(directory))
+    except recorded_speech.SpeechMissing as exc:
+        raise SystemExit(f"bench voice: {exc}") from None
+    reading = next(u for u in utterances if u.name == recorded_speech.READING)
+    phases = {
+        spec: _run_phase(
+            Phase(spec, utterances, reading, args.sessions, args.turns, args.chunk_ms, cores)
         )
-    base_p50 = baseline["speech_end_to_first_audio_ms"]["p50"]
-    ours_p50 = ours["speech_end_to_first_audio_ms"]["p50"]
-    stages = _stage_rtf(args.open_vocabulary)
-    first = ours["vad_stopped_to_first_audio_ms"]["p95"]
-    cancel = ours["barge_in_threshold_to_cancel_ms"]["p95"]
+        for spec in specs
+    }
+    baseline, default = specs[0], specs[-1]
     print(
         json.dumps(
             {
                 "bench": "voice",
                 "sessions": args.sessions,
-                "turns": args.turns,
+                "turns_per_session": args.turns,
                 "chunk_ms": args.chunk_ms,
-                "asr_vocabulary": "open" if args.open_vocabulary else "phrases",
                 "cpu_count": os.cpu_count(),
-                **validity(ours, baseline),
-                **ours,
-                **stages,
-                "baseline_echo_client_commit": baseline,
-                "speech_end_to_first_audio_p50_ratio_vs_echo": round(ours_p50 / base_p50, 2)
-                if ours_p50 and base_p50
-                else None,
-                "targets": {
-                    "first_audio_p95_under_250ms": first is not None
-                    and first < TARGET_FIRST_AUDIO_P95_MS,
-                    "barge_in_cancel_p95_under_150ms": cancel is not None
-                    and cancel < TARGET_BARGE_IN_MS,
-                    "tts_rtf_under_0_05": stages["tts_rtf"] < TARGET_TTS_RTF,
-                    "no_underruns": ours["audio_underruns"] == 0,
+                "pinning": cores.report(),
+                "speech": {
+                    **recorded_speech.source(),
+                    "utterances": len(utterances),
+                    "seconds": round(sum(u.seconds for u in utterances), 1),
                 },
+                **verdict(
+                    [reason for phase in phases.values() for reason in phase.pop("invalid_reasons")]
+                ),
+                "baseline": baseline,
+                "recognisers": phases,
+                "ratios_vs_baseline": {
+                    spec: _ratios(phase, phases[baseline])
+                    for spec, phase in phases.items()
+                    if spec != baseline
+                },
+                "targets": {"asr": default, **phases[default]["targets"]},
             }
         )
     )
