@@ -161,11 +161,12 @@ class PageCall {
   }
 
   // Where the server's input timeline position `ms` was, on the wall clock.
+  // `fallback` (when the server said so, less its silence wait) stands in
+  // for a position the page no longer holds or never sent.
   wallAt(ms, fallback) {
     const after = this.inputMap.find(([end]) => end >= ms);
     if (!after) return fallback;
-    const wall = after[1] - (after[0] - ms);
-    return wall <= fallback ? wall : fallback;
+    return Math.min(after[1] - (after[0] - ms), fallback);
   }
 
   sentChunk(durationMs, wallMs) {
@@ -258,9 +259,10 @@ function sendCut(answer) {
 // Stop playing `answer` where it is: the page's record and the server's
 // history both end at what was heard.
 async function cut(answer, why) {
-  if (answer.cutting) return; // the clear and the response.done both say so
+  if (answer.cutting || !audio) return; // the clear and the response.done both say so
   answer.cutting = true;
   const played = await audio.clear();
+  if (!page) return;
   answer.cutAt(played.get(answer.id) || 0, why);
   page.interruptedUntil = performance.now() + INTERRUPTED_SHOWN_MS;
   if (page.current === answer) page.current = null;
@@ -276,6 +278,7 @@ function cutReason(response) {
 }
 
 function onEvent(event) {
+  if (!page) return; // the call ended on this page; its last frames need nothing
   switch (event.type) {
     case "session.created":
       $("session").textContent = event.session.id;
@@ -299,7 +302,7 @@ function onEvent(event) {
       page.userSpeaking = false;
       page.awaiting = false;
       for (const [id, turn] of conversation.users) {
-        if (turn.node.classList.contains("partial") && !turn.heard) {
+        if (turn.node.classList.contains("partial")) {
           turn.dropped();
           conversation.users.delete(id);
         }

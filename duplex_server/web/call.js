@@ -66,7 +66,10 @@ export class Call {
     this.stopped = true;
     for (const timer of this.timers) clearInterval(timer);
     if (this.attached) this.send({ type: "session.close" });
-    if (this.socket) this.socket.close();
+    if (this.socket) {
+      this.socket.onclose = null;
+      this.socket.close();
+    }
   }
 
   // Trades the user's key (or none, on a server without keys) for a client

@@ -54,6 +54,10 @@ async def test_a_spoken_question_is_answered_aloud_on_a_phone_screen(tmp_path):
             await page.wait_text("#conversation", ANSWER)
             await page.wait_state("listening")  # the answer has played out
             assert await page.turns("user") == [PHRASES[0]]
+            # While the question was spoken, what was heard of it so far.
+            partials = await page.partials_seen()
+            assert partials[0] == "…" and f"{PHRASES[0]}…" in partials
+            assert all(PHRASES[0].startswith(p.removesuffix("…")) for p in partials)
             assert await page.turns("assistant") == [ANSWER]
             latency = await page.text("#conversation .turn.assistant .latency")
             assert re.fullmatch(r"\d+\.\d\d s to first audio", latency), latency

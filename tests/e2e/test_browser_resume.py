@@ -6,12 +6,14 @@ back, which the page gives up on after a bounded number of tries, saying so."""
 from __future__ import annotations
 
 from tests.e2e.voicepage import (
+    DroppingProxy,
     VoicePage,
     chromium,
     log_lines,
     quiet,
     said,
     start_voice_server,
+    voice_server,
     write_wav,
 )
 from tests.speech import PHRASES
@@ -80,6 +82,58 @@ async def test_a_server_killed_mid_answer_costs_a_pause_not_the_conversation(tmp
     assert truncated[0]["played_ms"] > 0
     heard = [line["body"]["transcript"] for line in lines if line["kind"] == "commit"]
     assert heard == [FIRST, NEXT]
+
+
+async def test_a_dropped_connection_resumes_and_the_answer_goes_on(tmp_path):
+    """The network drops while the answer plays and the server lives on: the
+    page resumes the same session at once, the server replays what the page
+    missed, and the answer is heard to its end; the next question is answered."""
+    wav = write_wav(
+        tmp_path / "two.wav", quiet(1500), said(FIRST), quiet(6000), said(NEXT), quiet(4000)
+    )
+    with voice_server(tmp_path) as server:
+        proxy = await DroppingProxy(server.port).start()
+        try:
+            async with chromium(wav) as browser:
+                page = await VoicePage.open(browser, proxy.http_url)
+                await page.start()
+                session_id = await page.session_id()
+                await page.wait_state("speaking")
+                proxy.drop()
+                notice = await page.wait_text("#notice", "Reconnected")
+                assert f"the same session ({session_id}) resumed" in notice
+                await page.wait_text("#conversation", f"You said: {NEXT}.")
+                await page.wait_state("listening")
+                answers = await page.turns("assistant")
+                badges = await page.page.locator("#conversation .badge").all_inner_texts()
+                seen = await page.states_seen()
+        finally:
+            await proxy.close()
+        lines = log_lines(server, session_id)
+    assert "reconnecting" in seen
+    assert answers == [f"You said: {FIRST}.", f"You said: {NEXT}."]
+    assert badges == []  # nothing was cut: the drop cost a pause only
+    leases = [line["body"]["action"] for line in lines if line["kind"] == "lease"]
+    assert "takeover" not in leases and leases.count("resume") == 1
+    # The first answer's playback was acknowledged to its end across the drop.
+    done = [
+        body
+        for body in (line["body"] for line in lines if line["kind"] == "decision")
+        if body["action"] == "response_done"
+    ]
+    assert [body["status"] for body in done] == ["completed", "completed"]
+    first_id = done[0]["response_id"]
+    generated = sum(
+        line["body"]["audio_ms"]
+        for line in lines
+        if line["kind"] == "out" and line["body"].get("response_id") == first_id
+    )
+    played = [
+        line["body"]["played_ms"]
+        for line in lines
+        if line["kind"] == "ack" and line["body"].get("response_id") == first_id
+    ]
+    assert abs(played[-1] - generated) < 30, (played, generated)
 
 
 async def test_a_server_gone_for_good_is_given_up_on_and_said_so(tmp_path):

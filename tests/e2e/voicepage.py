@@ -4,6 +4,7 @@ the page read as a person reads it (its text), plus the session's log."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import shutil
@@ -112,7 +113,7 @@ class VoicePage:
         context = await browser.new_context(**context_options)
         page = cls(await context.new_page())
         await page.page.goto(url + "/")
-        # Remember every state the page shows: some last a moment only.
+        # Remember every state the page shows: some last a moment only ...
         await page.page.evaluate(
             """() => {
                 const node = document.querySelector('#state');
@@ -124,6 +125,16 @@ class VoicePage:
                         }
                     }
                 }).observe(node, { childList: true });
+                // ... and what the user's turns showed while they spoke.
+                window.partialsSeen = [];
+                const list = document.querySelector('#conversation');
+                new MutationObserver(() => {
+                    for (const text of list.querySelectorAll('.turn.user.partial .text')) {
+                        if (window.partialsSeen.at(-1) !== text.textContent) {
+                            window.partialsSeen.push(text.textContent);
+                        }
+                    }
+                }).observe(list, { childList: true, subtree: true, characterData: true });
             }"""
         )
         return page
@@ -156,6 +167,10 @@ class VoicePage:
     async def states_seen(self) -> list[str]:
         """Each state the page has shown since it opened, in order."""
         return await self.page.evaluate("window.statesSeen")
+
+    async def partials_seen(self) -> list[str]:
+        """Each text a user turn showed while it was still partial."""
+        return await self.page.evaluate("window.partialsSeen")
 
     async def start(self, key: str | None = None) -> None:
         # The model list has loaded once the model menu names a model.
@@ -205,3 +220,48 @@ def log_lines(server: ServerProcess, session_id: str, key: str | None = None) ->
         request.add_header("Authorization", f"Bearer {key}")
     with urllib.request.urlopen(request, timeout=10) as response:
         return [json.loads(line) for line in response.read().splitlines()]
+
+
+class DroppingProxy:
+    """A TCP forwarder to a server whose connections the test can drop at
+    once, as a network that fails would, while the server lives on."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> DroppingProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def drop(self) -> None:
+        """Reset every connection open now; new ones are forwarded again."""
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def close(self) -> None:
+        self.drop()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+        self._writers.discard(sink)
+        sink.transport.abort()
