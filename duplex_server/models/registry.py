@@ -14,7 +14,7 @@ def build_model(
     *,
     max_concurrency: int = 256,
     asr_phrases: list[str] | None = None,
-    asr: str = "pocketsphinx",
+    asr: str = "auto",
     tts: str = "espeak",
 ) -> ModelPort:
     """Cascade options: ``asr`` / ``tts`` name its stages (``whisper:PATH``,

@@ -40,9 +40,14 @@ def wheelhouse() -> Path:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     key = (
         json.dumps(
-            [project["project"]["dependencies"], project["build-system"]["requires"]]
+            [
+                project["project"]["dependencies"],
+                project["project"]["optional-dependencies"]["voice"],
+                project["build-system"]["requires"],
+            ]
         ).encode()
         + SCRIPT.read_bytes()
+        + (ROOT / "scripts" / "voice-model.txt").read_bytes()
     )
     path = Path(sys.prefix) / f"wheelhouse-{hashlib.sha256(key).hexdigest()[:12]}"
     if not path.is_dir():
@@ -99,16 +104,23 @@ def test_install_script_installs_a_server_that_serves_offline(tmp_path, monkeypa
         "--wheelhouse", str(wheels), str(target), env=os.environ | {"PYTHON": sys.executable}
     )
 
-    # It is the installed copy that runs, not this checkout.
-    show_path = "import duplex_server; print(duplex_server.__file__)"
+    # It is the installed copy that runs, not this checkout, and its default
+    # recogniser is Whisper from the hash-pinned model wheel.
+    show = (
+        "import duplex_server; print(duplex_server.__file__);"
+        "from duplex_server.models.cascade.stages import resolve_asr;"
+        "print(resolve_asr('auto', None))"
+    )
     where = subprocess.run(
-        [str(target / "bin" / "python"), "-c", show_path],
+        [str(target / "bin" / "python"), "-c", show],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
     )
-    assert Path(where.stdout.strip()).is_relative_to(target), where.stderr
+    path, asr = where.stdout.split()
+    assert Path(path).is_relative_to(target), where.stderr
+    assert asr == "whisper-ct2"
 
     # Settings from all three places, as a deployment sets them: flags (port,
     # store), the environment (log level, the file) and the file (log format).

@@ -204,7 +204,9 @@ async def test_a_short_remark_over_the_answer_is_dropped(voice_server):
 
 async def test_listen_only_defers_the_turn_to_the_end_of_the_answer(voice_server):
     client = await vad_session(voice_server)
-    await client.send({"type": "session.update", "session": {"overlap_policy": "listen_only"}})
+    # A slow answer (speed 0.6: about 3 s), so the remark surely ends before it.
+    update = {"overlap_policy": "listen_only", "speed": 0.6}
+    await client.send({"type": "session.update", "session": update})
     await client.expect("session.updated")
     response_id, _ = await answer_started(client)
     await stream_paced(client, speak(PHRASES[2]) + silence(800))  # ends before the answer
@@ -384,7 +386,7 @@ async def test_an_unknown_voice_is_refused_when_named(voice_server):
 async def test_a_failing_recogniser_costs_the_transcript_not_the_session(voice_server):
     stages = voice_server.app.state.model.listening
 
-    def broken(pcm16: bytes) -> str:
+    def broken(pcm16: bytes, language: str | None, prompt: str | None) -> str:
         raise RuntimeError("decoder exploded")
 
     stages.asr.transcribe = broken

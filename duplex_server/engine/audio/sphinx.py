@@ -1,19 +1,23 @@
 """Speech recognition with PocketSphinx and the en-US model in its wheel.
 
-One decoder serves every session, one utterance at a time (the caller runs it
-on the ASR stage's thread). An utterance is decoded in one pass over its
-audio; ``phrases`` switch the decoder from the open language model to a
-grammar of those phrases, which is both far more accurate and about forty
+One decoder serves every session, one utterance at a time, in a worker
+process of its own (:class:`SphinxWorker`): PocketSphinx holds the GIL while
+it decodes, so on a thread it would stall the event loop. An utterance is
+decoded in one pass over its audio; ``phrases`` switch the decoder from the
+open language model to a grammar of those phrases, which is both far more accurate and about forty
 times faster when the vocabulary is known (tests, command sets).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import tempfile
 from pathlib import Path
 
 from pocketsphinx import Decoder
+
+from duplex_server.engine.audio.worker_process import shared_worker
 
 SAMPLE_RATE_HZ = 16_000
 # Trailing silence lets the decoder close the last word of an utterance cut
@@ -27,6 +31,10 @@ def _grammar(phrases: list[str]) -> str:
     return f"#JSGF V1.0;\ngrammar phrases;\npublic <phrase> = {alternatives} ;\n"
 
 
+LANGUAGES = frozenset({"en"})
+TAKES_PROMPT = False
+
+
 class Sphinx:
     def __init__(self, phrases: list[str] | None = None) -> None:
         self._decoder = Decoder(samprate=SAMPLE_RATE_HZ, loglevel="FATAL")
@@ -38,8 +46,12 @@ class Sphinx:
                 self._decoder.add_jsgf_file("phrases", str(path))
             self._decoder.activate_search("phrases")
 
-    def transcribe(self, pcm16: bytes) -> str:
-        """The words in ``pcm16`` (mono, 16 kHz); '' when none were heard."""
+    def transcribe(
+        self, pcm16: bytes, language: str | None = None, prompt: str | None = None
+    ) -> str:
+        """The words in ``pcm16`` (mono, 16 kHz); '' when none were heard.
+        English only, and no prompt: the session refuses both hints before
+        they reach here (``LANGUAGES``, ``TAKES_PROMPT``)."""
         if not pcm16:
             return ""
         self._decoder.start_utt()
@@ -47,3 +59,20 @@ class Sphinx:
         self._decoder.end_utt()
         hypothesis = self._decoder.hyp()
         return hypothesis.hypstr.strip() if hypothesis is not None else ""
+
+
+class SphinxWorker:
+    """:class:`Sphinx` behind its worker process, one per phrase list."""
+
+    languages: frozenset[str] | None = LANGUAGES
+    takes_prompt = TAKES_PROMPT
+
+    def __init__(self, phrases: list[str] | None = None) -> None:
+        key = ("pocketsphinx", tuple(phrases or ()))
+        self._worker = shared_worker(key, functools.partial(Sphinx, list(phrases or ()) or None))
+        self.name = "pocketsphinx" + (" (phrases)" if phrases else "")
+
+    def transcribe(
+        self, pcm16: bytes, language: str | None = None, prompt: str | None = None
+    ) -> str:
+        return self._worker.transcribe(pcm16) if pcm16 else ""

@@ -34,7 +34,12 @@ def _checkpoint(path: str) -> Path:
 
 
 class WhisperAsr:
-    """Any local Whisper checkpoint; transcribes 16 kHz pcm16."""
+    """Any local Whisper checkpoint; transcribes 16 kHz pcm16. A checkpoint
+    whose generation config maps languages is told the session's language;
+    one without (English-only, and the tests' tiny models) hears English.
+    No prompts: the session refuses them (``takes_prompt``)."""
+
+    takes_prompt = False
 
     def __init__(self, path: str) -> None:
         torch, transformers = _import_ml()
@@ -43,16 +48,22 @@ class WhisperAsr:
         self._processor = transformers.WhisperProcessor.from_pretrained(directory)
         model = transformers.WhisperForConditionalGeneration.from_pretrained(directory)
         self._model = model.eval()
+        mapped = getattr(model.generation_config, "lang_to_id", None)
+        self.languages: frozenset[str] | None = None if mapped else frozenset({"en"})
+        self.name = f"whisper:{directory}"
 
-    def transcribe(self, pcm16: bytes) -> str:
+    def transcribe(
+        self, pcm16: bytes, language: str | None = None, prompt: str | None = None
+    ) -> str:
         if not pcm16:
             return ""
+        options = {"language": language} if language and self.languages is None else {}
         audio = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
         features = self._processor(
             audio, sampling_rate=ASR_RATE_HZ, return_tensors="pt"
         ).input_features
         with self._torch.inference_mode():
-            ids = self._model.generate(features, max_new_tokens=MAX_NEW_TOKENS)
+            ids = self._model.generate(features, max_new_tokens=MAX_NEW_TOKENS, **options)
         return self._processor.batch_decode(ids, skip_special_tokens=True)[0].strip()
 
 

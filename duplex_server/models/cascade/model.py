@@ -1,15 +1,16 @@
 """The cascade model adapter: turns a committed user turn into spoken answer chunks.
 
 The session core already ran VAD and ASR through :class:`CascadeStages`
-(its ``listening``); a response takes the responder's text sentence by
-sentence through the synthesiser, so the first audio leaves before the rest
-of the answer is synthesised.
+(its ``listening``); a response takes the responder's text clause by clause
+through the synthesiser, so the first audio leaves once the first clause is
+synthesised, before the rest of the answer is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -49,7 +50,9 @@ VOICES = {
     "marin": "en-us+f5",
     "cedar": "en+m3",
 }
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+# A clause ends at a sentence mark or a comma, semicolon or colon followed by
+# a space (so "3,000" and "3.5" stay whole).
+_CLAUSE_END = re.compile(r"(?<=[.!?,;:])\s+")
 # Audio leaves at the pace it plays, this far ahead: the answer stays "being
 # spoken" (so speech over it is an overlap) and a barge-in discards little.
 LEAD_MS = 300.0
@@ -79,8 +82,8 @@ class SpeakPayload(msgspec.Struct):
     text_only: bool
 
 
-def sentences(text: str) -> list[str]:
-    return [s for s in _SENTENCE_END.split(text.strip()) if s]
+def clauses(text: str) -> list[str]:
+    return [clause for clause in _CLAUSE_END.split(text.strip()) if clause]
 
 
 class CascadeBackend:
@@ -95,25 +98,31 @@ class CascadeBackend:
         spoken = False
         pacer = Pacer()
         async for piece in self.responder.respond(payload.history):
-            for sentence in sentences(piece):
-                text = (" " if spoken else "") + sentence
-                spoken = True
+            for clause in clauses(piece):
+                text = (" " if spoken else "") + clause
+                first, spoken = not spoken, True
                 if payload.text_only:
                     yield ModelChunk(text=text)
                     continue
-                async for chunk in self._speak(text, payload.voice, payload.speed):
+                async for chunk in self._speak(text, payload.voice, payload.speed, first):
                     await pacer.release(len(chunk.audio) * 1000 / (2 * OUTPUT_RATE_HZ))
                     yield chunk
 
-    async def _speak(self, text: str, voice: str, speed: float) -> AsyncIterator[ModelChunk]:
+    async def _speak(
+        self, text: str, voice: str, speed: float, first: bool
+    ) -> AsyncIterator[ModelChunk]:
+        started = time.perf_counter()
         pcm, rate = await self.stages.synthesize(text.strip(), voice, speed)
         pcm = resample_pcm16(pcm, rate, OUTPUT_RATE_HZ)
+        # The answer's first clause is the synthesis its first audio waited for.
+        stages = {"tts_first_clause_ms": (time.perf_counter() - started) * 1000} if first else None
         step = OUTPUT_RATE_HZ * CHUNK_PERIOD_MS // 1000 * 2
         for index, at in enumerate(range(0, max(len(pcm), 1), step)):
             yield ModelChunk(
                 audio=pcm[at : at + step],
                 sample_rate_hz=OUTPUT_RATE_HZ,
                 text=text if index == 0 else "",
+                stage_ms=stages if index == 0 else None,
             )
 
 
@@ -166,7 +175,7 @@ class CascadeModel:
 def build_cascade(
     phrases: list[str] | None = None,
     max_concurrency: int = 64,
-    asr: str = "pocketsphinx",
+    asr: str = "auto",
     tts: str = "espeak",
 ) -> CascadeModel:
     stages = CascadeStages(build_recogniser(asr, phrases), build_synthesiser(tts))

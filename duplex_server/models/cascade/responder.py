@@ -26,5 +26,9 @@ class Parrot:
         turn = next((item for item in reversed(history) if item.role == "user"), None)
         if turn is None:
             return
-        heard = turn.text
-        yield f"You said: {heard}." if heard.strip() else ASK_AGAIN
+        heard = turn.text.strip()
+        if not heard:
+            yield ASK_AGAIN
+            return
+        # Whisper punctuates what it hears; PocketSphinx does not.
+        yield f"You said: {heard}" + ("" if heard[-1] in ".!?" else ".")

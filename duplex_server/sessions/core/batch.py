@@ -89,6 +89,7 @@ class Batch:
         response_id: str | None = None,
         audio_ms: float = 0.0,
         text: str = "",
+        stage_ms: dict[str, float] | None = None,
     ) -> None:
         seq = self.state.server_event_seq + 1
         event.server_event_seq = seq
@@ -102,6 +103,7 @@ class Batch:
                 response_id=response_id,
                 audio_ms=audio_ms,
                 text=text,
+                stage_ms=stage_ms,
             ),
             origin="server",
         )

@@ -26,7 +26,7 @@ from duplex_server.sessions.core.config import (
 )
 from duplex_server.sessions.core.gates import refuse_gated
 from duplex_server.sessions.core.items import Item, Part, item_text, to_wire
-from duplex_server.sessions.core.model_port import ModelPort, history_view, session_view
+from duplex_server.sessions.core.model_port import Listening, ModelPort, history_view, session_view
 from duplex_server.sessions.core.records import (
     AckBody,
     AudioBody,
@@ -80,7 +80,7 @@ from protocol.server_events import (
     SpeechStopped,
     TranscriptionUsage,
 )
-from protocol.session_config import SessionUpdate
+from protocol.session_config import InputTranscription, SessionUpdate
 
 
 @dataclass
@@ -106,6 +106,10 @@ class HandlerContext:
     # Recognition failed on the buffer: the commit goes ahead without a
     # transcript, and the client is told why first.
     transcription_error: ProtocolError | None = None
+    # Stage times of the turn, ms: how long the commit waited for its final
+    # transcript, and (server VAD) how much silence ended the speech.
+    transcription_ms: float | None = None
+    vad_hangover_ms: float | None = None
     decode_stream: Callable[[bytes], bytes] | None = None
     # Why the runtime cannot take more input now (its budget is spent, the
     # model is behind real time): the append is refused with this error.
@@ -167,10 +171,39 @@ def check_response_overrides(
 
 def check_session_patch(patch: SessionUpdate, model: ModelPort, event_id: str | None) -> None:
     """What a session.update (or the opening patch) may not do, beyond the
-    config merge's own checks: name a voice the model cannot speak."""
+    config merge's own checks: name a voice the model cannot speak, or ask
+    its recogniser for a language or a prompt it cannot take."""
     check_voice(patch.voice, "session.voice", model, event_id)
     if patch.audio is not UNSET and patch.audio.output is not UNSET:
         check_voice(patch.audio.output.voice, "session.audio.output.voice", model, event_id)
+    param = "session.input_audio_transcription"
+    transcription = patch.input_audio_transcription
+    if patch.audio is not UNSET and patch.audio.input is not UNSET and transcription is UNSET:
+        param, transcription = "session.audio.input.transcription", patch.audio.input.transcription
+    if isinstance(transcription, InputTranscription) and model.listening is not None:
+        check_transcription(transcription, param, model.listening, event_id)
+
+
+def check_transcription(
+    settings: InputTranscription, param: str, listening: Listening, event_id: str | None
+) -> None:
+    languages = listening.transcription_languages
+    language = settings.language if isinstance(settings.language, str) else ""
+    if language and languages is not None and language.lower() not in languages:
+        raise ProtocolError(
+            "invalid_value",
+            f"language {language!r} is not one the recogniser hears: "
+            + ", ".join(sorted(languages)),
+            param=f"{param}.language",
+            event_id=event_id,
+        )
+    if isinstance(settings.prompt, str) and settings.prompt and not listening.transcription_prompts:
+        raise ProtocolError(
+            "invalid_value",
+            "the recogniser takes no prompt (Whisper recognisers do: --asr whisper-ct2)",
+            param=f"{param}.prompt",
+            event_id=event_id,
+        )
 
 
 def session_update(batch: Batch, event: ce.SessionUpdateEvent, ctx: HandlerContext) -> Effects:
@@ -451,6 +484,11 @@ def tell_transcription_error(batch: Batch, ctx: HandlerContext) -> None:
         batch.emit(Error(error=error_body(ctx.transcription_error)))
 
 
+def _turn_stages(ctx: HandlerContext) -> dict[str, float]:
+    stages = {"vad_hangover_ms": ctx.vad_hangover_ms, "asr_final_ms": ctx.transcription_ms}
+    return {name: round(ms, 3) for name, ms in stages.items() if ms is not None}
+
+
 def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) -> Effects:
     """Commit the input buffer as a user item; ``ctx.transcript`` is what the
     model's speech recognition heard in it (the runtime runs it beforehand)."""
@@ -481,6 +519,7 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
             response_create=respond,
             final=bool(event.final),
             transcript=transcript,
+            stage_ms=_turn_stages(ctx),
         )
     )
     item = state.find_item(item_id)

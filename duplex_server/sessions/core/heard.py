@@ -138,7 +138,11 @@ def turn_ended(batch: Batch, command: TurnEnded, ctx: HandlerContext) -> Effects
         return Effects()
     respond = False if command.deferred else command.response_create
     commit = ce.InputAudioCommit(response_create=respond)
-    return audio_commit(batch, commit, replace(ctx, transcription_error=None))
+    # The silence the VAD waited for before it called the speech over.
+    hangover_ms = max(batch.state.input.end_ms - command.at_ms, 0.0)
+    return audio_commit(
+        batch, commit, replace(ctx, transcription_error=None, vad_hangover_ms=hangover_ms)
+    )
 
 
 def input_trimmed(batch: Batch, command: InputTrimmed, ctx: HandlerContext) -> Effects:

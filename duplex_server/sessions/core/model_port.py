@@ -10,6 +10,7 @@ own ``Item`` and ``EffectiveConfig``: the core may change its state freely.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import msgspec
@@ -37,6 +38,9 @@ class ModelChunk(msgspec.Struct):
     sample_rate_hz: int = 24_000
     text: str = ""
     function_call: FunctionCallPart | None = None
+    # Stage times the model measured for this response so far, in ms
+    # (the cascade: ``tts_first_clause_ms`` on its first chunk).
+    stage_ms: dict[str, float] | None = None
 
 
 class HistoryItem(msgspec.Struct, frozen=True):
@@ -134,13 +138,15 @@ class UnitOutput(msgspec.Struct):
     """What the model decided and produced for one unit: a floor decision
     (``speak`` takes the floor, ``end_of_turn`` ends its answer, ``yield``
     gives the floor back mid-answer, ``listen`` keeps listening) and any
-    audio (pcm16 at ``sample_rate_hz``), text and tool call it emitted."""
+    audio (pcm16 at ``sample_rate_hz``), text and tool call it emitted, with
+    the stage times it measured (reported on the response's ``response.done``)."""
 
     decision: UnitDecision | None = None
     audio: bytes = b""
     sample_rate_hz: int = 24_000
     text: str = ""
     function_call: FunctionCallPart | None = None
+    stage_ms: dict[str, float] | None = None
 
 
 class UnitSession(Protocol):
@@ -183,10 +189,26 @@ class TranscriptionError(Exception):
     a transcript for it."""
 
 
+@dataclass(frozen=True)
+class TranscriptionHints:
+    """What the session's ``input_audio_transcription`` tells the recogniser."""
+
+    language: str | None = None  # ISO-639-1
+    prompt: str | None = None  # earlier words, names, a style
+
+
+NO_HINTS = TranscriptionHints()
+
+
 class Listening(Protocol):
     """What a model that hears offers the session core (``None`` on models
     that do not): voice activity for ``server_vad``, and a transcript of each
     committed turn."""
+
+    # The languages its recogniser hears (None: any), and whether it takes a
+    # prompt; a session.update asking for more is refused.
+    transcription_languages: frozenset[str] | None
+    transcription_prompts: bool
 
     def open_scorer(self) -> SpeechScorer: ...
 
@@ -194,7 +216,13 @@ class Listening(Protocol):
         """Whether a partial transcript may run now without delaying final ones."""
         ...
 
-    async def transcribe(self, pcm16: bytes, sample_rate_hz: int, partial: bool = False) -> str:
+    async def transcribe(
+        self,
+        pcm16: bytes,
+        sample_rate_hz: int,
+        partial: bool = False,
+        hints: TranscriptionHints = NO_HINTS,
+    ) -> str:
         """The words in the audio; ``partial`` for speech still going on (it
         yields to final transcripts). Raises :class:`TranscriptionError`."""
         ...

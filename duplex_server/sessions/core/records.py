@@ -67,6 +67,9 @@ class CommitBody(Body, tag="commit"):
     final: bool = False
     # What the model's speech recognition heard (empty: none ran or nothing heard).
     transcript: str = ""
+    # How long the turn's stages took (vad_hangover_ms, asr_final_ms): the
+    # response that answers it reports them (STAGE_METRICS in DESIGN terms).
+    stage_ms: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 ItemOp = Literal["create", "delete", "truncate"]
@@ -162,6 +165,7 @@ class OutBody(Body, tag="out"):
     audio_ms: float = 0.0
     text: str = ""
     trimmed: bool = False
+    stage_ms: dict[str, float] | None = None  # the model's stage times (tts_first_clause_ms)
 
 
 LeaseAction = Literal["attach", "detach", "resume", "replace", "takeover"]

@@ -53,6 +53,7 @@ from protocol.server_events import (
     ResponseStatusDetails,
     ServerEvent,
     StatusError,
+    VllmOmniExtension,
 )
 
 # Our finer cause of a response's end -> the nearest reason OpenAI defines
@@ -86,8 +87,13 @@ def response_object(batch: Batch, response: Response) -> ResponseObject:
             turn_id=state.turn_id,
             playback=ledger(response.playback),
             reason=response.reason or None,
+            stage_metrics=_stage_metrics(response) if response.status != "in_progress" else None,
         ),
     )
+
+
+def _stage_metrics(response: Response) -> dict[str, float] | None:
+    return {name: round(ms, 3) for name, ms in response.stage_ms.items()} or None
 
 
 def _output_items(state: SessionState, response: Response) -> list[Item]:
@@ -184,7 +190,7 @@ def emit_chunk(
     if not _is_audio(response):
         if chunk.text:
             text_delta = OutputTextDelta(delta=chunk.text, response_id=rid, item_id=iid)
-            emit_twins(batch, text_delta, response_id=rid, text=chunk.text)
+            emit_twins(batch, text_delta, response_id=rid, text=chunk.text, stage_ms=chunk.stage_ms)
         return
     out_fmt = response_output_format(response.overrides, batch.state.config.output_format)
     encoded = (
@@ -218,7 +224,7 @@ def emit_chunk(
         response_id=rid,
         item_id=iid,
     )
-    emit_twins(batch, audio_delta, response_id=rid, audio_ms=duration)
+    emit_twins(batch, audio_delta, response_id=rid, audio_ms=duration, stage_ms=chunk.stage_ms)
     transcript_delta = OutputAudioTranscriptDelta(delta=chunk.text, response_id=rid, item_id=iid)
     emit_twins(batch, transcript_delta, response_id=rid, text=chunk.text)
 
@@ -229,10 +235,11 @@ def emit_twins(
     response_id: str | None = None,
     audio_ms: float = 0.0,
     text: str = "",
+    stage_ms: dict[str, float] | None = None,
 ) -> None:
     """A GA event and, right after it, its beta twin with the same content
     (what the event adds to the response is counted once, on the GA one)."""
-    batch.emit(event, response_id=response_id, audio_ms=audio_ms, text=text)
+    batch.emit(event, response_id=response_id, audio_ms=audio_ms, text=text, stage_ms=stage_ms)
     twin = BETA_TWIN[type(event)]
     fields = msgspec.structs.asdict(event)
     batch.emit(twin(**fields), response_id=response_id)
@@ -269,7 +276,10 @@ def finish_response(batch: Batch, status: str, reason: str = "") -> None:
     wire_item = to_wire(item) if item is not None else None
     batch.emit(OutputItemDone(response_id=response.id, item=wire_item), response_id=response.id)
     batch.emit(ItemDone(item=wire_item), response_id=response.id)
-    batch.emit(ResponseDone(response=response_object(batch, response)), response_id=response.id)
+    done = response_object(batch, response)
+    stages = done.duplex.stage_metrics if done.duplex is not None else None
+    extension = VllmOmniExtension(stage_metrics=stages) if stages else None
+    batch.emit(ResponseDone(response=done, vllm_omni=extension), response_id=response.id)
     batch.emit(
         RateLimitsUpdated(
             rate_limits=[
@@ -344,7 +354,10 @@ def project_unit_outputs(
             response = start_response(batch)
         if response is not None and (output.audio or output.text):
             chunk = ModelChunk(
-                audio=output.audio, sample_rate_hz=output.sample_rate_hz, text=output.text
+                audio=output.audio,
+                sample_rate_hz=output.sample_rate_hz,
+                text=output.text,
+                stage_ms=output.stage_ms,
             )
             emit_chunk(batch, response, chunk, encoder_for(response.id))
         if response is not None and output.function_call is not None:

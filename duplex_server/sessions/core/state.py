@@ -50,6 +50,8 @@ class Response(msgspec.Struct):
     overrides: ResponseOverrides | None = None  # that response.create's, if any
     # Its output items after the assistant message: the tool calls it made.
     call_item_ids: list[str] = msgspec.field(default_factory=list)
+    # How long each stage took, ms: the turn's (VAD, ASR) and the model's (TTS).
+    stage_ms: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 class InputBuffer(msgspec.Struct):
@@ -92,6 +94,7 @@ class SessionState(msgspec.Struct):
     listen_count: int = 0
     # A committed user turn no answer or listen decision has taken up yet.
     turn_pending: bool = False
+    turn_stage_ms: dict[str, float] = msgspec.field(default_factory=dict)  # the last turn's stages
     user_speaking: bool = False  # server VAD: between speech_started and speech_stopped
     lease: Lease = msgspec.field(default_factory=Lease)
     # event_id -> (seq, digest) of the record it landed as, oldest first.
@@ -221,6 +224,7 @@ def _commit(state: SessionState, body: CommitBody, seq: int) -> None:
         state.item_count += 1
         state.turn_id += 1
         state.turn_pending = True
+        state.turn_stage_ms = dict(body.stage_ms)
     state.input = InputBuffer(end_ms=buf.end_ms)
 
 
@@ -352,7 +356,9 @@ def _start_response(state: SessionState, body: DecisionBody) -> None:
         requested=body.requested,
         overrides=body.overrides,
         metadata=_metadata_of(body.overrides),
+        stage_ms=state.turn_stage_ms,
     )
+    state.turn_stage_ms = {}  # one response reports the turn's stages
 
 
 def _finish_response(state: SessionState, body: DecisionBody) -> None:
@@ -389,6 +395,8 @@ def _out(state: SessionState, body: OutBody, seq: int) -> None:
     response = state.response
     if response is None or body.response_id != response.id:
         return
+    if body.stage_ms:
+        response.stage_ms.update(body.stage_ms)
     if body.audio_ms:
         response.playback.generated_ms += body.audio_ms
         response.playback.sent_ms += body.audio_ms

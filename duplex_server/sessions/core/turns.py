@@ -46,6 +46,11 @@ class VadGate:
         self._last_speech_end = 0.0
         self._sustained = False
 
+    @property
+    def last_speech_end_ms(self) -> float:
+        """Where the speech going on was last heard (its end, once it stops)."""
+        return self._last_speech_end
+
     def push(self, end_ms: float, probability: float) -> list[Transition]:
         """One scored window ending at ``end_ms``; the transitions it causes."""
         start_ms = end_ms - self.window_ms

@@ -690,8 +690,14 @@ class SessionActor:
         """What the runtime prepares before the pure step: the transcript of
         the buffer a commit seals, the session's Opus decoder for appends."""
         if isinstance(command, InputAudioCommit | TurnEnded):
-            transcript, error = await self.hearing.transcribe(self.state)
-            return HandlerContext(self.model, transcript=transcript, transcription_error=error)
+            speech_end = command.at_ms if isinstance(command, TurnEnded) else None
+            heard = await self.hearing.transcribe(self.state, speech_end)
+            return HandlerContext(
+                self.model,
+                transcript=heard.text,
+                transcription_error=heard.error,
+                transcription_ms=heard.wait_ms,
+            )
         if isinstance(command, InputAudioAppend):
             refused = self.input_budget.refusal(time.monotonic())
             if refused is None and self._feed.full:

@@ -12,7 +12,9 @@ the actor tells it which of them were recorded (:meth:`Hearing.recorded`).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from msgspec import UNSET
 
@@ -35,6 +37,7 @@ from duplex_server.sessions.core.model_port import (
     ModelPort,
     SpeechScorer,
     TranscriptionError,
+    TranscriptionHints,
 )
 from duplex_server.sessions.core.records import AudioBody
 from duplex_server.sessions.core.state import SessionState
@@ -45,6 +48,29 @@ from protocol.session_config import TurnDetection
 
 PARTIAL_EVERY_MS = 500.0  # of buffered speech between partial transcripts
 TRIM_SLACK_MS = 1000.0  # silence beyond the prefix padding before it is trimmed
+# Silence after speech this long starts the turn's final transcript early,
+# while the VAD still waits out its hangover (silence_duration_ms): if the
+# speech does not resume, the transcript is ready when the turn ends.
+SPECULATE_AFTER_MS = 200.0
+
+
+@dataclass
+class HeardTurn:
+    """The final transcript of a turn, as the commit records it."""
+
+    text: str = ""
+    error: ProtocolError | None = None
+    wait_ms: float | None = None  # how long the commit waited for it (None: no recogniser)
+
+
+@dataclass
+class _Candidate:
+    """A final transcript started at a pause in the speech; the turn's own
+    when the speech ended at ``speech_end_ms`` (it did not resume)."""
+
+    item_id: str
+    speech_end_ms: float
+    task: asyncio.Task[str]
 
 
 class Hearing:
@@ -64,19 +90,34 @@ class Hearing:
         self._partial_at_ms = 0.0
         self._partial_item = ""
         self._partial_text = ""
+        self._candidate: _Candidate | None = None
 
-    async def transcribe(self, state: SessionState) -> tuple[str, ProtocolError | None]:
+    async def transcribe(self, state: SessionState, speech_end_ms: float | None) -> HeardTurn:
         """What the model hears in the input buffer, before its commit is
         built (so ``transcription.completed`` takes its place in the commit's
-        events); a failed recognition is the error to tell the client."""
+        events); a failed recognition is the error to tell the client.
+        ``speech_end_ms``: server VAD ended the turn there, so a transcript
+        started at the pause after it is this turn's (only silence followed)."""
         listening = self._model.listening
         buffer = state.input
         if listening is None or not buffer.chunks:
-            return "", None
+            return HeardTurn()
+        started = time.perf_counter()
+        candidate, self._candidate = self._candidate, None
         try:
-            return await listening.transcribe(b"".join(buffer.chunks), buffer.sample_rate_hz), None
+            if candidate is not None and (candidate.item_id, candidate.speech_end_ms) == (
+                next_user_item_id(state),
+                speech_end_ms,
+            ):
+                text = await candidate.task
+            else:
+                if candidate is not None:
+                    candidate.task.cancel()
+                pcm = b"".join(buffer.chunks)
+                text = await listening.transcribe(pcm, buffer.sample_rate_hz, hints=_hints(state))
         except TranscriptionError as exc:
-            return "", ProtocolError("engine_error", str(exc))
+            return HeardTurn(error=ProtocolError("engine_error", str(exc)))
+        return HeardTurn(text, wait_ms=(time.perf_counter() - started) * 1000)
 
     async def hear(self, state: SessionState, audio: AudioBody) -> list[Transition]:
         """Server VAD: score the chunk just appended (its end is the buffer's
@@ -150,7 +191,8 @@ class Hearing:
         if self._vad is None or detection is None or listening is None:
             return None
         if state.user_speaking:
-            self._maybe_partial(state, listening)
+            if not self._maybe_speculate(state, listening):
+                self._maybe_partial(state, listening)
             return None
         # Between turns the buffer keeps only the prefix padding: a session
         # that hears only silence holds a bounded buffer, not all of it.
@@ -187,9 +229,37 @@ class Hearing:
             self._reply_pending = command.deferred
 
     def close(self) -> None:
-        """The session is over: a partial transcript in flight is dropped."""
+        """The session is over: transcripts in flight are dropped."""
         if self._partial_task is not None:
             self._partial_task.cancel()
+        if self._candidate is not None:
+            self._candidate.task.cancel()
+
+    def _maybe_speculate(self, state: SessionState, listening: Listening) -> bool:
+        """At a pause of ``SPECULATE_AFTER_MS`` in the speech, start the
+        turn's final transcript (one per pause); whether one is running."""
+        tracker = self._vad
+        if tracker is None:
+            return False
+        speech_end = tracker.speech_end_ms
+        running = self._candidate is not None and not self._candidate.task.done()
+        if tracker.heard_until_ms - speech_end < SPECULATE_AFTER_MS:
+            return running
+        item_id = next_user_item_id(state)
+        candidate = self._candidate
+        if candidate is not None and (candidate.item_id, candidate.speech_end_ms) == (
+            item_id,
+            speech_end,
+        ):
+            return running
+        if running:
+            return True  # the speech resumed and paused again: the turn's final decides
+        buffer = state.input
+        pcm, rate, hints = b"".join(buffer.chunks), buffer.sample_rate_hz, _hints(state)
+        task = asyncio.get_running_loop().create_task(listening.transcribe(pcm, rate, hints=hints))
+        task.add_done_callback(_retrieve)
+        self._candidate = _Candidate(item_id, speech_end, task)
+        return True
 
     def _maybe_partial(self, state: SessionState, listening: Listening) -> None:
         """While the user speaks, transcribe what is buffered every
@@ -206,11 +276,11 @@ class Hearing:
             return
         self._partial_at_ms = buffer.audio_ms
         item_id = next_user_item_id(state)
-        pcm, rate = b"".join(buffer.chunks), buffer.sample_rate_hz
+        pcm, rate, hints = b"".join(buffer.chunks), buffer.sample_rate_hz, _hints(state)
 
         async def transcribe() -> None:
             try:
-                text = await listening.transcribe(pcm, rate, partial=True)
+                text = await listening.transcribe(pcm, rate, partial=True, hints=hints)
             except TranscriptionError:
                 return  # logged by the stage; the final transcript will say it
             self._post(mb.Partial(item_id, text))
@@ -252,6 +322,23 @@ class Hearing:
         return TurnEnded(transition.at_ms, response_create=respond, deferred=deferred)
 
 
+def _hints(state: SessionState) -> TranscriptionHints:
+    """The session's ``input_audio_transcription`` language and prompt."""
+    settings = state.config.input_audio_transcription
+    if settings is None:
+        return TranscriptionHints()
+    language = settings.language if isinstance(settings.language, str) else None
+    prompt = settings.prompt if isinstance(settings.prompt, str) else None
+    return TranscriptionHints(language or None, prompt or None)
+
+
+def _retrieve(task: asyncio.Task[str]) -> None:
+    """A speculative transcript nobody awaited: its failure was logged by
+    the stage; retrieving it keeps asyncio from reporting it again."""
+    if not task.cancelled():
+        task.exception()
+
+
 class VadTracker:
     """A session's scorer (the model's, stateful) and gate under one set of
     settings; new settings start a new tracker."""
@@ -264,9 +351,16 @@ class VadTracker:
         self._scorer = scorer
         self._gate = VadGate(settings, scorer.window_ms, barge_in_ms)
         self._origin_ms = origin_ms  # input timeline position of the scorer's 0
+        self.heard_until_ms = origin_ms  # the end of the last window scored
+
+    @property
+    def speech_end_ms(self) -> float:
+        """Where the speech going on was last heard."""
+        return self._gate.last_speech_end_ms
 
     async def hear(self, pcm16: bytes, sample_rate_hz: int) -> list[Transition]:
         transitions: list[Transition] = []
         for end_ms, probability in await self._scorer.score(pcm16, sample_rate_hz):
-            transitions += self._gate.push(self._origin_ms + end_ms, probability)
+            self.heard_until_ms = self._origin_ms + end_ms
+            transitions += self._gate.push(self.heard_until_ms, probability)
         return transitions

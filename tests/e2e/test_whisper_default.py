@@ -1,0 +1,99 @@
+"""The embedded default recogniser: Whisper tiny.en on CTranslate2, loaded
+offline from its registry package, hearing open speech (no phrase list),
+with the turn's stage times reported on ``response.done``."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from duplex_server.config import ServerConfig
+from duplex_server.engine.audio.whisper_ct2 import packaged_model_path
+from tests.conftest import free_port, running_server
+from tests.e2e.test_voice import first, silence, stream_paced, vad_session
+from tests.speech import speak
+
+# Questions tiny.en hears word for word in eSpeak's voice whatever silence
+# surrounds them (checked at leads of 300 and 500 ms, tails of 150 to 700 ms).
+QUESTIONS = [
+    "how far away is the moon",
+    "what is the capital of spain",
+]
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z']+", text.lower())
+
+
+@pytest.fixture
+async def whisper_server():
+    assert packaged_model_path() is not None, "make test installs the voice extra"
+    config = ServerConfig(port=free_port(), store="memory", model="cascade")  # --asr auto
+    async with running_server(config) as running:
+        yield running
+        await running.assert_replay_determinism()
+
+
+async def test_the_default_recogniser_is_whisper_from_its_package(whisper_server):
+    asr = whisper_server.app.state.model.listening.asr
+    assert asr.name == f"whisper-ct2:{packaged_model_path()}"
+
+
+@pytest.mark.parametrize("question", QUESTIONS)
+async def test_open_speech_is_heard_and_answered_with_stage_times(whisper_server, question):
+    client = await vad_session(whisper_server)
+    await stream_paced(client, silence(500) + speak(question) + silence(1200), chunk_ms=20)
+    events = await client.recv_until("response.done", timeout=30)
+    heard = first(events, "conversation.item.input_audio_transcription.completed")
+    assert words(heard["transcript"]) == words(question)
+    transcript = first(events, "response.output_audio_transcript.done")["transcript"]
+    assert words(transcript) == ["you", "said", *words(question)]
+    done = events[-1]
+    stages = done["response"]["duplex"]["stage_metrics"]
+    assert set(stages) == {"vad_hangover_ms", "asr_final_ms", "tts_first_clause_ms"}
+    # The VAD waited out the session's silence_duration_ms (500), give or
+    # take a scoring window and a chunk.
+    assert 450 <= stages["vad_hangover_ms"] <= 600
+    assert stages["asr_final_ms"] >= 0 and stages["tts_first_clause_ms"] > 0
+    assert done["vllm_omni"]["stage_metrics"] == stages
+
+
+async def test_partial_transcripts_while_the_user_speaks(whisper_server):
+    client = await vad_session(whisper_server)
+    long = "can you recommend a good book to read on a long train journey"
+    await stream_paced(client, silence(300) + speak(long) + silence(1200), chunk_ms=20)
+    events = await client.recv_until("response.done", timeout=30)
+    types = [e["type"] for e in events]
+    partial = types.index("conversation.item.input_audio_transcription.delta")
+    assert partial < types.index("input_audio_buffer.speech_stopped")
+
+
+async def test_language_and_prompt_are_honoured_or_refused(whisper_server):
+    client, _ = await whisper_server.open()
+    # tiny.en hears English only: another language is refused, by name.
+    await client.send(
+        {
+            "type": "session.update",
+            "session": {"input_audio_transcription": {"model": "whisper-1", "language": "fr"}},
+        }
+    )
+    error = await client.expect("error")
+    assert error["error"]["code"] == "invalid_value"
+    assert error["error"]["param"] == "session.input_audio_transcription.language"
+    # English and a prompt are taken; the prompt steers the spelling of a name.
+    setting = {"model": "whisper-1", "language": "en", "prompt": "Aoife, Siobhan"}
+    await client.send({"type": "session.update", "session": {"input_audio_transcription": setting}})
+    updated = await client.expect("session.updated")
+    assert updated["session"]["input_audio_transcription"]["prompt"] == "Aoife, Siobhan"
+
+
+async def test_pocketsphinx_refuses_a_prompt(voice_server):
+    client, _ = await voice_server.open()
+    setting = {"model": "whisper-1", "prompt": "names"}
+    await client.send({"type": "session.update", "session": {"input_audio_transcription": setting}})
+    error = await client.expect("error")
+    assert error["error"]["code"] == "invalid_value"
+    assert error["error"]["param"] == "session.input_audio_transcription.prompt"
+    await client.send({"type": "session.heartbeat"})
+    await client.recv_until("session.heartbeat_ack")
