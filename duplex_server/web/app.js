@@ -18,6 +18,8 @@ let audio = null;
 let page = null; // the live call's bookkeeping
 
 // ---- what the page says -------------------------------------------------
+// #alert: why the call cannot go on (or start); #notice: the connection;
+// #server: the latest thing the server refused or warned about.
 
 function say(kind, text) {
   const node = $(kind);
@@ -385,10 +387,10 @@ function onServerError(error) {
   // A late acknowledgement for an answer the server has moved past.
   if (error.code === "response_not_found") return;
   if (error.code === "rate_limited") {
-    say("notice", "The server is busy: some of your audio was not taken.");
+    say("server", "The server is busy: some of your audio was not taken.");
     return;
   }
-  say("notice", `The server said: ${error.message || error.code} (${error.code})`);
+  say("server", `The server said: ${error.message || error.code} (${error.code})`);
 }
 
 function onLink(kind, detail) {
@@ -463,6 +465,7 @@ async function start() {
   remember();
   say("alert", "");
   say("notice", "");
+  say("server", "");
   $("start").disabled = true;
   lockSettings(true);
   conversation.clear();

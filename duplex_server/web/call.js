@@ -3,8 +3,11 @@
 // or the server drops (PROTOCOL.md: session.resume with the resume token and
 // the last server_event_seq seen; the server replays what was missed).
 
-const HEARTBEAT_MS = 5000;
-const SILENT_LIMIT_MS = 15000; // no frame for this long: the link is dead
+const HEARTBEAT_MS = 4000;
+const SILENT_LIMIT_MS = 10000; // no frame (not even a heartbeat ack) this long: the link is dead
+// A try that hangs (a network that swallows packets) is a failed try.
+const MINT_TIMEOUT_MS = 5000;
+const ATTACH_TIMEOUT_MS = 8000;
 const EVENT_ACK_MS = 2000;
 // Waits before each reconnect try; their number bounds how long the page
 // keeps trying (about 20 s, inside the server's 30 s disconnect grace).
@@ -84,6 +87,7 @@ export class Call {
         headers,
         body: "{}",
         cache: "no-store",
+        signal: AbortSignal.timeout(MINT_TIMEOUT_MS),
       });
     } catch {
       throw new Retryable("the server did not answer");
@@ -116,6 +120,12 @@ export class Call {
     this.socket = socket;
     await new Promise((resolve, reject) => {
       let attached = false;
+      const timer = setTimeout(() => {
+        socket.onclose = null;
+        socket.onmessage = null;
+        socket.close();
+        reject(new Retryable("the server did not answer in time"));
+      }, ATTACH_TIMEOUT_MS);
       socket.onopen = () => {
         this.lastHeard = performance.now();
         if (resume) {
@@ -137,10 +147,12 @@ export class Call {
         if (!attached) {
           if (event.type === "session.created" || event.type === "session.resumed") {
             attached = true;
+            clearTimeout(timer);
             this.sessionId = event.session ? event.session.id : this.sessionId;
             this.resumeToken = event.resume_token;
             resolve();
           } else if (event.type === "error") {
+            clearTimeout(timer);
             const error = event.error || {};
             const again = error.type === "server_error" || error.type === "rate_limit_error";
             socket.onclose = null;
@@ -158,6 +170,7 @@ export class Call {
       };
       socket.onclose = () => {
         if (!attached) {
+          clearTimeout(timer);
           reject(new Retryable("the connection closed before the session opened"));
         } else if (this.socket === socket) {
           this.dropped();

@@ -17,6 +17,7 @@ from tests.e2e.voicepage import (
     write_wav,
 )
 from tests.speech import PHRASES
+from tests.tcpproxy import PausableProxy
 
 FIRST, NEXT = PHRASES[0], PHRASES[2]
 
@@ -134,6 +135,38 @@ async def test_a_dropped_connection_resumes_and_the_answer_goes_on(tmp_path):
         if line["kind"] == "ack" and line["body"].get("response_id") == first_id
     ]
     assert abs(played[-1] - generated) < 30, (played, generated)
+
+
+async def test_a_silent_network_is_noticed_and_the_session_resumed_when_it_heals(tmp_path):
+    """A network that swallows packets closes nothing: the page notices the
+    silence (no heartbeat answered), drops the socket, keeps trying, and once
+    the network heals it resumes the same session and answers the next question."""
+    wav = write_wav(
+        tmp_path / "two.wav", quiet(1500), said(FIRST), quiet(20_000), said(NEXT), quiet(4000)
+    )
+    with voice_server(tmp_path) as server:
+        proxy = await PausableProxy(server.port).start()
+        try:
+            async with chromium(wav) as browser:
+                page = await VoicePage.open(browser, f"http://127.0.0.1:{proxy.port}")
+                await page.start()
+                session_id = await page.session_id()
+                await page.wait_text("#conversation", f"You said: {FIRST}.")
+                await page.wait_state("listening")
+                proxy.pause()  # bytes held both ways, no close: only silence tells
+                await page.wait_text("#notice", "Connection lost", timeout_ms=20_000)
+                proxy.resume()
+                notice = await page.wait_text("#notice", "Reconnected")
+                assert f"the same session ({session_id}) resumed" in notice
+                await page.wait_text("#conversation", f"You said: {NEXT}.")
+                answers = await page.turns("assistant")
+                assert await page.text("#alert") == ""
+        finally:
+            await proxy.close()
+        lines = log_lines(server, session_id)
+    assert answers == [f"You said: {FIRST}.", f"You said: {NEXT}."]
+    heard = [line["body"]["transcript"] for line in lines if line["kind"] == "commit"]
+    assert heard == [FIRST, NEXT]
 
 
 async def test_a_server_gone_for_good_is_given_up_on_and_said_so(tmp_path):
