@@ -31,11 +31,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import wave
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import soundfile
 
 PACKAGE = "pocketsphinx"
 VERSION = "5.1.1"
@@ -188,10 +188,11 @@ def _read(directory: Path, name: str) -> bytes:
         raise SpeechMissing(f"{path} is not the pinned recording: run scripts/fetch-speech")
     if name.endswith(".raw"):  # headerless: 16 kHz mono pcm16, little-endian
         return data
-    samples, rate = soundfile.read(io.BytesIO(data), dtype="int16")
-    if rate != SAMPLE_RATE_HZ or samples.ndim != 1:
-        raise SpeechMissing(f"{path}: expected 16 kHz mono, got {rate} Hz, shape {samples.shape}")
-    return samples.astype("<i2").tobytes()
+    with wave.open(io.BytesIO(data)) as clip:
+        shape = (clip.getframerate(), clip.getnchannels(), clip.getsampwidth())
+        if shape != (SAMPLE_RATE_HZ, 1, 2):
+            raise SpeechMissing(f"{path}: expected 16 kHz mono pcm16, got {shape}")
+        return clip.readframes(clip.getnframes())
 
 
 def speech_end_s(pcm16: bytes) -> float:

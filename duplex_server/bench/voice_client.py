@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import math
 from dataclasses import dataclass, field
 
 import websockets
@@ -26,18 +27,45 @@ from duplex_server.bench.recorded_speech import Utterance
 
 RATE = 24_000  # pcm16, the server's default input format: what a page sends
 LEAD_SILENCE_S = 0.6  # before each utterance, so the VAD hears its onset
-ANSWER_TIMEOUT_S = 20.0  # after the speech end, for the answer's end
+# After the utterance is sent, for its answer to end: long, since a server
+# that falls behind answers late, and a turn given up too soon would leave
+# its answer to be taken for the next turn's.
+ANSWER_TIMEOUT_S = 60.0
+# The VAD may date a start a little before the speech (its window, its pad),
+# and an end a little before the recording's last loud frame: a stop this
+# close to the speech end ends the utterance; one earlier split it.
+ONSET_SLACK_MS = 300.0
+END_SLACK_MS = 1000.0
 HEARTBEAT_PERIOD_S = 0.1
 HEARTBEAT_TIMEOUT_S = 5.0
 
 
+@dataclass(frozen=True)
+class Said:
+    """An utterance queued on the microphone: its chunks, and futures for
+    the instants its speech end and its last chunk were sent."""
+
+    first_chunk: int
+    chunks: int
+    speech_end: asyncio.Future[float]
+    sent: asyncio.Future[float]
+
+
 @dataclass
 class Turn:
-    """One utterance said and what came back; times on the event loop's clock."""
+    """One utterance said and what came back; times on the event loop's clock.
+
+    The items the server's VAD opened for it are told apart from other
+    turns' by where they start on the session's input timeline, which the
+    client knows to the chunk: the VAD may lag behind the audio, so arrival
+    order alone cannot say whose an event is."""
 
     utterance: str
     reference: str
     speech_end_at: float
+    audio_from_ms: float  # on the server's input timeline (accepted chunks only)
+    speech_end_ms: float
+    audio_to_ms: float
     heard: list[str] = field(default_factory=list)  # every final transcript of the turn
     partials: int = 0  # transcription deltas while it was spoken
     vad_stops: int = 0  # more than one: the VAD split the utterance
@@ -55,6 +83,12 @@ class Turn:
     def latency_s(self) -> float | None:
         """Speech end -> the answer's first audio."""
         return None if self.first_audio_at is None else self.first_audio_at - self.speech_end_at
+
+    @property
+    def end_to_stopped_s(self) -> float | None:
+        """Speech end -> the VAD's speech_stopped: its silence hangover, and
+        any wait behind other work (issue 18 saw 7-9 s behind recognition)."""
+        return None if self.stopped_at is None else self.stopped_at - self.speech_end_at
 
     @property
     def stopped_to_audio_s(self) -> float | None:
@@ -89,23 +123,29 @@ class Microphone:
         self._ws = ws
         self._step = RATE * chunk_ms // 1000 * 2
         self._period = chunk_ms / 1000
+        self.chunk_ms = chunk_ms
         self._pending = bytearray()
         self._marks: list[tuple[int, asyncio.Future[float]]] = []  # (bytes left, when sent)
-        self.appends = 0
+        self.appends = 0  # each carries event_id "mic<n>", n counting from 0
+        self.refused: set[int] = set()  # the n of every append the server refused
         self.late_s = 0.0  # the most a chunk went out behind its schedule
 
-    def say(self, pcm16: bytes, at_s: list[float]) -> list[asyncio.Future[float]]:
-        """Queue ``pcm16`` (24 kHz); each future resolves when the chunk that
-        holds that offset (in seconds) has been sent."""
-        futures = []
+    def say(self, pcm16: bytes, speech_end_s: float) -> Said:
+        """Queue ``pcm16`` (24 kHz) after what is queued already."""
         loop = asyncio.get_running_loop()
-        for offset in at_s:
-            position = len(self._pending) + min(len(pcm16), int(offset * RATE) * 2)
+        first_chunk = self.appends + -(-len(self._pending) // self._step)
+        futures = []
+        for offset in (min(len(pcm16), int(speech_end_s * RATE) * 2), len(pcm16)):
             future: asyncio.Future[float] = loop.create_future()
-            self._marks.append((position, future))
+            self._marks.append((len(self._pending) + offset, future))
             futures.append(future)
         self._pending += pcm16
-        return futures
+        return Said(first_chunk, -(-len(pcm16) // self._step), *futures)
+
+    def server_ms(self, chunk: int) -> float:
+        """Where chunk ``chunk`` starts on the server's input timeline: a
+        refused append never reached it."""
+        return (chunk - sum(1 for n in self.refused if n < chunk)) * self.chunk_ms
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -115,7 +155,8 @@ class Microphone:
             chunk = bytes(self._pending[: self._step]) or silence
             del self._pending[: self._step]
             audio = base64.b64encode(chunk.ljust(self._step, b"\0")).decode()
-            await self._ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+            append = {"type": "input_audio_buffer.append", "event_id": f"mic{self.appends}"}
+            await self._ws.send(json.dumps({**append, "audio": audio}))
             sent = loop.time()
             self.appends += 1
             self.late_s = max(self.late_s, sent - next_at)
@@ -139,6 +180,7 @@ class SessionOutcome:
     turns: list[Turn] = field(default_factory=list)
     appends: int = 0
     refused: int = 0  # rate_limited errors: audio the server would not take
+    refusals: dict[str, int] = field(default_factory=dict)  # by the server's message
     other_errors: list[str] = field(default_factory=list)
     mic_late_ms: float = 0.0
 
@@ -152,6 +194,7 @@ class Speaker:
         self.listen = listen  # to each answer, at real time, before the next turn
         self.outcome = SessionOutcome()
         self._events: asyncio.Queue[tuple[float, dict]] = asyncio.Queue()
+        self._mic: Microphone | None = None
 
     async def run(self, utterances: list[Utterance]) -> SessionOutcome:
         async with websockets.connect(self.url, max_size=None, ping_interval=None) as ws:
@@ -163,7 +206,7 @@ class Speaker:
             }
             await ws.send(json.dumps(update))
             await self._until("session.updated")
-            mic = Microphone(ws, self.chunk_ms)
+            mic = self._mic = Microphone(ws, self.chunk_ms)
             sending = asyncio.create_task(mic.run())
             try:
                 for utterance in utterances:
@@ -183,6 +226,11 @@ class Speaker:
                 error = event.get("error") or {}
                 if error.get("code") == "rate_limited":
                     self.outcome.refused += 1
+                    message = str(error.get("message"))
+                    self.outcome.refusals[message] = self.outcome.refusals.get(message, 0) + 1
+                    event_id = str(error.get("event_id") or "")
+                    if self._mic is not None and event_id.startswith("mic"):
+                        self._mic.refused.add(int(event_id.removeprefix("mic")))
                 else:
                     self.outcome.other_errors.append(f"{error.get('code')}: {error.get('message')}")
                 continue
@@ -199,10 +247,20 @@ class Speaker:
         self._drain()  # what the last answer left behind (its closing events)
         await asyncio.sleep(LEAD_SILENCE_S)
         pcm = resample_pcm16(utterance.pcm16, SPEECH_RATE_HZ, RATE)
-        speech_end, sent = mic.say(pcm, [utterance.speech_end_s, utterance.seconds])
-        turn = Turn(utterance.name, utterance.reference, await speech_end)
+        said = mic.say(pcm, utterance.speech_end_s)
+        speech_end_at = await said.speech_end
+        await said.sent
+        # the chunks' places on the server's timeline, once their refusals are in
+        end_chunk = said.first_chunk + math.ceil(utterance.speech_end_s * 1000 / self.chunk_ms)
+        turn = Turn(
+            utterance.name,
+            utterance.reference,
+            speech_end_at,
+            mic.server_ms(said.first_chunk),
+            mic.server_ms(end_chunk),
+            mic.server_ms(said.first_chunk + said.chunks),
+        )
         self.outcome.turns.append(turn)
-        await sent
         try:
             await asyncio.wait_for(self._answer(turn), ANSWER_TIMEOUT_S)
         except TimeoutError:
@@ -214,29 +272,41 @@ class Speaker:
         while not self._events.empty():
             self._events.get_nowait()
 
+    def _mine(self, turn: Turn, start_ms: float) -> bool:
+        """Whether speech the VAD dates at ``start_ms`` is this turn's utterance."""
+        return turn.audio_from_ms - ONSET_SLACK_MS <= start_ms <= turn.audio_to_ms
+
     async def _answer(self, turn: Turn) -> None:
         """Events until the answer to the whole utterance is done: the first
-        response created after the turn's last ``speech_started`` that
-        completes (one begun on part of the utterance was cut by the rest)."""
-        last_start = turn.speech_end_at - 3600.0
+        response that completes of those created after the turn's items
+        stopped at its speech end (a response to part of the utterance,
+        where the VAD split it, is not its answer)."""
+        items: set[str] = set()
+        stopped_at: float | None = None
         created: dict[str, float] = {}
         first_audio: dict[str, float] = {}
         audio_s: dict[str, float] = {}
-        stopped_at: float | None = None
         while True:
             at, event = await self._events.get()
             kind = event["type"]
             if kind == "input_audio_buffer.speech_started":
-                last_start = at
+                if self._mine(turn, event.get("audio_start_ms", -1.0)):
+                    items.add(event.get("item_id", ""))
+                    stopped_at = None
+                    created.clear()
             elif kind == "input_audio_buffer.speech_stopped":
-                turn.vad_stops += 1
-                stopped_at = at
+                if event.get("item_id", "") in items:
+                    turn.vad_stops += 1
+                    if event.get("audio_end_ms", 0.0) >= turn.speech_end_ms - END_SLACK_MS:
+                        stopped_at = at
             elif kind == "conversation.item.input_audio_transcription.delta":
-                turn.partials += 1
+                turn.partials += event.get("item_id", "") in items
             elif kind == "conversation.item.input_audio_transcription.completed":
-                turn.heard.append(event.get("transcript") or "")
+                if event.get("item_id", "") in items:
+                    turn.heard.append(event.get("transcript") or "")
             elif kind == "response.created":
-                created[event["response"]["id"]] = at
+                if stopped_at is not None:
+                    created[event["response"]["id"]] = at
             elif kind == "response.output_audio.delta":
                 rid = event["response_id"]
                 first_audio.setdefault(rid, at)
@@ -246,7 +316,7 @@ class Speaker:
             elif kind == "response.done":
                 response = event["response"]
                 rid = response["id"]
-                if response["status"] == "completed" and created.get(rid, -1.0) > last_start:
+                if response["status"] == "completed" and rid in created:
                     turn.stopped_at = stopped_at
                     turn.first_audio_at = first_audio.get(rid)
                     turn.answer_audio_s = audio_s.get(rid, 0.0)

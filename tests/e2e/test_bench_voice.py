@@ -70,6 +70,7 @@ def test_latencies_refusals_heartbeats_and_stage_times_are_measured(report, asr)
         assert sent >= utterances[session].seconds / 0.020
     refused = phase["appends_refused_per_session"]
     assert len(refused) == SESSIONS and all(n >= 0 for n in refused)
+    assert sum(phase["appends_refused_why"].values()) == sum(refused)
     heartbeat = phase["heartbeat_rtt_ms"]
     assert heartbeat["n"] > 0 and 0 < heartbeat["p50"] <= heartbeat["p99"] <= heartbeat["max"]
     for name, stage in phase["stage_metrics_ms"].items():
