@@ -97,3 +97,15 @@ async def test_pocketsphinx_refuses_a_prompt(voice_server):
     assert error["error"]["param"] == "session.input_audio_transcription.prompt"
     await client.send({"type": "session.heartbeat"})
     await client.recv_until("session.heartbeat_ack")
+
+
+def test_a_decoder_repeating_itself_is_caught():
+    from duplex_server.engine.audio.whisper_ct2 import is_loop
+
+    # Heard in this session's bench: a one-second card name, decoded as a loop.
+    loop = "10 of clubs 10 of club clubs 10 off clubs 10 up clubs 10 have clubs"
+    assert is_loop(loop, 1.5)
+    assert is_loop("tell me something interesting " * 4, 3.0)
+    assert not is_loop("Ten of clubs.", 1.5)
+    assert not is_loop("What is the weather like in Paris today?", 2.5)
+    assert is_loop("4. Queen of Cloves 4. Queen of Cloves 4. Queen of Cloves 4", 2.0)

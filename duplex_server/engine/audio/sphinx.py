@@ -66,6 +66,7 @@ class SphinxWorker:
 
     languages: frozenset[str] | None = LANGUAGES
     takes_prompt = TAKES_PROMPT
+    workers = 1  # one decoder, one process
 
     def __init__(self, phrases: list[str] | None = None) -> None:
         key = ("pocketsphinx", tuple(phrases or ()))

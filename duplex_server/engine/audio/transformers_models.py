@@ -40,6 +40,7 @@ class WhisperAsr:
     No prompts: the session refuses them (``takes_prompt``)."""
 
     takes_prompt = False
+    workers = 1  # generate() on one model is not run from two threads
 
     def __init__(self, path: str) -> None:
         torch, transformers = _import_ml()

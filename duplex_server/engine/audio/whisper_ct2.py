@@ -18,14 +18,19 @@ encoder's cost by two thirds on short turns with the same words heard on our
 test questions; longer audio is read in 30 s windows. Decoding is greedy,
 and a window's tokens are capped in proportion to its audio. A decoder that
 starts repeating itself ("tell me something interesting tell me something
-...") writes text that compresses too well; as Whisper's own decoding does,
-such a window is decoded again, here with repeated trigrams forbidden.
+...", "ten of clubs ten of club clubs ten off clubs ...") writes text that
+compresses too well or has more words than anyone says in that time; as
+Whisper's own decoding does, such a window is decoded again, here with
+repeated trigrams forbidden and a tighter cap.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import zlib
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +53,12 @@ MIN_AVG_LOGPROB = -1.0
 FRAMES_PER_S = 100  # the feature extractor's hop: 10 ms
 # Whisper's threshold: text whose gzip ratio is above it is a repetition loop.
 MAX_COMPRESSION_RATIO = 2.4
+# Nobody says more than about four words a second; more is a loop (with a
+# margin for a window that is mostly speech: its silence is counted too).
+MAX_WORDS_PER_S = 5
+WORD_MARGIN = 3
+RETRY_TOKENS_PER_S = 5
+REPEATED_PAIR = 3  # the same two words this often in one window: a loop
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +101,33 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
+def is_loop(text: str, seconds: float) -> bool:
+    """Whether ``text``, heard in ``seconds`` of audio, is a decoder repeating
+    itself: more words than the time allows, text that compresses too well,
+    or one pair of words three times over ("queen of cloves 4. queen of ...")."""
+    words = re.findall(r"[\w']+", text.lower())
+    if len(words) > MAX_WORDS_PER_S * seconds + WORD_MARGIN:
+        return True
+    pairs = Counter(zip(words, words[1:], strict=False))
+    if pairs and max(pairs.values()) >= REPEATED_PAIR:
+        return True
+    return compression_ratio(text) > MAX_COMPRESSION_RATIO
+
+
 class WhisperCt2:
-    """One loaded Whisper model; ``transcribe`` runs on one thread at a time
-    per instance (the ASR stage's)."""
+    """One loaded Whisper model; ``transcribe`` runs on up to ``workers`` of
+    the ASR stage's threads at once."""
 
     sample_rate_hz = SAMPLE_RATE_HZ
     takes_prompt = True
 
-    def __init__(self, path: str | Path, threads: int = 0) -> None:
+    def __init__(self, path: str | Path, workers: int | None = None) -> None:
+        """``workers``: decodes that run at once (CTranslate2's inter-op
+        threads), each on ``cores // workers`` threads; two by default where
+        there are two cores, so a partial transcript in progress never holds
+        up a turn's final one."""
+        cores = os.cpu_count() or 1
+        self.workers = workers or min(2, cores)
         directory = Path(path)
         if not (directory / "model.bin").is_file():
             raise ValueError(f"{path}: not a CTranslate2 Whisper directory (no model.bin)")
@@ -106,7 +136,8 @@ class WhisperCt2:
             str(directory),
             device="cpu",
             compute_type="int8",
-            cpu_threads=threads,
+            cpu_threads=max(1, cores // self.workers),
+            num_workers=self.workers,
             local_files_only=True,
         )
         self._ctranslate2 = __import__("ctranslate2")
@@ -167,8 +198,11 @@ class WhisperCt2:
         }
         result = self._whisper.generate(encoded, [prompt_tokens], **options)[0]
         text = str(tokenizer.decode(result.sequences_ids[0])).strip()
-        if compression_ratio(text) > MAX_COMPRESSION_RATIO:
+        seconds = len(piece) / SAMPLE_RATE_HZ
+        if is_loop(text, seconds):
             options["no_repeat_ngram_size"] = 3
+            retry_budget = int(seconds * RETRY_TOKENS_PER_S) + TOKEN_MARGIN
+            options["max_length"] = min(len(prompt_tokens) + retry_budget, MAX_TOKENS)
             result = self._whisper.generate(encoded, [prompt_tokens], **options)[0]
             text = str(tokenizer.decode(result.sequences_ids[0])).strip()
         avg_logprob = result.scores[0] if result.sequences_ids[0] else 0.0

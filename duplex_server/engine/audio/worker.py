@@ -1,8 +1,10 @@
-"""Audio stages as engine workers: one loaded model, one thread, requests
-scheduled by the engine core.
+"""Audio stages as engine workers: one loaded model, its own threads (one,
+unless the model runs several calls at once), requests scheduled by the
+engine core.
 
-Each call on a stage is an engine request (``max_concurrency=1``: the
-libraries are not thread-safe), so realtime work (a turn's final transcript,
+Each call on a stage is an engine request (``max_concurrency`` is the
+stage's worker count: most libraries are not thread-safe, one is the
+default), so realtime work (a turn's final transcript,
 VAD scores, speech for an answer) goes ahead of background work (partial
 transcripts) in the core's priority queue.
 """
@@ -30,8 +32,8 @@ class StageCall:
 class _ThreadBackend:
     """Engine backend running each request's call on the stage's one thread."""
 
-    def __init__(self, name: str) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    def __init__(self, name: str, workers: int) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
 
     async def generate(self, request: EngineRequest[StageCall]) -> AsyncIterator[Any]:
         call = request.payload
@@ -39,10 +41,10 @@ class _ThreadBackend:
 
 
 class Stage:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, workers: int = 1) -> None:
         self.name = name
         self.engine: EngineCore[StageCall, Any] = EngineCore(
-            _ThreadBackend(name), max_concurrency=1, name=name
+            _ThreadBackend(name, workers), max_concurrency=workers, name=name
         )
         self._ids = itertools.count()
 

@@ -53,6 +53,7 @@ class Recogniser(Protocol):
     name: str
     languages: frozenset[str] | None  # None: any language Whisper knows
     takes_prompt: bool
+    workers: int  # decodes it runs at once (the ASR stage's threads)
 
     def transcribe(self, pcm16: bytes, language: str | None, prompt: str | None) -> str:
         """Words in mono pcm16 at 16 kHz. Called on the ASR stage's thread, so
@@ -124,7 +125,7 @@ class CascadeStages:
         self.asr = asr
         self.tts = tts
         self.vad_stage = Stage("vad")
-        self.asr_stage = Stage("asr")
+        self.asr_stage = Stage("asr", workers=asr.workers)
         self.tts_stage = Stage("tts")
         self.transcription_languages = asr.languages
         self.transcription_prompts = asr.takes_prompt
@@ -136,7 +137,8 @@ class CascadeStages:
 
     def can_take_partial(self) -> bool:
         """Partial transcripts only when the recogniser is idle (a running one
-        cannot be preempted by a turn's final transcript)."""
+        cannot be preempted by a turn's final transcript; with two workers,
+        one stays free for finals while a partial runs)."""
         return self.asr_stage.pending == 0
 
     async def transcribe(

@@ -46,7 +46,12 @@ from duplex_server.sessions.runtime import mailbox as mb
 from protocol.errors import ProtocolError
 from protocol.session_config import TurnDetection
 
-PARTIAL_EVERY_MS = 500.0  # of buffered speech between partial transcripts
+# A partial transcript re-decodes the whole utterance so far, so they come
+# further apart as it grows: after PARTIAL_EVERY_MS more audio, or half again
+# what the last one heard, whichever is more (a long utterance costs a few
+# partials, not one per half second: its partials' work is linear in it).
+PARTIAL_EVERY_MS = 500.0
+PARTIAL_GROWTH = 0.5
 TRIM_SLACK_MS = 1000.0  # silence beyond the prefix padding before it is trimmed
 # Silence after speech this long starts the turn's final transcript early,
 # while the VAD still waits out its hangover (silence_duration_ms): if the
@@ -272,7 +277,9 @@ class Hearing:
             return
         if buffer.audio_ms < self._partial_at_ms:
             self._partial_at_ms = 0.0  # a new utterance
-        if buffer.audio_ms - self._partial_at_ms < PARTIAL_EVERY_MS:
+        if buffer.audio_ms - self._partial_at_ms < max(
+            PARTIAL_EVERY_MS, PARTIAL_GROWTH * self._partial_at_ms
+        ):
             return
         self._partial_at_ms = buffer.audio_ms
         item_id = next_user_item_id(state)
