@@ -412,8 +412,7 @@ function onLink(kind, detail) {
     const seconds = (detail.afterMs / 1000).toFixed(1);
     say(
       "notice",
-      `Reconnected after ${seconds} s: the same session (${detail.sessionId}) resumed, ` +
-        "nothing it said was lost.",
+      `Reconnected after ${seconds} s: the same session (${detail.sessionId}) resumed.`,
     );
     conversation.note(`reconnected after ${seconds} s, same session`);
   } else if (kind === "ended") {
