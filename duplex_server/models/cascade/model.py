@@ -86,6 +86,21 @@ def clauses(text: str) -> list[str]:
     return [clause for clause in _CLAUSE_END.split(text.strip()) if clause]
 
 
+def spread(text: str, pieces: int) -> list[str]:
+    """``text`` in ``pieces`` consecutive slices (they join back to it), each
+    about as long as its share of the audio and ending where a word ends: the
+    words ride on the chunks that speak them, so an answer cut mid-clause
+    keeps in history about the words that were played, not the whole clause."""
+    slices, at = [], 0
+    for index in range(1, pieces + 1):
+        end = len(text) if index == pieces else max(at, round(len(text) * index / pieces))
+        while 0 < end < len(text) and text[end - 1] != " " and text[end] != " ":
+            end += 1  # to the end of the word
+        slices.append(text[at:end])
+        at = end
+    return slices
+
+
 class CascadeBackend:
     """Engine backend: responder text -> sentences -> synthesis -> 100 ms chunks."""
 
@@ -117,11 +132,12 @@ class CascadeBackend:
         # The answer's first clause is the synthesis its first audio waited for.
         stages = {"tts_first_clause_ms": (time.perf_counter() - started) * 1000} if first else None
         step = OUTPUT_RATE_HZ * CHUNK_PERIOD_MS // 1000 * 2
-        for index, at in enumerate(range(0, max(len(pcm), 1), step)):
+        starts = range(0, max(len(pcm), 1), step)
+        for index, (at, words) in enumerate(zip(starts, spread(text, len(starts)), strict=True)):
             yield ModelChunk(
                 audio=pcm[at : at + step],
                 sample_rate_hz=OUTPUT_RATE_HZ,
-                text=text if index == 0 else "",
+                text=words,
                 stage_ms=stages if index == 0 else None,
             )
 
