@@ -56,7 +56,7 @@ TRIM_SLACK_MS = 1000.0  # silence beyond the prefix padding before it is trimmed
 # Silence after speech this long starts the turn's final transcript early,
 # while the VAD still waits out its hangover (silence_duration_ms): if the
 # speech does not resume, the transcript is ready when the turn ends.
-SPECULATE_AFTER_MS = 200.0
+SPECULATE_AFTER_MS = 120.0
 
 
 @dataclass
