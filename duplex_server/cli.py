@@ -89,8 +89,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--tts",
         default=DEFAULTS.tts,
-        help="cascade speech synthesis: 'espeak' (eSpeak NG from espeakng-loader) or "
-        "'vits:PATH' (a local VITS / MMS-TTS checkpoint directory; needs the ml extra)",
+        help="cascade speech synthesis: 'espeak' (eSpeak NG from espeakng-loader, the "
+        "default), 'piper' (the neural Piper voice from scripts/piper-voice.txt; needs the "
+        "piper extra, GPL-3), 'piper:PATH' (any Piper voice: a .onnx model with its .onnx.json "
+        "beside it) or 'vits:PATH' (a local VITS / MMS-TTS checkpoint directory; needs the ml "
+        "extra)",
     )
     p.add_argument(
         "--asr-phrases",

