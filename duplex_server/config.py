@@ -73,4 +73,4 @@ class ServerConfig:
     # instead of open English; far more accurate when the vocabulary is known.
     asr_phrases: str | None = None
     asr: str = "auto"  # whisper-ct2 when its package is installed, else pocketsphinx
-    tts: str = "espeak"  # or vits:PATH
+    tts: str = "espeak"  # or piper, piper:PATH, vits:PATH

@@ -140,7 +140,9 @@ class WhisperCt2:
             num_workers=self.workers,
             local_files_only=True,
         )
-        self._ctranslate2 = __import__("ctranslate2")
+        import ctranslate2  # installed with faster-whisper
+
+        self._storage_view = ctranslate2.StorageView
         self._whisper = loaded.model  # ctranslate2.models.Whisper
         self._features = loaded.feature_extractor
         multilingual = bool(self._whisper.is_multilingual)
@@ -180,7 +182,7 @@ class WhisperCt2:
         frames = window * FRAMES_PER_S // SAMPLE_RATE_HZ
         features = self._features(padded, padding=0)[:, :frames]
         encoded = self._whisper.encode(
-            self._ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None]))
+            self._storage_view.from_array(np.ascontiguousarray(features[None]))
         )
         tokenizer = self._tokenizer(encoded, language)
         prefix: list[int] = []
