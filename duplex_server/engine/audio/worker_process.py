@@ -9,13 +9,17 @@ One worker per recogniser configuration, shared by every cascade built in
 the process (the tests build many servers in one interpreter). It starts
 loading when the cascade is built (before the server listens), so the first
 turn does not wait for a process to start, and it ends with the process
-that started it.
+that started it: on a clean exit the executor stops it, and after a crash
+(``kill -9``) its watchdog sees it was orphaned and exits, so no worker
+outlives its server.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
+import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Protocol
@@ -28,9 +32,21 @@ class Decoder(Protocol):
 _decoder: Decoder | None = None  # in the worker: the one loaded recogniser
 
 
-def _load(factory: Callable[[], Decoder]) -> None:
+ORPHAN_POLL_S = 0.5
+
+
+def _load(factory: Callable[[], Decoder], parent_pid: int) -> None:
     global _decoder
+    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
     _decoder = factory()
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    """The server died without stopping this worker: end it (a decode in
+    progress is for a session that is gone)."""
+    while os.getppid() == parent_pid:
+        time.sleep(ORPHAN_POLL_S)
+    os._exit(0)
 
 
 def _loaded() -> bool:
@@ -64,7 +80,7 @@ class WorkerProcess:
                     max_workers=1,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_load,
-                    initargs=(self._factory,),
+                    initargs=(self._factory, os.getpid()),
                 )
             return self._pool
 
