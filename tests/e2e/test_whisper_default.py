@@ -109,3 +109,16 @@ def test_a_decoder_repeating_itself_is_caught():
     assert not is_loop("Ten of clubs.", 1.5)
     assert not is_loop("What is the weather like in Paris today?", 2.5)
     assert is_loop("4. Queen of Cloves 4. Queen of Cloves 4. Queen of Cloves 4", 2.0)
+
+
+def test_asr_specs_resolve_as_documented(tmp_path):
+    from duplex_server.models.cascade.stages import build_recogniser, resolve_asr
+
+    path = packaged_model_path()
+    assert resolve_asr("auto", None) == "whisper-ct2"
+    assert resolve_asr("auto", ["open the door"]) == "pocketsphinx"  # a grammar is Sphinx's
+    assert build_recogniser(f"whisper-ct2:{path}", None).name == f"whisper-ct2:{path}"
+    with pytest.raises(ValueError, match="grammar mode"):
+        build_recogniser("whisper-ct2", ["open the door"])
+    with pytest.raises(ValueError, match="not a CTranslate2 Whisper directory"):
+        build_recogniser(f"whisper-ct2:{tmp_path}", None)
