@@ -26,7 +26,6 @@ repeated trigrams forbidden and a tighter cap.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import zlib
@@ -59,8 +58,6 @@ MAX_WORDS_PER_S = 5
 WORD_MARGIN = 3
 RETRY_TOKENS_PER_S = 5
 REPEATED_PAIR = 3  # the same two words this often in one window: a loop
-
-log = logging.getLogger(__name__)
 
 
 def packaged_model_path() -> Path | None:
@@ -145,17 +142,12 @@ class WhisperCt2:
         self._storage_view = ctranslate2.StorageView
         self._whisper = loaded.model  # ctranslate2.models.Whisper
         self._features = loaded.feature_extractor
-        multilingual = bool(self._whisper.is_multilingual)
-        self._tokenizers = {
-            language: faster_whisper.tokenizer.Tokenizer(
-                loaded.hf_tokenizer, multilingual, task="transcribe", language=language
-            )
-            for language in (["en"] if not multilingual else [])
-        }
+        self._multilingual = bool(self._whisper.is_multilingual)
+        self._tokenizers: dict[str, Any] = {}  # by language, made when first needed
         self._hf_tokenizer = loaded.hf_tokenizer
         self._tokenizer_class = faster_whisper.tokenizer.Tokenizer
         # English-only checkpoints (``*.en``) hear English and nothing else.
-        self.languages: frozenset[str] | None = None if multilingual else frozenset({"en"})
+        self.languages: frozenset[str] | None = None if self._multilingual else frozenset({"en"})
         self.name = f"whisper-ct2:{directory}"
 
     def transcribe(
@@ -215,13 +207,13 @@ class WhisperCt2:
     def _tokenizer(self, encoded: Any, language: str | None) -> Any:
         """English-only models speak English; a multilingual one is told the
         language, or detects it from the window."""
-        if self.languages is not None:
-            return self._tokenizers["en"]
-        if language is None:
+        if not self._multilingual:
+            language = "en"
+        elif language is None:
             detected = self._whisper.detect_language(encoded)[0][0][0]
             language = detected.strip("<|>")
         if language not in self._tokenizers:
             self._tokenizers[language] = self._tokenizer_class(
-                self._hf_tokenizer, True, task="transcribe", language=language
+                self._hf_tokenizer, self._multilingual, task="transcribe", language=language
             )
         return self._tokenizers[language]

