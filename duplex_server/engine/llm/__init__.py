@@ -1,0 +1,89 @@
+"""The AR text engine: chat requests from every session decoded together.
+
+``build_llm_engine`` picks the backend named by ``--llm-backend``; the
+transformers backend (``transformers_backend``) is imported only here, when
+asked for, so the server starts without torch. vLLM is not installed on this
+machine: asking for it is refused by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from duplex_server.engine.core import EngineCore
+
+LLM_BACKENDS = ("auto", "transformers", "vllm")
+LLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ChatPayload:
+    """One answer to generate: the chat (role/content dicts, system first if
+    any) through the model's chat template, sampled at ``temperature``
+    (0: greedy), at most ``max_new_tokens`` tokens."""
+
+    messages: list[dict[str, str]]
+    temperature: float
+    max_new_tokens: int
+
+
+class LoadState(Protocol):
+    """What a responder asks of the backend besides its engine."""
+
+    @property
+    def loaded(self) -> bool:
+        """Its weights are up (they load on its own thread)."""
+        ...
+
+    @property
+    def load_error(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class LLMEngine:
+    core: EngineCore[ChatPayload, str]
+    state: LoadState
+    max_new_tokens: int  # the cap of any one answer
+
+
+class LLMConfigError(ValueError):
+    """The ``--llm`` options name something this server cannot load."""
+
+
+def check_checkpoint(path: str) -> Path:
+    directory = Path(path)
+    if not (directory / "config.json").is_file():
+        raise LLMConfigError(
+            f"--llm {path}: not a checkpoint directory (no config.json in it); "
+            "give a local directory saved with save_pretrained"
+        )
+    return directory
+
+
+def build_llm_engine(
+    path: str,
+    backend: str = "auto",
+    dtype: str = "auto",
+    max_new_tokens: int = 256,
+    max_concurrency: int = 64,
+) -> LLMEngine:
+    """The engine for ``--llm PATH``; the weights load on the backend's own
+    thread (``loaded`` says when they are up), so this returns at once."""
+    if backend not in LLM_BACKENDS:
+        raise LLMConfigError(f"--llm-backend {backend!r}: choose one of {', '.join(LLM_BACKENDS)}")
+    if backend == "vllm":
+        raise LLMConfigError(
+            "--llm-backend vllm: vLLM is not installed in this server's environment; "
+            "use --llm-backend transformers (or auto)"
+        )
+    if dtype not in LLM_DTYPES:
+        raise LLMConfigError(f"--llm-dtype {dtype!r}: choose one of {', '.join(LLM_DTYPES)}")
+    directory = check_checkpoint(path)
+    # Imported here: torch and transformers load only when an LLM is asked for.
+    from duplex_server.engine.llm.transformers_backend import TransformersBackend
+
+    engine_backend = TransformersBackend(directory, dtype=dtype)
+    core = EngineCore(engine_backend, max_concurrency=max_concurrency, name="llm")
+    return LLMEngine(core, engine_backend, max_new_tokens)

@@ -1,0 +1,314 @@
+"""The transformers AR backend: one decode thread steps every active request
+together, one token each per forward.
+
+The thread first loads the checkpoint (``loaded`` turns true), then loops:
+requests that arrived are prefilled one by one and join the step batch;
+then one forward advances the whole batch by a token. The batch's KV cache
+is one ``DynamicCache`` whose rows are left-padded to a common length, with
+an attention mask saying which columns are real and position ids counted
+per row, so a request joining mid-way sees the same positions it would
+alone. A request that ends (end of sequence, its token cap) or is
+abandoned (its stream was closed, cancelled or aborted) leaves the batch
+before the next forward; columns that became padding in every row are cut.
+
+Deltas cross to the event loop with ``call_soon_threadsafe``; a request that
+left is never written to again, so nothing decoded after an abort reaches
+its stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from duplex_server.engine.core import EngineRequest
+from duplex_server.engine.llm import ChatPayload
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class GenerationFailed(Exception):
+    """The model failed while decoding this request (or could not load)."""
+
+
+@dataclass
+class _End:
+    error: str | None = None
+
+
+@dataclass
+class _Active:
+    request_id: str
+    payload: ChatPayload
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue[str | _End]
+    generated: list[int] = field(default_factory=list)
+    emitted: str = ""  # the text already sent
+    length: int = 0  # real tokens in its cache rows (its next position)
+
+
+class TransformersBackend:
+    """Engine backend: ``generate(request)`` yields text deltas of a
+    :class:`ChatPayload`'s answer. Counts its forwards (``prefills``,
+    ``steps``) and the batch size of every step (``step_sizes``)."""
+
+    def __init__(self, path: Path, dtype: str = "auto") -> None:
+        self.path = path
+        self._dtype = dtype
+        self._lock = threading.Condition()
+        self._joining: list[_Active] = []
+        self._leaving: set[str] = set()
+        self._closed = False
+        self._active: list[_Active] = []
+        self._cache: DynamicCache | None = None
+        self._mask: torch.Tensor | None = None  # (batch, cache columns) 1 = real
+        self._loaded = threading.Event()
+        self.load_error: str | None = None
+        self.prefills = 0
+        self.steps = 0
+        self.step_sizes: list[int] = []
+        self._sampler = torch.Generator().manual_seed(0)
+        self._thread = threading.Thread(target=self._run, name="llm-decode", daemon=True)
+        self._thread.start()
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded.is_set() and self.load_error is None
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        return self._loaded.wait(timeout) and self.load_error is None
+
+    async def generate(self, request: EngineRequest[ChatPayload]) -> AsyncIterator[str]:
+        active = _Active(
+            request.request_id, request.payload, asyncio.get_running_loop(), asyncio.Queue()
+        )
+        with self._lock:
+            if self._closed:
+                raise GenerationFailed("the LLM engine is shut down")
+            self._joining.append(active)
+            self._lock.notify()
+        try:
+            while True:
+                item = await active.out.get()
+                if isinstance(item, _End):
+                    if item.error is not None:
+                        raise GenerationFailed(item.error)
+                    return
+                yield item
+        finally:
+            # Ended, closed early (abort) or cancelled (barge-in): either way
+            # it leaves the batch before the next forward.
+            with self._lock:
+                self._leaving.add(active.request_id)
+                self._lock.notify()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._thread.join()
+
+    # --- the decode thread --------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._load()
+        except (OSError, ValueError, RuntimeError) as exc:
+            self.load_error = f"cannot load {self.path}: {exc}"
+            logger.error("llm: %s", self.load_error)
+            self._loaded.set()
+            self._fail_all(self.load_error)
+            return
+        self._loaded.set()
+        logger.info("llm: loaded %s", self.path)
+        while True:
+            with self._lock:
+                while not (self._joining or self._active or self._closed):
+                    self._lock.wait()
+                if self._closed:
+                    joining, self._joining = self._joining, []
+                    break
+                joining, self._joining = self._joining, []
+                leaving, self._leaving = self._leaving, set()
+            self._drop({*leaving})
+            for active in joining:
+                if active.request_id in leaving:
+                    continue
+                self._guarded(active, self._prefill)
+            if self._active:
+                self._step()
+        for active in [*self._active, *joining]:
+            self._send(active, _End("the LLM engine is shut down"))
+
+    def _load(self) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        if self.tokenizer.chat_template is None:
+            raise ValueError("its tokenizer has no chat template")
+        dtype = _DTYPES.get(self._dtype, "auto")
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.path, dtype=dtype, local_files_only=True
+        ).eval()
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        self._eos = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self._device = self.model.device
+
+    def _fail_all(self, error: str) -> None:
+        with self._lock:
+            joining, self._joining = self._joining, []
+        for active in joining:
+            self._send(active, _End(error))
+
+    def _guarded(self, active: _Active, work: object) -> None:
+        try:
+            work(active)  # type: ignore[operator]
+        except (RuntimeError, ValueError, IndexError) as exc:
+            # This request's prompt broke (too long, template error): it ends
+            # with the reason; the others go on.
+            self._send(active, _End(f"generation failed: {exc}"))
+
+    @torch.inference_mode()
+    def _prefill(self, active: _Active) -> None:
+        text = self.tokenizer.apply_chat_template(
+            active.payload.messages, add_generation_prompt=True, tokenize=False
+        )
+        ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+        ids = ids.to(self._device)
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[
+            :, -1
+        ]
+        self.prefills += 1
+        active.length = ids.shape[1]
+        self._join(active, cache)
+        self._advance([active], logits)
+
+    def _join(self, active: _Active, cache: DynamicCache) -> None:
+        """Its cache rows beside the batch's, both left-padded to one length."""
+        mask = torch.ones((1, active.length), dtype=torch.long, device=self._device)
+        if self._cache is None or self._mask is None:
+            self._cache, self._mask, self._active = cache, mask, [active]
+            return
+        width = max(self._mask.shape[1], mask.shape[1])
+        layers = []
+        for (old_k, old_v), (new_k, new_v) in zip(_kv(self._cache), _kv(cache), strict=True):
+            keys = torch.cat([_pad_left(old_k, width), _pad_left(new_k, width)])
+            values = torch.cat([_pad_left(old_v, width), _pad_left(new_v, width)])
+            layers.append((keys, values))
+        self._mask = torch.cat([_pad_left(self._mask, width, dim=1), _pad_left(mask, width, dim=1)])
+        self._cache = DynamicCache(layers, config=self.model.config)
+        self._active.append(active)
+
+    def _drop(self, request_ids: set[str]) -> None:
+        keep = [index for index, a in enumerate(self._active) if a.request_id not in request_ids]
+        if len(keep) == len(self._active):
+            return
+        if not keep:
+            self._active, self._cache, self._mask = [], None, None
+            return
+        assert self._cache is not None and self._mask is not None
+        rows = torch.tensor(keep, device=self._device)
+        mask = self._mask.index_select(0, rows)
+        first = int(mask.any(dim=0).nonzero()[0])  # columns before it: padding in every row
+        self._mask = mask[:, first:]
+        layers = [
+            (keys.index_select(0, rows)[:, :, first:], values.index_select(0, rows)[:, :, first:])
+            for keys, values in _kv(self._cache)
+        ]
+        self._cache = DynamicCache(layers, config=self.model.config)
+        self._active = [self._active[index] for index in keep]
+
+    @torch.inference_mode()
+    def _step(self) -> None:
+        assert self._cache is not None and self._mask is not None
+        batch = len(self._active)
+        last = torch.tensor([[a.generated[-1]] for a in self._active], device=self._device)
+        positions = torch.tensor([[a.length] for a in self._active], device=self._device)
+        mask = torch.cat([self._mask, self._mask.new_ones((batch, 1))], dim=1)
+        try:
+            logits = self.model(
+                input_ids=last,
+                attention_mask=mask,
+                position_ids=positions,
+                cache=self._cache,
+                use_cache=True,
+            ).logits[:, -1]
+        except RuntimeError as exc:
+            for active in self._active:
+                self._send(active, _End(f"generation failed: {exc}"))
+            self._active, self._cache, self._mask = [], None, None
+            return
+        self.steps += 1
+        self.step_sizes.append(batch)
+        self._mask = mask
+        for active in self._active:
+            active.length += 1
+        self._advance(list(self._active), logits)
+
+    def _advance(self, actives: list[_Active], logits: torch.Tensor) -> None:
+        """One sampled token per row; deltas out; finished rows leave."""
+        finished = set()
+        for active, row in zip(actives, logits, strict=True):
+            token = self._sample(row, active.payload.temperature)
+            done = token in self._eos
+            if not done:
+                active.generated.append(token)
+                self._send_text(active)
+            if done or len(active.generated) >= active.payload.max_new_tokens:
+                self._send(active, _End())
+                finished.add(active.request_id)
+        self._drop(finished)
+
+    def _sample(self, logits: torch.Tensor, temperature: float) -> int:
+        if temperature <= 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self._sampler))
+
+    def _send_text(self, active: _Active) -> None:
+        text = str(self.tokenizer.decode(active.generated, skip_special_tokens=True))
+        if text.endswith("\ufffd"):
+            return  # a character split across tokens: wait for its end
+        delta, active.emitted = text[len(active.emitted) :], text
+        if delta:
+            self._send(active, delta)
+
+    def _send(self, active: _Active, item: str | _End) -> None:
+        with self._lock:
+            if active.request_id in self._leaving:
+                return  # its stream is gone; nothing more reaches it
+        # A closed event loop (RuntimeError) has nobody listening.
+        with contextlib.suppress(RuntimeError):
+            active.loop.call_soon_threadsafe(active.out.put_nowait, item)
+
+
+def _kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's keys and values; a layer of another kind (linear
+    attention) is not batched here yet."""
+    pairs = []
+    for layer in cache.layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+            raise ValueError(f"cache layer {type(layer).__name__} cannot be batched")
+        pairs.append((keys, values))
+    return pairs
+
+
+def _pad_left(tensor: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
