@@ -17,6 +17,7 @@ from duplex_server import http_routes, metrics
 from duplex_server.auth import EphemeralKeys, KeyRing
 from duplex_server.client_secrets import client_secrets
 from duplex_server.config import ServerConfig
+from duplex_server.engine.llm import LLMOptions
 from duplex_server.models import build_model
 from duplex_server.realtime import realtime_endpoint
 from duplex_server.sessions.log.memory_store import MemoryLog
@@ -60,6 +61,12 @@ def read_phrases(path: str | None) -> list[str] | None:
     return phrases
 
 
+def llm_options(config: ServerConfig) -> LLMOptions | None:
+    if config.llm is None:
+        return None
+    return LLMOptions(config.llm, config.llm_backend, config.llm_dtype, config.llm_max_new_tokens)
+
+
 def key_ring(config: ServerConfig) -> KeyRing:
     if config.api_keys_file is not None:
         if config.api_key is not None:
@@ -76,6 +83,7 @@ def create_app(config: ServerConfig) -> Starlette:
         asr_phrases=read_phrases(config.asr_phrases),
         asr=config.asr,
         tts=config.tts,
+        llm=llm_options(config),
     )
     manager = SessionManager(
         log,

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from duplex_server import config_sources
 from duplex_server.config import ServerConfig, default_replica_id
+from duplex_server.engine.llm import LLM_BACKENDS, LLM_DTYPES
 from duplex_server.log_format import LOG_FORMATS
 from duplex_server.models import MODEL_NAMES
 
@@ -94,6 +95,32 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "piper extra, GPL-3), 'piper:PATH' (any Piper voice: a .onnx model with its .onnx.json "
         "beside it) or 'vits:PATH' (a local VITS / MMS-TTS checkpoint directory; needs the ml "
         "extra)",
+    )
+    p.add_argument(
+        "--llm",
+        default=DEFAULTS.llm,
+        help="cascade: answer with this chat model (a local checkpoint directory with "
+        "config.json and a tokenizer with a chat template) instead of repeating the user",
+    )
+    p.add_argument(
+        "--llm-backend",
+        default=DEFAULTS.llm_backend,
+        choices=LLM_BACKENDS,
+        help="--llm engine: 'transformers' (batches decode steps across sessions), 'auto' "
+        "(transformers: vLLM is not installed here) or 'vllm' (refused until it is)",
+    )
+    p.add_argument(
+        "--llm-dtype",
+        default=DEFAULTS.llm_dtype,
+        choices=LLM_DTYPES,
+        help="--llm weights' dtype ('auto': the checkpoint's own)",
+    )
+    p.add_argument(
+        "--llm-max-new-tokens",
+        type=_positive_int,
+        default=DEFAULTS.llm_max_new_tokens,
+        help="--llm: the most tokens of one answer (a response's "
+        "max_response_output_tokens may ask for fewer)",
     )
     p.add_argument(
         "--asr-phrases",

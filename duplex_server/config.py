@@ -74,3 +74,8 @@ class ServerConfig:
     asr_phrases: str | None = None
     asr: str = "auto"  # whisper-ct2 when its package is installed, else pocketsphinx
     tts: str = "espeak"  # or piper, piper:PATH, vits:PATH
+    # cascade: answer with this local chat checkpoint instead of the parrot
+    llm: str | None = None
+    llm_backend: str = "auto"  # transformers here; vllm is not installed
+    llm_dtype: str = "auto"
+    llm_max_new_tokens: int = 256

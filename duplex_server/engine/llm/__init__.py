@@ -48,6 +48,16 @@ class LLMEngine:
     max_new_tokens: int  # the cap of any one answer
 
 
+@dataclass(frozen=True)
+class LLMOptions:
+    """``--llm PATH`` and its companions, as the model registry gets them."""
+
+    path: str
+    backend: str = "auto"
+    dtype: str = "auto"
+    max_new_tokens: int = 256
+
+
 class LLMConfigError(ValueError):
     """The ``--llm`` options name something this server cannot load."""
 

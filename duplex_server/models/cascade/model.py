@@ -17,6 +17,7 @@ import msgspec
 
 from duplex_server.audio import resample_pcm16
 from duplex_server.engine import EngineCore, EngineRequest
+from duplex_server.engine.llm import LLMOptions, build_llm_engine
 from duplex_server.models.capabilities import built_in
 from duplex_server.models.cascade.responder import Parrot, Responder
 from duplex_server.models.cascade.stages import (
@@ -80,6 +81,10 @@ class SpeakPayload(msgspec.Struct):
     voice: str
     speed: float
     text_only: bool
+    # What an LLM responder answers under (the parrot ignores them).
+    instructions: str = ""
+    temperature: float = 0.8
+    max_output_tokens: int | str = "inf"
 
 
 def clauses(text: str) -> list[str]:
@@ -112,7 +117,7 @@ class CascadeBackend:
         payload = request.payload
         spoken = False
         pacer = Pacer()
-        async for piece in self.responder.respond(payload.history):
+        async for piece in self.responder.respond(payload.history, request):
             for clause in clauses(piece):
                 text = (" " if spoken else "") + clause
                 first, spoken = not spoken, True
@@ -157,15 +162,26 @@ class CascadeModel:
         text_only_turn=True,
     )
     streaming = None  # turn-based: it answers commits
-    loaded = True  # its stages load when it is built, before the server listens
+
+    @property
+    def loaded(self) -> bool:
+        """Its stages load when it is built, before the server listens; an
+        LLM responder's weights load in the background after that."""
+        return self.responder.loaded
 
     @property
     def answering(self) -> CascadeModel:
         return self
 
-    def __init__(self, stages: CascadeStages, engine: EngineCore[SpeakPayload, ModelChunk]) -> None:
+    def __init__(
+        self,
+        stages: CascadeStages,
+        engine: EngineCore[SpeakPayload, ModelChunk],
+        responder: Responder,
+    ) -> None:
         self.listening = stages
         self.engine = engine
+        self.responder = responder
 
     def wants_to_speak(self, history: list[HistoryItem], config: SessionView) -> bool:
         return any(item.role == "user" for item in history)
@@ -181,6 +197,9 @@ class CascadeModel:
             voice=VOICES.get(config.voice, config.voice),
             speed=config.speed,
             text_only="audio" not in request.modalities,
+            instructions=config.instructions,
+            temperature=config.temperature,
+            max_output_tokens=config.max_output_tokens,
         )
         return self.engine.submit(for_response(request, payload))
 
@@ -193,7 +212,17 @@ def build_cascade(
     max_concurrency: int = 64,
     asr: str = "auto",
     tts: str = "espeak",
+    llm: LLMOptions | None = None,
 ) -> CascadeModel:
+    """``llm``: answer with that chat model (``--llm``) instead of the parrot."""
     stages = CascadeStages(build_recogniser(asr, phrases), build_synthesiser(tts))
-    backend = CascadeBackend(stages, Parrot())
-    return CascadeModel(stages, EngineCore(backend, max_concurrency=max_concurrency))
+    responder: Responder = Parrot()
+    if llm is not None:
+        from duplex_server.models.cascade.llm_responder import LLMResponder
+
+        engine = build_llm_engine(
+            llm.path, llm.backend, llm.dtype, llm.max_new_tokens, max_concurrency
+        )
+        responder = LLMResponder(engine)
+    backend = CascadeBackend(stages, responder)
+    return CascadeModel(stages, EngineCore(backend, max_concurrency=max_concurrency), responder)
