@@ -64,7 +64,17 @@ def read_phrases(path: str | None) -> list[str] | None:
 def llm_options(config: ServerConfig) -> LLMOptions | None:
     if config.llm is None:
         return None
-    return LLMOptions(config.llm, config.llm_backend, config.llm_dtype, config.llm_max_new_tokens)
+    return LLMOptions(
+        config.llm,
+        backend=config.llm_backend,
+        dtype=config.llm_dtype,
+        max_new_tokens=config.llm_max_new_tokens,
+        max_model_len=config.llm_max_model_len,
+        max_num_seqs=config.llm_max_num_seqs,
+        kv_cache_bytes=config.llm_kv_cache_bytes,
+        gpu_memory_utilization=config.llm_gpu_memory_utilization,
+        chat_template=config.llm_chat_template,
+    )
 
 
 def key_ring(config: ServerConfig) -> KeyRing:

@@ -123,6 +123,36 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "max_response_output_tokens may ask for fewer)",
     )
     p.add_argument(
+        "--llm-max-model-len",
+        type=_positive_int,
+        default=DEFAULTS.llm_max_model_len,
+        help="--llm: the context window in tokens (default: the checkpoint's); a longer "
+        "history drops its oldest turns",
+    )
+    p.add_argument(
+        "--llm-max-num-seqs",
+        type=_positive_int,
+        default=DEFAULTS.llm_max_num_seqs,
+        help="--llm: the most answers decoded together; more wait their turn",
+    )
+    p.add_argument(
+        "--llm-kv-cache-bytes",
+        type=_positive_int,
+        default=DEFAULTS.llm_kv_cache_bytes,
+        help="--llm-backend vllm: the KV cache's size in bytes (vLLM on a CPU needs one)",
+    )
+    p.add_argument(
+        "--llm-gpu-memory-utilization",
+        type=_fraction,
+        default=DEFAULTS.llm_gpu_memory_utilization,
+        help="--llm-backend vllm on a GPU: the share of its memory vLLM may take (0-1]",
+    )
+    p.add_argument(
+        "--llm-chat-template",
+        default=DEFAULTS.llm_chat_template,
+        help="--llm: a Jinja chat template file, for a checkpoint whose tokenizer has none",
+    )
+    p.add_argument(
         "--asr-phrases",
         default=DEFAULTS.asr_phrases,
         help="cascade: a text file of phrases, one a line; speech recognition then "
@@ -314,6 +344,13 @@ def _positive_int(value: str) -> int:
     number = int(value)
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
+
+
+def _fraction(value: str) -> float:
+    number = float(value)
+    if not 0 < number <= 1:
+        raise argparse.ArgumentTypeError(f"{value}: give a number in (0, 1]")
     return number
 
 

@@ -79,3 +79,8 @@ class ServerConfig:
     llm_backend: str = "auto"  # transformers here; vllm is not installed
     llm_dtype: str = "auto"
     llm_max_new_tokens: int = 256
+    llm_max_model_len: int | None = None  # None: the checkpoint's own window
+    llm_max_num_seqs: int = 64  # answers decoded together
+    llm_kv_cache_bytes: int | None = None  # vLLM's KV cache size (CPU needs one)
+    llm_gpu_memory_utilization: float = 0.9  # vLLM on a GPU
+    llm_chat_template: str | None = None  # a Jinja file, for checkpoints without one

@@ -9,13 +9,13 @@ import pytest
 
 from duplex_server.engine import EngineRequest
 from duplex_server.engine.core import RequestAborted
-from duplex_server.engine.llm import ChatPayload, LLMConfigError, build_llm_engine
+from duplex_server.engine.llm import ChatPayload, LLMConfigError, LLMOptions, build_llm_engine
 from tests.tiny_chat import BONJOUR, CAPITAL, FRENCH, HELLO, chat, trained_chat_model
 
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory):
-    engine = build_llm_engine(str(trained_chat_model(tmp_path_factory.getbasetemp())))
+    engine = build_llm_engine(LLMOptions(str(trained_chat_model(tmp_path_factory.getbasetemp()))))
     assert engine.state.wait_loaded(60), engine.state.load_error  # type: ignore[attr-defined]
     yield engine
     engine.core.backend.close()  # type: ignore[attr-defined]
@@ -95,6 +95,6 @@ async def test_a_cancelled_consumer_leaves_the_batch(llm):
 
 def test_bad_options_are_refused_by_name(tmp_path):
     with pytest.raises(LLMConfigError, match="vLLM is not installed"):
-        build_llm_engine(str(tmp_path), backend="vllm")
+        build_llm_engine(LLMOptions(str(tmp_path), backend="vllm"))
     with pytest.raises(LLMConfigError, match="no config.json"):
-        build_llm_engine(str(tmp_path))
+        build_llm_engine(LLMOptions(str(tmp_path)))

@@ -8,9 +8,9 @@ machine: asking for it is refused by name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from duplex_server.engine.core import EngineCore
 
@@ -20,13 +20,15 @@ LLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 @dataclass(frozen=True)
 class ChatPayload:
-    """One answer to generate: the chat (role/content dicts, system first if
-    any) through the model's chat template, sampled at ``temperature``
-    (0: greedy), at most ``max_new_tokens`` tokens."""
+    """One answer to generate: the chat (message dicts in the chat-template
+    shape, system first if any) through the model's chat template, sampled at
+    ``temperature`` (0: greedy), at most ``max_new_tokens`` tokens. ``tools``
+    (JSON-schema function dicts) go to the template as its ``tools``."""
 
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     temperature: float
     max_new_tokens: int
+    tools: list[dict[str, Any]] = field(default_factory=list)
 
 
 class LoadState(Protocol):
@@ -50,12 +52,20 @@ class LLMEngine:
 
 @dataclass(frozen=True)
 class LLMOptions:
-    """``--llm PATH`` and its companions, as the model registry gets them."""
+    """``--llm PATH`` and its companions (``--llm-*``), as the model registry
+    gets them. ``kv_cache_bytes`` and ``gpu_memory_utilization`` are vLLM's;
+    ``chat_template`` is the path of a Jinja file that replaces (or stands in
+    for) the tokenizer's own template."""
 
     path: str
     backend: str = "auto"
     dtype: str = "auto"
     max_new_tokens: int = 256
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    kv_cache_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    chat_template: str | None = None
 
 
 class LLMConfigError(ValueError):
@@ -72,15 +82,10 @@ def check_checkpoint(path: str) -> Path:
     return directory
 
 
-def build_llm_engine(
-    path: str,
-    backend: str = "auto",
-    dtype: str = "auto",
-    max_new_tokens: int = 256,
-    max_concurrency: int = 64,
-) -> LLMEngine:
+def build_llm_engine(options: LLMOptions, max_concurrency: int = 64) -> LLMEngine:
     """The engine for ``--llm PATH``; the weights load on the backend's own
     thread (``loaded`` says when they are up), so this returns at once."""
+    backend, dtype = options.backend, options.dtype
     if backend not in LLM_BACKENDS:
         raise LLMConfigError(f"--llm-backend {backend!r}: choose one of {', '.join(LLM_BACKENDS)}")
     if backend == "vllm":
@@ -90,10 +95,14 @@ def build_llm_engine(
         )
     if dtype not in LLM_DTYPES:
         raise LLMConfigError(f"--llm-dtype {dtype!r}: choose one of {', '.join(LLM_DTYPES)}")
-    directory = check_checkpoint(path)
-    # Imported here: torch and transformers load only when an LLM is asked for.
+    directory = check_checkpoint(options.path)
+    # Imported here: the template module needs ChatPayload from this one, and
+    # torch and transformers load only when an LLM is asked for.
+    from duplex_server.engine.llm.chat_template import read_chat_template
     from duplex_server.engine.llm.transformers_backend import TransformersBackend
 
-    engine_backend = TransformersBackend(directory, dtype=dtype)
+    template = read_chat_template(options.chat_template)
+
+    engine_backend = TransformersBackend(directory, dtype=dtype, chat_template=template)
     core = EngineCore(engine_backend, max_concurrency=max_concurrency, name="llm")
-    return LLMEngine(core, engine_backend, max_new_tokens)
+    return LLMEngine(core, engine_backend, options.max_new_tokens)

@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from duplex_server.engine.core import EngineRequest
 from duplex_server.engine.llm import ChatPayload
+from duplex_server.engine.llm.chat_template import check_has_template, render_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +63,10 @@ class TransformersBackend:
     :class:`ChatPayload`'s answer. Counts its forwards (``prefills``,
     ``steps``) and the batch size of every step (``step_sizes``)."""
 
-    def __init__(self, path: Path, dtype: str = "auto") -> None:
+    def __init__(self, path: Path, dtype: str = "auto", chat_template: str | None = None) -> None:
         self.path = path
         self._dtype = dtype
+        self._chat_template = chat_template
         self._lock = threading.Condition()
         self._joining: list[_Active] = []
         self._leaving: set[str] = set()
@@ -152,8 +154,7 @@ class TransformersBackend:
 
     def _load(self) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-        if self.tokenizer.chat_template is None:
-            raise ValueError("its tokenizer has no chat template")
+        check_has_template(self.tokenizer, self._chat_template)
         dtype = _DTYPES.get(self._dtype, "auto")
         self.model = AutoModelForCausalLM.from_pretrained(
             self.path, dtype=dtype, local_files_only=True
@@ -180,9 +181,7 @@ class TransformersBackend:
 
     @torch.inference_mode()
     def _prefill(self, active: _Active) -> None:
-        text = self.tokenizer.apply_chat_template(
-            active.payload.messages, add_generation_prompt=True, tokenize=False
-        )
+        text = render_prompt(self.tokenizer, active.payload, self._chat_template)
         ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
         ids = ids.to(self._device)
         cache = DynamicCache(config=self.model.config)

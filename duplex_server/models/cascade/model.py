@@ -220,9 +220,7 @@ def build_cascade(
     if llm is not None:
         from duplex_server.models.cascade.llm_responder import LLMResponder
 
-        engine = build_llm_engine(
-            llm.path, llm.backend, llm.dtype, llm.max_new_tokens, max_concurrency
-        )
+        engine = build_llm_engine(llm, max_concurrency)
         responder = LLMResponder(engine)
     backend = CascadeBackend(stages, responder)
     return CascadeModel(stages, EngineCore(backend, max_concurrency=max_concurrency), responder)
