@@ -1,0 +1,110 @@
+"""The job framework under the speech route: retention deletes a finished
+job's log and its blobs (a retry after that runs again), blobs nobody names
+are swept, half-written blobs never stay, and one key cannot fill the server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import openai
+import pytest
+
+from duplex_server.jobs.blobs import BlobStore
+from duplex_server.sessions.core import records as r
+from tests.batch_helpers import batch_server, blob_files, client
+
+TEXT = "Results are kept for a while, then they go."
+
+
+async def job_ids(server) -> list[str]:
+    return [
+        s.session_id
+        for s in await server.app.state.log.sessions()
+        if r.is_job_session(s.session_id)
+    ]
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+async def test_retention_deletes_the_job_and_its_blob_and_a_retry_runs_again(tmp_path, store):
+    spec = "memory" if store == "memory" else f"sqlite:{tmp_path / 's.db'}"
+    async with batch_server(
+        spec, blob_dir=str(tmp_path / "blobs"), batch_retention_s=3600
+    ) as server:
+        runner = server.app.state.batch.runner
+        headers = {"Idempotency-Key": "keep-me-a-while"}
+        first = await client(server).audio.speech.create(
+            model="tts-1", voice="alloy", input=TEXT, extra_headers=headers
+        )
+        (job_id,) = await job_ids(server)
+        assert len(blob_files(server)) == 1
+        now_ms = int(time.time() * 1000)
+        assert await runner.expire(now_ms) == []  # within the retention: kept
+        assert await job_ids(server) == [job_id]
+        assert await runner.expire(now_ms + 3601 * 1000) == [job_id]
+        assert await job_ids(server) == []
+        assert blob_files(server) == []
+        executions = runner.executions
+        again = await client(server).audio.speech.with_raw_response.create(
+            model="tts-1", voice="alloy", input=TEXT, extra_headers=headers
+        )
+        assert runner.executions == executions + 1 and "idempotent-replayed" not in again.headers
+        assert again.content[:3] == first.content[:3] == b"ID3"
+
+
+async def test_the_housekeeper_expires_results_on_its_own(tmp_path):
+    async with batch_server(
+        "memory", blob_dir=str(tmp_path / "blobs"), batch_retention_s=0.5
+    ) as server:
+        await client(server).audio.speech.create(model="tts-1", voice="alloy", input=TEXT)
+        assert len(await job_ids(server)) == 1
+        for _ in range(300):  # the sweep runs every second here
+            if not await job_ids(server) and not blob_files(server):
+                break
+            await asyncio.sleep(0.1)
+        assert await job_ids(server) == [] and blob_files(server) == []
+
+
+async def test_a_blob_no_record_names_is_swept_after_the_grace(tmp_path):
+    async with batch_server("memory", blob_dir=str(tmp_path / "blobs")) as server:
+        runner = server.app.state.batch.runner
+        await client(server).audio.speech.create(model="tts-1", voice="alloy", input=TEXT)
+        named = blob_files(server)
+        orphan = await server.app.state.batch.blobs.put(b"written, then the process died", "x/y")
+        path = server.app.state.batch.blobs.path(orphan.digest)
+        await runner.expire(int(time.time() * 1000))
+        assert path.exists()  # young: its record may be on the way
+        old = time.time() - 2 * 3600
+        os.utime(path, (old, old))
+        await runner.expire(int(time.time() * 1000))
+        assert not path.exists() and blob_files(server) == named
+
+
+def test_a_half_written_blob_never_stays(tmp_path):
+    store = BlobStore(tmp_path / "blobs")
+    (tmp_path / "blobs" / "tmp" / "tmpabc123").write_bytes(b"half of some")
+    ref = store.put_sync(b"whole", "text/plain")
+    assert store.read_sync(ref) == b"whole" and ref.size == 5
+    reopened = BlobStore(tmp_path / "blobs")  # as after a crash
+    assert list((tmp_path / "blobs" / "tmp").iterdir()) == []
+    assert [d for d, _ in reopened.digests()] == [ref.digest]
+
+
+async def test_one_key_cannot_hold_more_jobs_than_its_limit(tmp_path):
+    long_text = "A long text keeps the synthesiser busy for a while. " * 60
+    async with batch_server(
+        "memory", blob_dir=str(tmp_path / "blobs"), batch_max_jobs_per_key=1
+    ) as server:
+        sdk = client(server)
+        first = asyncio.create_task(
+            sdk.audio.speech.create(model="tts-1", voice="alloy", input=long_text)
+        )
+        while not server.app.state.batch.runner.runs:
+            await asyncio.sleep(0.005)
+        with pytest.raises(openai.RateLimitError) as refused:
+            await sdk.audio.speech.create(model="tts-1", voice="alloy", input=TEXT)
+        assert refused.value.body["code"] == "too_many_jobs"  # type: ignore[index]
+        assert (await first).content
+        # the slot is free again once the first job has finished
+        assert (await sdk.audio.speech.create(model="tts-1", voice="alloy", input=TEXT)).content
