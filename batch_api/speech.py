@@ -249,8 +249,13 @@ async def endpoint(request: Request) -> Response:
         )
     except JobError as exc:
         return http.error_response(exc)
-    if req.stream_format is None or (run.outcome is not None):
+    if req.stream_format is None:
         return await http.answer(run)
+    await run.started()
+    if run.outcome is not None and (run.outcome.error is not None or run.outcome.replayed):
+        return await http.answer(run)
+    # Sent as the clauses are synthesised; a client that hangs up stops
+    # reading, not the job (its result is stored all the same).
     return StreamingResponse(
         run.stream(), media_type=content_type(params), headers=http.job_headers(run)
     )

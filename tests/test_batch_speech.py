@@ -6,6 +6,8 @@ bad input refused by name with nothing left in the blob store."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 
 import msgspec
 import openai
@@ -222,3 +224,68 @@ async def test_a_server_without_a_synthesiser_says_so(tmp_path):
     error = refused.value.body
     assert error["code"] == "model_not_loaded" and error["param"] == "model"  # type: ignore[index]
     assert "--model echo" in error["message"]  # type: ignore[index]
+
+
+LONG = " ".join(f"This is sentence number {n} of a longer text." for n in range(1, 16))
+
+
+async def test_stream_format_audio_sends_the_file_as_it_is_synthesised(tmp_path):
+    async with batch_server("memory", blob_dir=str(tmp_path / "blobs")) as server:
+        runner = server.app.state.batch.runner
+        chunks, in_flight_at_first = [], None
+        async with client(server).audio.speech.with_streaming_response.create(
+            model="tts-1",
+            voice="alloy",
+            input=LONG,
+            response_format="wav",
+            stream_format="audio",
+            extra_headers={"Idempotency-Key": "streamed"},
+        ) as response:
+            assert response.headers["content-type"] == "audio/wav"
+            async for chunk in response.iter_bytes():
+                if in_flight_at_first is None:
+                    in_flight_at_first = bool(runner.runs)
+                chunks.append(chunk)
+        assert in_flight_at_first  # the first bytes came while the job still ran
+        body = b"".join(chunks)
+        assert body[:4] == b"RIFF" and body[4:8] == b"\xff\xff\xff\xff"  # length unknown
+        assert decoded(body)[0] / 24_000 > 10
+        # the stored result is the streamed body, byte for byte
+        again = await client(server).audio.speech.with_raw_response.create(
+            model="tts-1",
+            voice="alloy",
+            input=LONG,
+            response_format="wav",
+            stream_format="audio",
+            extra_headers={"Idempotency-Key": "streamed"},
+        )
+        assert again.content == body and again.headers["idempotent-replayed"] == "true"
+
+
+async def test_stream_format_sse_sends_openai_delta_and_done_events(tmp_path):
+    async with batch_server("memory", blob_dir=str(tmp_path / "blobs")) as server:
+        events = []
+        async with client(server).audio.speech.with_streaming_response.create(
+            model="tts-1", voice="alloy", input=LONG, response_format="pcm", stream_format="sse"
+        ) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            async for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line.removeprefix("data: ")))
+    types = [e["type"] for e in events]
+    assert types[-1] == "speech.audio.done" and set(types[:-1]) == {"speech.audio.delta"}
+    assert len(types) > 3  # clause by clause
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert len(pcm) / 2 / 24_000 > 10
+    usage = events[-1]["usage"]
+    assert usage["input_tokens"] > 0 and usage["total_tokens"] == usage["input_tokens"]
+
+
+async def test_a_streamed_request_that_is_refused_gets_its_error_not_a_200(tmp_path):
+    async with batch_server("memory", blob_dir=str(tmp_path / "blobs")) as server:
+        with pytest.raises(openai.BadRequestError) as refused:
+            async with client(server).audio.speech.with_streaming_response.create(
+                model="tts-1", voice="nobody", input=LONG, stream_format="audio"
+            ):
+                pass
+    assert refused.value.body["param"] == "voice"  # type: ignore[index]

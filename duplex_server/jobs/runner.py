@@ -137,6 +137,13 @@ class JobRun:
             await self._changed.wait()
         return self.outcome
 
+    async def started(self) -> None:
+        """Until the first chunk or the outcome: whether a streamed answer
+        can begin with a 200 or must be the job's error."""
+        while not self.chunks and self.outcome is None:
+            self._changed.clear()
+            await self._changed.wait()
+
     async def stream(self) -> AsyncIterator[bytes]:
         """The body from its first byte, chunk by chunk as the producer
         makes it; a replayed job's stored body in one chunk. A failed job's
