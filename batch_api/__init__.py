@@ -17,7 +17,7 @@ from pathlib import Path
 
 from starlette.routing import Route
 
-from batch_api import speech
+from batch_api import speech, transcriptions
 from duplex_server.config import ServerConfig
 from duplex_server.jobs.blobs import BlobStore
 from duplex_server.jobs.runner import JobRunner, RunnerSettings
@@ -60,11 +60,15 @@ class BatchApi:
         )
         audio = batch_audio(model)
         runner.register(speech.kind(audio))
+        runner.register(transcriptions.kind(audio))
         return cls(runner, audio, blobs)
 
     @property
     def routes(self) -> list[Route]:
-        return [Route(speech.ROUTE, speech.endpoint, methods=["POST"])]
+        return [
+            Route(speech.ROUTE, speech.endpoint, methods=["POST"]),
+            Route(transcriptions.ROUTE, transcriptions.endpoint, methods=["POST"]),
+        ]
 
     async def start(self) -> None:
         """Finish the jobs a previous process left, then keep retention."""

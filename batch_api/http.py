@@ -10,7 +10,7 @@ their request into a msgspec Struct, hand it to the :class:`JobRunner` as a
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TypeVar
 
 import msgspec
@@ -58,7 +58,7 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
+async def limited_stream(request: Request, limit: int) -> AsyncGenerator[bytes, None]:
     """The request body as it arrives, refused (:class:`BodyTooLarge`) the
     moment it passes ``limit`` bytes: an oversized upload is never held."""
     declared = request.headers.get("content-length")

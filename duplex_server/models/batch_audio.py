@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from duplex_server import metrics
 from duplex_server.audio import resample_pcm16
+from duplex_server.audio.pauses import speech_stretches
 from duplex_server.engine import Priority
 from duplex_server.sessions.core.model_port import ModelPort
 
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
 # this server runs (besides each one's own name).
 SPEECH_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 TRANSCRIPTION_MODEL_ALIASES = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")
-MAX_CLAUSE_CHARS = 400  # a clause longer than this is cut at a space
+MAX_CLAUSE_CHARS = 400
+SEGMENT_MARGIN_S = 0.3  # a clause longer than this is cut at a space
 
 
 @dataclass(frozen=True)
@@ -101,9 +103,34 @@ class BatchTranscriber:
         )
         return text
 
+    async def segments(
+        self, pcm16: bytes, sample_rate_hz: int, language: str | None, prompt: str | None
+    ) -> list[Segment]:
+        """The recording cut at its pauses, each stretch one engine request:
+        its words with where it starts and ends (a live session's turn waits
+        for one stretch at most)."""
+        found = []
+        for start, end in speech_stretches(pcm16, sample_rate_hz):
+            piece = pcm16[int(start * sample_rate_hz) * 2 : int(end * sample_rate_hz) * 2]
+            # Framed in silence, as a turn reaches the recogniser: Whisper
+            # repeats itself on speech cut off right at its last word.
+            quiet = b"\0\0" * int(SEGMENT_MARGIN_S * sample_rate_hz)
+            piece = quiet + piece + quiet
+            text = (await self.transcribe(piece, sample_rate_hz, language, prompt)).strip()
+            if text:
+                found.append(Segment(start, end, text))
+        return found
+
     @property
     def runs(self) -> int:
         return self._stages.asr_stage.engine.completed
+
+
+@dataclass(frozen=True)
+class Segment:
+    start_s: float
+    end_s: float
+    text: str
 
 
 @dataclass(frozen=True)
