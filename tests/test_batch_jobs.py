@@ -7,11 +7,15 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import uuid
 
+import msgspec
 import openai
 import pytest
 
+from batch_api.speech import SpeechRequest
 from duplex_server.jobs.blobs import BlobStore
+from duplex_server.jobs.runner import JobRequest
 from duplex_server.sessions.core import records as r
 from tests.batch_helpers import batch_server, blob_files, client
 
@@ -108,3 +112,52 @@ async def test_one_key_cannot_hold_more_jobs_than_its_limit(tmp_path):
         assert (await first).content
         # the slot is free again once the first job has finished
         assert (await sdk.audio.speech.create(model="tts-1", voice="alloy", input=TEXT)).content
+
+
+async def leave_a_job_unfinished(store_spec: str, tmp_path, **config) -> str:
+    """The records a process writes before it dies mid-job: asked, never answered."""
+    from duplex_server.app import open_store
+    from duplex_server.config import ServerConfig
+    from duplex_server.jobs.journal import JobWriter, keyed_job_id
+
+    log = open_store(ServerConfig(store=store_spec, **config))
+    job_id = keyed_job_id("anonymous", "left-behind")
+    asked = SpeechRequest(model="tts-1", input=TEXT, voice="alloy", response_format="wav")
+    params = msgspec.json.encode(asked)  # as the route stores it
+    request = JobRequest("/v1/audio/speech", "anonymous", params, "left-behind")
+    await log.create(job_id)
+    fence = await log.acquire_lease(job_id, "a-replica-that-died")
+    await JobWriter(log, job_id, fence).open(
+        "anonymous", r.JobBody(request.route, params, request.digest(), "left-behind")
+    )
+    await log.close()
+    return job_id
+
+
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+async def test_a_job_a_dead_process_left_is_finished_by_the_next(request, tmp_path, store):
+    if store == "redis":
+        spec = request.getfixturevalue("redis_server").url
+        config = {"redis_prefix": f"t{uuid.uuid4().hex[:12]}", "lease_ttl_ms": 600}
+    else:
+        spec, config = f"sqlite:{tmp_path / 's.db'}", {}
+    job_id = await leave_a_job_unfinished(spec, tmp_path, **config)
+    async with batch_server(spec, blob_dir=str(tmp_path / "blobs"), **config) as server:
+        # On Redis the dead replica's lease must lapse first: the runner adopts
+        # the job on a later round; on SQLite it runs it at start.
+        for _ in range(300):
+            kinds = [rec.kind for rec in await server.app.state.log.read(job_id)]
+            if "close" in kinds:
+                break
+            await asyncio.sleep(0.05)
+        assert kinds == ["config", "job", "result", "close"]
+        retry = await client(server).audio.speech.with_raw_response.create(
+            model="tts-1",
+            voice="alloy",
+            input=TEXT,
+            response_format="wav",
+            extra_headers={"Idempotency-Key": "left-behind"},
+        )
+        assert retry.headers["idempotent-replayed"] == "true"
+        assert retry.headers["x-duplex-job-id"] == job_id
+        assert retry.content[:4] == b"RIFF"

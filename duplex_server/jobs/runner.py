@@ -411,12 +411,14 @@ class JobRunner:
     # --- recovery, retention, leases -------------------------------------------
 
     async def recover(self) -> int:
-        """Run again every job a previous process left unfinished; returns
-        how many. Their runs are registered before this returns (a retry
+        """Run again every open job nobody runs: those a previous process
+        left unfinished, a dead replica's once its lease lapsed, one whose
+        result the store refused; returns how many. Called at start and by
+        housekeeping. Their runs are registered before this returns (a retry
         under their key waits for them), the work goes on in the background."""
         resumed = 0
         for row in await self.log.sessions(open_only=True):
-            if not r.is_job_session(row.session_id):
+            if not r.is_job_session(row.session_id) or row.session_id in self.runs:
                 continue
             try:
                 fence = await self.log.acquire_lease(row.session_id, self.settings.owner)
@@ -466,20 +468,26 @@ class JobRunner:
         self._housekeeper = asyncio.get_running_loop().create_task(self._housekeep_forever())
 
     async def _housekeep_forever(self) -> None:
-        next_sweep = 0.0
+        """Leases renewed (shared stores), orphaned jobs adopted (every lease
+        period on a shared store, where a dead replica's jobs wait for its
+        lease to lapse; every sweep otherwise), retention kept."""
+        next_sweep = next_adopt = 0.0
+        adopt_every = 3 * self.settings.lease_renew_s
         while True:
             await asyncio.sleep(self.settings.lease_renew_s if self.log.shared else 1.0)
-            if self.log.shared and self._fences:
-                with contextlib.suppress(LogError):
+            now = time.monotonic()
+            try:
+                if self.log.shared and self._fences:
                     await self.log.renew_leases(self.settings.owner, dict(self._fences))
-            if self._recovery_pending:
-                await self.recover_or_defer()
-            if time.monotonic() >= next_sweep:
-                next_sweep = time.monotonic() + self.settings.sweep_interval_s
-                try:
+                if self._recovery_pending or (self.log.shared and now >= next_adopt):
+                    next_adopt = now + adopt_every
+                    await self.recover_or_defer()
+                if now >= next_sweep:
+                    next_sweep = now + self.settings.sweep_interval_s
+                    await self.recover()
                     await self.expire(int(time.time() * 1000))
-                except LogError as exc:
-                    log.warning("job retention skipped: %s", exc)
+            except LogError as exc:
+                log.warning("job housekeeping skipped: %s", exc)
 
     async def expire(self, now_ms: int) -> list[str]:
         """Delete finished jobs older than the retention, then the blobs no
