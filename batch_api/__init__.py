@@ -11,6 +11,7 @@ from the run (:mod:`batch_api.http`).
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,9 +43,11 @@ class BatchApi:
     runner: JobRunner
     audio: BatchAudio
     blobs: BlobStore
+    temporary_blobs: bool = False  # a folder of our own (memory store): removed at shutdown
 
     @classmethod
     def build(cls, config: ServerConfig, log: SessionLog, model: ModelPort) -> BatchApi:
+        temporary = config.blob_dir is None and config.store == "memory"
         blobs = BlobStore(config.blob_dir or default_blob_dir(config.store))
         runner = JobRunner(
             log,
@@ -61,7 +64,7 @@ class BatchApi:
         audio = batch_audio(model)
         runner.register(speech.kind(audio))
         runner.register(transcriptions.kind(audio))
-        return cls(runner, audio, blobs)
+        return cls(runner, audio, blobs, temporary)
 
     @property
     def routes(self) -> list[Route]:
@@ -77,3 +80,5 @@ class BatchApi:
 
     async def shutdown(self) -> None:
         await self.runner.shutdown()
+        if self.temporary_blobs:
+            shutil.rmtree(self.blobs.root, ignore_errors=True)
