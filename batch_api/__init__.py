@@ -3,7 +3,7 @@ on the session log (DESIGN.md, "batch_api").
 
 :class:`BatchApi` is the one thing the app wires: its ``routes``, and
 ``start`` / ``shutdown`` in the app's lifespan. A route module (``speech``,
-``transcriptions``, ...) gives a :class:`~duplex_server.jobs.runner.JobKind`
+``transcriptions``, ...) gives a :class:`~duplex_server.jobs.run.JobKind`
 (how to run a job from its stored request) and a Starlette endpoint that
 validates the request, submits it to ``app.state.batch.runner`` and answers
 from the run (:mod:`batch_api.http`).

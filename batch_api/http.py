@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from duplex_server.auth import caller, denial
-from duplex_server.jobs.runner import JobError, JobRun
+from duplex_server.jobs.run import JobError, JobRun
 
 MAX_JSON_BODY_BYTES = 1024 * 1024  # a JSON request body (speech input is 4,096 characters)
 IDEMPOTENCY_HEADER = "Idempotency-Key"

@@ -26,7 +26,8 @@ from starlette.responses import Response, StreamingResponse
 
 from batch_api import http
 from duplex_server.audio import resample_pcm16
-from duplex_server.jobs.runner import JobError, JobInput, JobKind, JobRequest, JobRunner
+from duplex_server.jobs.run import JobError, JobInput, JobKind, JobRequest
+from duplex_server.jobs.runner import JobRunner
 from duplex_server.models.batch_audio import BatchAudio, BatchSpeech
 
 ROUTE = "/v1/audio/speech"

@@ -23,7 +23,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from batch_api import http
-from duplex_server.jobs.runner import JobError, JobInput, JobKind, JobRequest, JobRunner
+from duplex_server.jobs.run import JobError, JobInput, JobKind, JobRequest
+from duplex_server.jobs.runner import JobRunner
 from duplex_server.models.batch_audio import BatchAudio, BatchTranscriber, Segment
 
 ROUTE = "/v1/audio/transcriptions"

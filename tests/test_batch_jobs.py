@@ -15,7 +15,7 @@ import pytest
 
 from batch_api.speech import SpeechRequest
 from duplex_server.jobs.blobs import BlobStore
-from duplex_server.jobs.runner import JobRequest
+from duplex_server.jobs.run import JobRequest
 from duplex_server.sessions.core import records as r
 from tests.batch_helpers import batch_server, blob_files, client
 
@@ -161,3 +161,40 @@ async def test_a_job_a_dead_process_left_is_finished_by_the_next(request, tmp_pa
         assert retry.headers["idempotent-replayed"] == "true"
         assert retry.headers["x-duplex-job-id"] == job_id
         assert retry.content[:4] == b"RIFF"
+
+
+async def test_a_polling_client_reads_its_jobs_and_deletes_them(tmp_path):
+    """What asynchronous routes (videos) build on: a job by id, a
+    principal's jobs of a route, the output, deletion (also mid-run)."""
+    long_text = "A long text keeps the synthesiser busy for a while. " * 60
+    async with batch_server(f"sqlite:{tmp_path / 's.db'}") as server:
+        runner = server.app.state.batch.runner
+        sdk = client(server)
+        done = await sdk.audio.speech.with_raw_response.create(
+            model="tts-1", voice="alloy", input=TEXT
+        )
+        job_id = done.headers["x-duplex-job-id"]
+        stored = await runner.job("anonymous", job_id)
+        assert stored is not None and stored.result is not None and stored.closed
+        assert await runner.output(stored) == done.content
+        assert await runner.job("someone-else", job_id) is None
+        assert await runner.job("anonymous", "sess_not_a_job") is None
+
+        running = asyncio.create_task(
+            sdk.audio.speech.create(model="tts-1", voice="alloy", input=long_text)
+        )
+        while len(runner.runs) < 1:
+            await asyncio.sleep(0.005)
+        (running_id,) = runner.runs
+        listed = await runner.jobs("anonymous", "/v1/audio/speech")
+        assert [job.job_id for job in listed] == [job_id, running_id]
+        assert listed[1].result is None and not listed[1].closed
+        assert await runner.jobs("anonymous", "/v1/videos") == []
+
+        assert await runner.delete("anonymous", running_id)
+        with pytest.raises(openai.NotFoundError) as deleted:
+            await running
+        assert deleted.value.body["code"] == "job_deleted"  # type: ignore[index]
+        assert await runner.delete("anonymous", job_id)
+        assert await job_ids(server) == [] and blob_files(server) == []
+        assert not await runner.delete("anonymous", job_id)

@@ -7,22 +7,33 @@ blob store and a ``result`` record names it, and the session closes. Every
 answer comes from that record, so an idempotent retry is served from the log
 without running anything, and a job the server was killed in the middle of is
 run again from its ``job`` record after the restart.
+
+Routes use :meth:`JobRunner.submit` (and :meth:`job`, :meth:`jobs`,
+:meth:`delete` for asynchronous jobs a client polls); the app calls
+:meth:`recover_or_defer`, :meth:`start` and :meth:`shutdown`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from duplex_server.jobs.blobs import BlobMissing, BlobStore
 from duplex_server.jobs.journal import JobWriter, StoredJob, keyed_job_id, new_job_id
+from duplex_server.jobs.run import (
+    JobError,
+    JobInput,
+    JobKind,
+    JobRequest,
+    JobRun,
+    Outcome,
+    outcome_of,
+)
 from duplex_server.sessions.core import records as r
 from duplex_server.sessions.log.store import (
     LeaseHeld,
@@ -39,129 +50,6 @@ ORPHAN_BLOB_GRACE_S = 3600.0  # a blob no record names is deleted after this
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 
 
-class JobError(Exception):
-    """What a job answers instead of a body: an HTTP status and the fields
-    of an OpenAI-style error (``param`` names the field at fault)."""
-
-    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.param = param
-
-
-@dataclass
-class JobInput:
-    """What a producer gets: the validated request body (JSON), the
-    uploads, a way to report progress, and ``metadata`` it may fill for the
-    route (stored as JSON in the result record)."""
-
-    job_id: str
-    params: bytes
-    uploads: list[bytes]
-    progress: Callable[[int, str], Awaitable[None]]
-    metadata: dict[str, object] = field(default_factory=dict)
-
-
-# A producer yields the response body in chunks, as it is made; raising
-# JobError ends the job with that answer.
-Producer = Callable[[JobInput], AsyncIterator[bytes]]
-
-
-@dataclass(frozen=True)
-class JobKind:
-    """A route's jobs: how to run one from its stored request, and the
-    content type of its body (from the request)."""
-
-    route: str
-    produce: Producer
-    content_type: Callable[[bytes], str]
-
-
-@dataclass
-class JobRequest:
-    """A request to run, as the route validated it."""
-
-    route: str
-    principal: str
-    params: bytes  # canonical JSON of the validated body
-    idempotency_key: str | None = None
-    uploads: list[tuple[bytes, str]] = field(default_factory=list)  # (bytes, content type)
-
-    def digest(self) -> str:
-        """Same route, same body, same uploads: the same request."""
-        h = hashlib.sha256(self.route.encode() + b"\0" + self.params)
-        for data, content_type in self.uploads:
-            h.update(b"\0" + content_type.encode() + b"\0" + hashlib.sha256(data).digest())
-        return h.hexdigest()
-
-
-@dataclass
-class Outcome:
-    """How a job ended, as its ``result`` record says."""
-
-    job_id: str
-    status: r.JobStatus
-    http_status: int
-    content_type: str
-    body: bytes
-    metadata: dict[str, object]
-    error: JobError | None
-    replayed: bool  # served from the log: nothing ran for this request
-
-
-class JobRun:
-    """A job as its requesters see it: the body's chunks as they are made
-    (for a streamed response) and, at the end, the outcome."""
-
-    def __init__(self, job_id: str, request_digest: str, principal: str) -> None:
-        self.job_id = job_id
-        self.request_digest = request_digest
-        self.principal = principal
-        self.chunks: list[bytes] = []
-        self._changed = asyncio.Event()
-        self.outcome: Outcome | None = None
-
-    def push(self, chunk: bytes) -> None:
-        self.chunks.append(chunk)
-        self._changed.set()
-
-    def finish(self, outcome: Outcome) -> None:
-        self.outcome = outcome
-        self._changed.set()
-
-    async def wait(self) -> Outcome:
-        while self.outcome is None:
-            self._changed.clear()
-            await self._changed.wait()
-        return self.outcome
-
-    async def started(self) -> None:
-        """Until the first chunk or the outcome: whether a streamed answer
-        can begin with a 200 or must be the job's error."""
-        while not self.chunks and self.outcome is None:
-            self._changed.clear()
-            await self._changed.wait()
-
-    async def stream(self) -> AsyncIterator[bytes]:
-        """The body from its first byte, chunk by chunk as the producer
-        makes it; a replayed job's stored body in one chunk. A failed job's
-        stream ends where its producer stopped (``outcome`` says why)."""
-        sent = 0
-        while True:
-            if sent < len(self.chunks):
-                sent += 1
-                yield self.chunks[sent - 1]
-                continue
-            if self.outcome is not None:
-                if not self.chunks and self.outcome.body:
-                    yield self.outcome.body
-                return
-            self._changed.clear()
-            await self._changed.wait()
-
-
 @dataclass
 class RunnerSettings:
     owner: str  # this replica: the jobs' lease owner
@@ -170,29 +58,6 @@ class RunnerSettings:
     max_jobs_per_key: int = 8
     sweep_interval_s: float = 60.0
     lease_renew_s: float = 5.0 / 3  # shared stores: a running job's lease is renewed this often
-
-
-def outcome_of(stored: StoredJob, body: bytes, content_type: str, replayed: bool) -> Outcome:
-    result = stored.result
-    assert result is not None
-    error = None
-    if result.status == "failed":
-        error = JobError(
-            result.http_status,
-            result.error_code or "engine_error",
-            result.error_message or "",
-            result.error_param,
-        )
-    return Outcome(
-        stored.job_id,
-        result.status,
-        result.http_status,
-        content_type,
-        body,
-        json.loads(result.metadata or b"{}"),
-        error,
-        replayed,
-    )
 
 
 class JobRunner:
@@ -501,23 +366,90 @@ class JobRunner:
         ]
         freed: set[str] = set()
         for job_id in doomed:
-            with contextlib.suppress(UnknownSession):
-                freed.update(
-                    ref.digest for ref in StoredJob.of(job_id, await self.log.read(job_id)).blobs()
-                )
-            await self.log.delete(job_id)
+            freed |= await self._delete_records(job_id)
+        await self._delete_blobs(freed, sweep=True)
+        return doomed
+
+    async def _delete_records(self, job_id: str) -> set[str]:
+        """Delete a job's log; returns the digests of the blobs it named."""
+        try:
+            named = {
+                ref.digest for ref in StoredJob.of(job_id, await self.log.read(job_id)).blobs()
+            }
+        except UnknownSession:
+            return set()
+        await self.log.delete(job_id)
+        return named
+
+    async def _delete_blobs(self, freed: set[str], *, sweep: bool = False) -> None:
+        """Delete the ``freed`` blobs no remaining job names (content-addressed
+        blobs are shared by jobs that made the same bytes); ``sweep``: also
+        every blob nobody named for longer than the grace."""
         keep: set[str] = set()
-        for row in rows:
-            if row.session_id in doomed:
-                continue
-            with contextlib.suppress(UnknownSession):
-                records = await self.log.read(row.session_id)
-                keep.update(ref.digest for ref in StoredJob.of(row.session_id, records).blobs())
+        for row in await self.log.sessions():
+            if r.is_job_session(row.session_id):
+                with contextlib.suppress(UnknownSession):
+                    records = await self.log.read(row.session_id)
+                    keep.update(ref.digest for ref in StoredJob.of(row.session_id, records).blobs())
         async with self._blob_lock:
             keep.update(digest for digest, count in self._unlogged.items() if count > 0)
             await asyncio.to_thread(self.blobs.delete_sync, freed - keep)
-            await asyncio.to_thread(self.blobs.sweep_sync, keep, ORPHAN_BLOB_GRACE_S)
-        return doomed
+            if sweep:
+                await asyncio.to_thread(self.blobs.sweep_sync, keep, ORPHAN_BLOB_GRACE_S)
+
+    # --- asynchronous jobs: what a client that polls may ask --------------------
+
+    async def job(self, principal: str, job_id: str) -> StoredJob | None:
+        """A job as its records tell it, if it is ``principal``'s (None: no
+        such job, or another principal's: the caller answers 404 for both)."""
+        if not r.is_job_session(job_id):
+            return None
+        try:
+            stored = StoredJob.of(job_id, await self.log.read(job_id))
+        except UnknownSession:
+            return None
+        if stored.job is None or stored.owner != principal:
+            return None
+        return stored
+
+    async def jobs(self, principal: str, route: str) -> list[StoredJob]:
+        """``principal``'s jobs of ``route``, oldest first (reads every job's
+        log: for listings, not for a hot path)."""
+        found = []
+        for row in await self.log.sessions():
+            if r.is_job_session(row.session_id):
+                stored = await self.job(principal, row.session_id)
+                if stored is not None and stored.job is not None and stored.job.route == route:
+                    found.append(stored)
+        return sorted(found, key=lambda job: (job.created_ms, job.job_id))
+
+    async def output(self, stored: StoredJob) -> bytes:
+        """A finished job's body, from the blob store."""
+        if stored.result is None or stored.result.output is None:
+            raise JobError(404, "job_not_finished", f"job {stored.job_id} has no output yet")
+        try:
+            return await self.blobs.read(stored.result.output)
+        except BlobMissing as exc:
+            raise JobError(500, "storage_unavailable", f"the job's output is gone ({exc})") from exc
+
+    async def delete(self, principal: str, job_id: str) -> bool:
+        """Stop the job if it runs (its requesters get 404 ``job_deleted``)
+        and delete its log and the blobs nobody else names; False if there
+        is no such job of ``principal``'s."""
+        if await self.job(principal, job_id) is None:
+            return False
+        task = self._tasks.get(job_id)
+        run = self.runs.get(job_id)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if run is not None:
+            self._forget(run)
+            error = JobError(404, "job_deleted", f"job {job_id} was deleted")
+            run.finish(Outcome(job_id, "failed", 404, "", b"", {}, error, False))
+        await self._delete_blobs(await self._delete_records(job_id))
+        return True
 
     async def shutdown(self) -> None:
         """Jobs still running stay open in the log: the next start finishes them."""
