@@ -198,3 +198,39 @@ async def test_a_polling_client_reads_its_jobs_and_deletes_them(tmp_path):
         assert await runner.delete("anonymous", job_id)
         assert await job_ids(server) == [] and blob_files(server) == []
         assert not await runner.delete("anonymous", job_id)
+
+
+async def test_realtime_speech_goes_ahead_of_queued_batch_clauses(tmp_path):
+    """Batch jobs wait at the TTS stage behind a live session's clause:
+    with the stage busy and three speech jobs' clauses queued, a realtime
+    synthesis queued after them runs first."""
+    import threading
+
+    async with batch_server("memory", blob_dir=str(tmp_path / "blobs")) as server:
+        stages = server.app.state.model.listening
+        engine = stages.tts_stage.engine
+        gate = threading.Event()
+        blocker = asyncio.create_task(stages.tts_stage.run(gate.wait))
+        while engine.running < 1:
+            await asyncio.sleep(0.005)
+        sdk = client(server)
+        jobs = [
+            asyncio.create_task(sdk.audio.speech.create(model="tts-1", voice="alloy", input=TEXT))
+            for _ in range(3)
+        ]
+        while engine.queued < 3:
+            await asyncio.sleep(0.005)
+        speech = server.app.state.batch.audio.speech
+        batch_clauses_before_realtime = []
+
+        def realtime_clause() -> bytes:
+            batch_clauses_before_realtime.append(speech.runs)
+            return stages.tts.synthesize("You said good morning.", "en-us+f3", 1.0)
+
+        realtime = asyncio.create_task(stages.tts_stage.run(realtime_clause))
+        while engine.queued < 4:
+            await asyncio.sleep(0.005)
+        gate.set()
+        await asyncio.gather(blocker, realtime, *jobs)
+        assert batch_clauses_before_realtime == [0]
+        assert speech.runs >= 3  # and then every job's clauses

@@ -82,6 +82,7 @@ async def test_a_retry_with_the_same_key_is_the_stored_result_not_a_new_run(serv
         model="tts-1", voice="alloy", input=TEXT, response_format="mp3", extra_headers=headers
     )
     runs, executions = speech.runs, runner.executions
+    assert runs > 0  # the first request was synthesised, clause by clause
     again = await sdk.audio.speech.with_raw_response.create(
         model="tts-1", voice="alloy", input=TEXT, response_format="mp3", extra_headers=headers
     )

@@ -109,6 +109,7 @@ async def test_an_upload_retried_under_its_key_is_not_heard_twice(server):
         model="whisper-1", file=wav, extra_headers=headers
     )
     runs = asr.runs
+    assert runs == 2  # the first request was heard: one engine request per phrase
     again = await sdk.audio.transcriptions.with_raw_response.create(
         model="whisper-1", file=wav, extra_headers=headers
     )

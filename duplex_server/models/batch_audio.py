@@ -53,6 +53,7 @@ class BatchSpeech:
         self.sample_rate_hz: int = tts.sample_rate_hz
         self.models = frozenset({self.name, *SPEECH_MODEL_ALIASES})
         self.speed = _speed_range(tts)
+        self.runs = 0  # engine requests batch speech made (clauses synthesised)
 
     def voice(self, name: str) -> str | None:
         """The synthesiser's voice for an OpenAI name or its own; None if unknown."""
@@ -67,15 +68,11 @@ class BatchSpeech:
             pcm = await stage.run(
                 self._stages.tts.synthesize, clause, voice, speed, priority=Priority.BATCH
             )
+            self.runs += 1
             metrics.observe_stage(
                 "tts_batch", time.perf_counter() - started, len(pcm) / 2 / self.sample_rate_hz
             )
             yield pcm
-
-    @property
-    def runs(self) -> int:
-        """Synthesis calls the TTS stage finished (live sessions' and jobs')."""
-        return self._stages.tts_stage.engine.completed
 
 
 class BatchTranscriber:
@@ -88,6 +85,7 @@ class BatchTranscriber:
         self.languages: frozenset[str] | None = asr.languages
         self.takes_prompt: bool = asr.takes_prompt
         self.sample_rate_hz = asr_rate_hz
+        self.runs = 0  # engine requests batch transcription made (stretches heard)
 
     async def transcribe(
         self, pcm16: bytes, sample_rate_hz: int, language: str | None, prompt: str | None
@@ -98,6 +96,7 @@ class BatchTranscriber:
         text: str = await stage.run(
             self._stages.asr.transcribe, audio, language, prompt, priority=Priority.BATCH
         )
+        self.runs += 1
         metrics.observe_stage(
             "asr_batch", time.perf_counter() - started, len(audio) / 2 / self._rate
         )
@@ -120,10 +119,6 @@ class BatchTranscriber:
             if text:
                 found.append(Segment(start, end, text))
         return found
-
-    @property
-    def runs(self) -> int:
-        return self._stages.asr_stage.engine.completed
 
 
 @dataclass(frozen=True)
