@@ -10,7 +10,8 @@ their request into a msgspec Struct, hand it to the :class:`JobRunner` as a
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import json
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
 import msgspec
@@ -126,3 +127,24 @@ async def answer(run: JobRun) -> Response:
         response.headers.update(job_headers(run))
         return response
     return Response(outcome.body, media_type=outcome.content_type, headers=job_headers(run))
+
+
+class StreamBroken(Exception):
+    """A streamed job failed after its first bytes went out: the response
+    is cut off (no end of the chunked body), so the client sees it incomplete."""
+
+
+async def streamed(run: JobRun, sse: bool) -> AsyncIterator[bytes]:
+    """The run's body as it is made. A job that fails once the 200 has gone
+    out ends an SSE stream with an ``error`` event (OpenAI's error fields),
+    and cuts any other body off."""
+    async for chunk in run.stream():
+        yield chunk
+    error = run.outcome.error if run.outcome is not None else None
+    if error is None:
+        return
+    if sse:
+        fields = {"message": error.message, "code": error.code, "param": error.param}
+        yield b"data: " + json.dumps({"type": "error", "error": fields}).encode() + b"\n\n"
+        return
+    raise StreamBroken(f"job {run.job_id} failed mid-stream: {error.code}: {error.message}")

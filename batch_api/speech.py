@@ -258,5 +258,7 @@ async def endpoint(request: Request) -> Response:
     # Sent as the clauses are synthesised; a client that hangs up stops
     # reading, not the job (its result is stored all the same).
     return StreamingResponse(
-        run.stream(), media_type=content_type(params), headers=http.job_headers(run)
+        http.streamed(run, sse=req.stream_format == "sse"),
+        media_type=content_type(params),
+        headers=http.job_headers(run),
     )

@@ -234,3 +234,36 @@ async def test_realtime_speech_goes_ahead_of_queued_batch_clauses(tmp_path):
         await asyncio.gather(blocker, realtime, *jobs)
         assert batch_clauses_before_realtime == [0]
         assert speech.runs >= 3  # and then every job's clauses
+
+
+async def test_a_stream_that_fails_midway_says_so(tmp_path):
+    """A job that fails after its first bytes: an SSE stream ends with an
+    error event, any other body is cut off; the failure is the job's result."""
+    from batch_api.http import StreamBroken, streamed
+    from duplex_server.jobs.run import JobError, JobInput, JobKind
+    from duplex_server.jobs.runner import JobRunner, RunnerSettings
+    from duplex_server.sessions.log.memory_store import MemoryLog
+
+    async def half_then_fail(given: JobInput):
+        yield b"first half"
+        raise JobError(500, "engine_error", "the synthesiser crashed")
+
+    log = MemoryLog()
+    runner = JobRunner(log, BlobStore(tmp_path / "blobs"), RunnerSettings(owner="here"))
+    runner.register(JobKind("/test", half_then_fail, lambda params: "audio/pcm"))
+    for sse, key in ((True, "a"), (False, "b")):
+        run = await runner.submit(JobRequest("/test", "me", b"{}", key))
+        got = []
+        if sse:
+            got = [chunk async for chunk in streamed(run, sse=True)]
+            assert got[0] == b"first half"
+            assert got[-1].startswith(b'data: {"type": "error"') and b"engine_error" in got[-1]
+        else:
+            with pytest.raises(StreamBroken):
+                async for chunk in streamed(run, sse=False):
+                    got.append(chunk)
+            assert got == [b"first half"]
+        stored = await runner.job("me", run.job_id)
+        assert stored is not None and stored.result is not None
+        assert (stored.result.status, stored.result.error_code) == ("failed", "engine_error")
+    assert [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()] == []

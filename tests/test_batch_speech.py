@@ -290,3 +290,16 @@ async def test_a_streamed_request_that_is_refused_gets_its_error_not_a_200(tmp_p
             ):
                 pass
     assert refused.value.body["param"] == "voice"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav"])
+async def test_every_format_streams_as_a_decodable_file(tmp_path, fmt):
+    async with batch_server("memory", blob_dir=str(tmp_path / "blobs")) as server:
+        stream = client(server).audio.speech.with_streaming_response.create(
+            model="tts-1", voice="alloy", input=LONG, response_format=fmt, stream_format="audio"
+        )
+        async with stream as response:
+            chunks = [chunk async for chunk in response.iter_bytes()]
+    samples, rate, _ = decoded(b"".join(chunks))
+    assert rate == (48_000 if fmt == "opus" else 24_000)
+    assert samples / rate > 10
