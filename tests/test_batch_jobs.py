@@ -267,3 +267,26 @@ async def test_a_stream_that_fails_midway_says_so(tmp_path):
         assert stored is not None and stored.result is not None
         assert (stored.result.status, stored.result.error_code) == ("failed", "engine_error")
     assert [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()] == []
+
+
+async def test_the_realtime_manager_leaves_job_sessions_alone(tmp_path):
+    """Its purge (another retention), orphan expiry and recovery never touch
+    a job session: the job runner keeps them."""
+    long_text = "A long text keeps the synthesiser busy for a while. " * 30
+    async with batch_server(f"sqlite:{tmp_path / 's.db'}", retention_s=1) as server:
+        manager = server.manager
+        sdk = client(server)
+        await sdk.audio.speech.create(model="tts-1", voice="alloy", input=TEXT)
+        (finished,) = await job_ids(server)
+        running = asyncio.create_task(
+            sdk.audio.speech.create(model="tts-1", voice="alloy", input=long_text)
+        )
+        while not server.app.state.batch.runner.runs:
+            await asyncio.sleep(0.005)
+        far = int(time.time() * 1000) + 10 * 24 * 3600 * 1000
+        assert finished not in await manager.purge(far)
+        assert await manager.expire_orphans(far) == []
+        assert await manager.recover() == 0
+        assert not [sid for sid in manager.actors if r.is_job_session(sid)]
+        assert (await running).content
+        assert len(await job_ids(server)) == 2
