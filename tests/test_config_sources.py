@@ -74,8 +74,11 @@ def _sample(action: argparse.Action) -> tuple[str, object, object]:
         return choice, choice, choice
     if isinstance(action.default, list):
         return "a.example,b.example", ["a.example", "b.example"], ["a.example", "b.example"]
-    if isinstance(action.default, int):
-        return str(action.default + 7), action.default + 7, action.default + 7
+    if isinstance(action.default, int) or action.type in (int, cli._positive_int):
+        number = (action.default or 0) + 7
+        return str(number), number, number
+    if action.type is cli._fraction:  # a share in (0, 1]
+        return str(action.default / 2), action.default / 2, action.default / 2
     if isinstance(action.default, float):
         return str(action.default + 1.5), action.default + 1.5, action.default + 1.5
     text = f"{action.dest}-set-from-outside"  # long enough for an API key

@@ -281,3 +281,18 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk-ms", type=int, default=100, help="bystanders' audio per append")
     p.add_argument("--commit-every-s", type=float, default=1.0, help="bystanders' commit period")
     p.add_argument("--ramp-s", type=float, default=2.0, help="spread bystander starts over this")
+
+    p = _kind(
+        kinds,
+        "llm-backend",
+        "duplex_server.bench.llm_backend",
+        "the transformers AR backend's decode tokens/s against transformers' own batched "
+        "generate on the same random-weight model, in one run (needs the ml extra)",
+    )
+    p.add_argument("--shape", choices=["tiny", "7b"], default="tiny", help="random-weight Llama")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N ('auto': cuda if any)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--sessions", default="1,8,32", help="comma-separated concurrent sessions")
+    p.add_argument("--prompt-tokens", type=int, default=128, help="each session's prompt")
+    p.add_argument("--new-tokens", type=int, default=128, help="each answer (no early end)")
+    p.add_argument("--dir", default=None, help="where the random checkpoint is written")

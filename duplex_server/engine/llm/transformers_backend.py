@@ -63,9 +63,16 @@ class TransformersBackend:
     :class:`ChatPayload`'s answer. Counts its forwards (``prefills``,
     ``steps``) and the batch size of every step (``step_sizes``)."""
 
-    def __init__(self, path: Path, dtype: str = "auto", chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        dtype: str = "auto",
+        chat_template: str | None = None,
+        device: str = "cpu",
+    ) -> None:
         self.path = path
         self._dtype = dtype
+        self._device = torch.device(device)
         self._chat_template = chat_template
         self._lock = threading.Condition()
         self._joining: list[_Active] = []
@@ -156,14 +163,13 @@ class TransformersBackend:
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         check_has_template(self.tokenizer, self._chat_template)
         dtype = _DTYPES.get(self._dtype, "auto")
-        self.model = AutoModelForCausalLM.from_pretrained(
-            self.path, dtype=dtype, local_files_only=True
-        ).eval()
+        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype, local_files_only=True)
+        # (transformers' stubs type `to` as a decorated wrapper mypy misreads)
+        self.model = model.to(self._device).eval()  # type: ignore[arg-type]
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = self.tokenizer.eos_token_id
         self._eos = set(eos if isinstance(eos, list) else [eos]) - {None}
-        self._device = self.model.device
 
     def _fail_all(self, error: str) -> None:
         with self._lock:
@@ -258,8 +264,7 @@ class TransformersBackend:
     def _advance(self, actives: list[_Active], logits: torch.Tensor) -> None:
         """One sampled token per row; deltas out; finished rows leave."""
         finished = set()
-        for active, row in zip(actives, logits, strict=True):
-            token = self._sample(row, active.payload.temperature)
+        for active, token in zip(actives, self._sample(actives, logits), strict=True):
             done = token in self._eos
             if not done:
                 active.generated.append(token)
@@ -269,11 +274,17 @@ class TransformersBackend:
                 finished.add(active.request_id)
         self._drop(finished)
 
-    def _sample(self, logits: torch.Tensor, temperature: float) -> int:
-        if temperature <= 0:
-            return int(logits.argmax())
-        probs = torch.softmax(logits.float() / temperature, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=self._sampler))
+    def _sample(self, actives: list[_Active], logits: torch.Tensor) -> list[int]:
+        """Each row's next token: greedy rows from one argmax over the batch
+        (one device-to-host copy a step, not one a row), sampled rows on the
+        host's seeded generator."""
+        tokens: list[int] = logits.argmax(dim=-1).tolist()
+        for row, active in enumerate(actives):
+            temperature = active.payload.temperature
+            if temperature > 0:
+                probs = torch.softmax(logits[row].float().cpu() / temperature, dim=-1)
+                tokens[row] = int(torch.multinomial(probs, 1, generator=self._sampler))
+        return tokens
 
     def _send_text(self, active: _Active) -> None:
         text = str(self.tokenizer.decode(active.generated, skip_special_tokens=True))
