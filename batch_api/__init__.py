@@ -59,6 +59,7 @@ class BatchApi:
                 max_jobs_per_key=config.batch_max_jobs_per_key,
                 sweep_interval_s=min(60.0, max(1.0, config.batch_retention_s / 4)),
                 lease_renew_s=config.lease_ttl_ms / 3000,
+                cpu_workers=config.batch_cpu_workers,
             ),
         )
         audio = batch_audio(model)

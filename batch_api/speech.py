@@ -15,10 +15,10 @@ with base64 audio, then ``speech.audio.done`` with usage.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import msgspec
 from starlette.requests import Request
@@ -29,6 +29,9 @@ from duplex_server.audio import resample_pcm16
 from duplex_server.jobs.run import JobError, JobInput, JobKind, JobRequest
 from duplex_server.jobs.runner import JobRunner
 from duplex_server.models.batch_audio import BatchAudio, BatchSpeech
+
+if TYPE_CHECKING:
+    from duplex_server.audio.containers import AudioEncoder
 
 ROUTE = "/v1/audio/speech"
 MAX_INPUT_CHARS = 4096  # OpenAI's limit
@@ -199,20 +202,20 @@ def kind(audio: BatchAudio) -> JobKind:
 async def synthesise(
     req: SpeechRequest, speech: BatchSpeech, given: JobInput
 ) -> AsyncIterator[bytes]:
-    from duplex_server.audio.containers import AudioEncoder
+    from duplex_server.audio.containers import AudioEncoder  # PyAV: loaded when used
 
     rate = req.sample_rate or DEFAULT_RATE_HZ
     whole = req.stream_format is None
     encoder = AudioEncoder(req.response_format, rate, seekable=whole)
     samples = 0
     async for pcm in speech.synthesize(req.input, _voice(req, speech), req.speed):
-        # Clause by clause: each starts and ends in the synthesiser's silence.
-        out = resample_pcm16(pcm, speech.sample_rate_hz, rate)
-        samples += len(out) // 2
-        encoded = await asyncio.to_thread(encoder.push, out)
+        # Clause by clause (each starts and ends in the synthesiser's
+        # silence), resampled and encoded off the event loop.
+        count, encoded = await given.offload(_encode, encoder, pcm, speech.sample_rate_hz)
+        samples += count
         if encoded and not whole:
             yield _sse_delta(encoded) if req.stream_format == "sse" else encoded
-    encoded = await asyncio.to_thread(encoder.finish)
+    encoded = await given.offload(encoder.finish)
     given.metadata.update(
         {"audio_seconds": samples / rate, "sample_rate": rate, "format": req.response_format}
     )
@@ -222,6 +225,12 @@ async def synthesise(
         yield _sse_done(req.input)
     elif encoded:
         yield encoded
+
+
+def _encode(encoder: AudioEncoder, pcm: bytes, source_rate_hz: int) -> tuple[int, bytes]:
+    """Samples at the output rate, and what the encoder wrote for them."""
+    out = resample_pcm16(pcm, source_rate_hz, encoder.rate)
+    return len(out) // 2, encoder.push(out)
 
 
 def _sse(event: dict[str, object]) -> bytes:

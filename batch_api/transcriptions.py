@@ -12,7 +12,6 @@ the engine at batch priority, a stretch between pauses per request
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -207,7 +206,7 @@ def kind(audio: BatchAudio) -> JobKind:
     async def produce(given: JobInput) -> AsyncIterator[bytes]:
         req = msgspec.json.decode(given.params, type=TranscriptionRequest)
         asr = validate(req, audio)  # again: a restart may have changed --model or --asr
-        pcm = await asyncio.to_thread(decode_upload, given.uploads[0])
+        pcm = await given.offload(decode_upload, given.uploads[0])
         segments = await asr.segments(pcm, RATE_HZ, req.language, req.prompt)
         duration = len(pcm) / 2 / RATE_HZ
         given.metadata.update({"audio_seconds": duration, "segments": len(segments)})
@@ -270,7 +269,7 @@ async def endpoint(request: Request) -> Response:
         principal = http.principal_name(request)
         req, data = await read_form(request, state.config.max_upload_bytes)
         validate(req, state.batch.audio)
-        await asyncio.to_thread(decode_upload, data)  # refused here, before any job exists
+        await runner.offload(decode_upload, data)  # refused here, before any job exists
         media = req.filename.rsplit(".", 1)[-1].lower() if "." in req.filename else "bin"
         run = await runner.submit(
             JobRequest(

@@ -329,6 +329,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="batch API: jobs one API key may have in flight (more: 429 too_many_jobs)",
     )
     p.add_argument(
+        "--batch-cpu-workers",
+        type=_positive_int,
+        default=DEFAULTS.batch_cpu_workers,
+        help="batch API: threads that encode and decode jobs' media; bounded so batch work "
+        "leaves the other cores to live sessions",
+    )
+    p.add_argument(
         "--max-upload-bytes",
         type=_positive_int,
         default=DEFAULTS.max_upload_bytes,

@@ -92,4 +92,5 @@ class ServerConfig:
     batch_retention_s: float = 86_400.0
     batch_max_jobs: int = 64
     batch_max_jobs_per_key: int = 8
+    batch_cpu_workers: int = 1  # threads for jobs' encoding and decoding
     max_upload_bytes: int = 25 * 1024 * 1024  # OpenAI's limit for audio files

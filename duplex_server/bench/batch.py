@@ -76,11 +76,12 @@ async def _until(ws: websockets.ClientConnection, kind: str) -> dict:
 class BatchLoad:
     """Clients that keep the speech route busy until stopped."""
 
-    def __init__(self, url: str, clients: int) -> None:
+    def __init__(self, url: str, clients: int, response_format: str) -> None:
         self.url = url
         self.clients = clients
+        self.response_format = response_format
         self.jobs = 0
-        self.audio_s = 0.0
+        self.seconds_per_job: float | None = None
         self.failures = 0
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -93,7 +94,12 @@ class BatchLoad:
         await asyncio.gather(*self._tasks)
 
     async def _client(self) -> None:
-        body = {"model": "tts-1", "voice": "alloy", "input": BATCH_TEXT, "response_format": "pcm"}
+        body = {
+            "model": "tts-1",
+            "voice": "alloy",
+            "input": BATCH_TEXT,
+            "response_format": self.response_format,
+        }
         async with httpx.AsyncClient(timeout=300) as http:
             while not self._stop.is_set():
                 reply = await http.post(f"{self.url}/v1/audio/speech", json=body)
@@ -101,7 +107,17 @@ class BatchLoad:
                     self.failures += 1
                     continue
                 self.jobs += 1
-                self.audio_s += len(reply.content) / 2 / 24_000
+                if self.seconds_per_job is None:  # the same text every time: measured once
+                    self.seconds_per_job = await asyncio.to_thread(
+                        _seconds, reply.content, self.response_format
+                    )
+
+
+def _seconds(body: bytes, response_format: str) -> float:
+    from duplex_server.audio.containers import decode
+
+    pcm = body if response_format == "pcm" else decode(body, 24_000, 3600)
+    return len(pcm) / 2 / 24_000
 
 
 def run(args: argparse.Namespace) -> None:
@@ -120,7 +136,7 @@ async def measure(args: argparse.Namespace) -> dict:
         phases = {}
         for name, clients in (("baseline", 0), ("with_batch", args.batch_clients)):
             generator = GeneratorCpu()
-            load = BatchLoad(server.http_url, clients)
+            load = BatchLoad(server.http_url, clients, args.response_format)
             load.start()
             if clients:
                 await asyncio.sleep(1.0)  # the jobs are running when the turns begin
@@ -135,7 +151,7 @@ async def measure(args: argparse.Namespace) -> dict:
                 "batch_clients": clients,
                 "batch_jobs": load.jobs,
                 "batch_failures": load.failures,
-                "batch_audio_s_per_s": round(load.audio_s / wall, 2),
+                "batch_audio_s_per_s": round(load.jobs * (load.seconds_per_job or 0) / wall, 2),
                 "server_cpu_percent": round(proc.cpu_percent(None), 1),
                 **generator.report(),
             }
@@ -145,6 +161,7 @@ async def measure(args: argparse.Namespace) -> dict:
     return {
         "bench": "batch",
         "turns": args.turns,
+        "response_format": args.response_format,
         **phases,
         "p50_ratio": round(loaded["p50_ms"] / base["p50_ms"], 2),
         "p99_ratio": round(loaded["p99_ms"] / base["p99_ms"], 2),

@@ -43,6 +43,12 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--batch-clients", type=int, default=4, help="clients keeping /v1/audio/speech busy"
     )
+    p.add_argument(
+        "--response-format",
+        default="mp3",
+        choices=["mp3", "opus", "aac", "flac", "wav", "pcm"],
+        help="what the batch clients ask for",
+    )
     p.add_argument("--store", default="memory", help="server --store")
     p.add_argument("--blob-dir", default=None, help="server --blob-dir")
     p.add_argument("--port", type=int, default=0, help="server port (0 = a free one)")

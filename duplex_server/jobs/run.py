@@ -12,9 +12,12 @@ import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 from duplex_server.jobs.journal import StoredJob
 from duplex_server.sessions.core import records as r
+
+T = TypeVar("T")
 
 
 class JobError(Exception):
@@ -32,14 +35,23 @@ class JobError(Exception):
 @dataclass
 class JobInput:
     """What a producer gets: the validated request body (JSON), the
-    uploads, a way to report progress, and ``metadata`` it may fill for the
-    route (stored as JSON in the result record)."""
+    uploads, a way to report progress, ``offload`` for its CPU work
+    (encoding, decoding: the runner's bounded pool, never the event loop),
+    and ``metadata`` it may fill for the route (stored as JSON in the
+    result record)."""
 
     job_id: str
     params: bytes
     uploads: list[bytes]
     progress: Callable[[int, str], Awaitable[None]]
+    offload: Offload
     metadata: dict[str, object] = field(default_factory=dict)
+
+
+class Offload(Protocol):
+    """Runs ``fn(*args)`` on the runner's batch CPU pool."""
+
+    def __call__(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]: ...
 
 
 # A producer yields the response body in chunks, as it is made; raising

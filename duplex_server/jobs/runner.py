@@ -21,7 +21,10 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from duplex_server.jobs.blobs import BlobMissing, BlobStore
 from duplex_server.jobs.journal import JobWriter, StoredJob, keyed_job_id, new_job_id
@@ -44,6 +47,7 @@ from duplex_server.sessions.log.store import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_RESULT_BYTES = 256 * 1024 * 1024  # one response body
 ORPHAN_BLOB_GRACE_S = 3600.0  # a blob no record names is deleted after this
@@ -58,6 +62,9 @@ class RunnerSettings:
     max_jobs_per_key: int = 8
     sweep_interval_s: float = 60.0
     lease_renew_s: float = 5.0 / 3  # shared stores: a running job's lease is renewed this often
+    # Threads for jobs' CPU work (encoding, decoding): bounded, so batch work
+    # cannot take every core from live sessions.
+    cpu_workers: int = 1
 
 
 class JobRunner:
@@ -65,6 +72,7 @@ class JobRunner:
         self.log = log
         self.blobs = blobs
         self.settings = settings
+        self._cpu = ThreadPoolExecutor(settings.cpu_workers, thread_name_prefix="batch-cpu")
         self.kinds: dict[str, JobKind] = {}
         self.runs: dict[str, JobRun] = {}  # jobs running in this process
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -78,6 +86,10 @@ class JobRunner:
 
     def register(self, kind: JobKind) -> None:
         self.kinds[kind.route] = kind
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the batch CPU pool (``cpu_workers`` threads)."""
+        return await asyncio.get_running_loop().run_in_executor(self._cpu, fn, *args)
 
     # --- submitting -----------------------------------------------------------
 
@@ -230,7 +242,7 @@ class JobRunner:
         async def progress(percent: int, detail: str = "") -> None:
             await writer.append(r.ProgressBody(max(0, min(100, percent)), detail))
 
-        given = JobInput(run.job_id, job.params, uploads, progress)
+        given = JobInput(run.job_id, job.params, uploads, progress, self.offload)
         self.executions += 1
         ref: r.BlobRef | None = None
         try:
@@ -459,6 +471,7 @@ class JobRunner:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._cpu.shutdown(wait=False, cancel_futures=True)
 
 
 def _failure(exc: JobError, given: JobInput | None) -> r.ResultBody:
