@@ -13,6 +13,7 @@ from duplex_server.engine.core import RequestAborted
 from duplex_server.engine.diffusion import (
     ImageJob,
     Images,
+    PipelineLoadError,
     Step,
     Video,
     VideoJob,
@@ -149,3 +150,12 @@ async def test_a_cancelled_step_loop_frees_its_thread():
 def test_a_directory_without_a_pipeline_is_refused(tmp_path):
     with pytest.raises(ValueError, match="--image-model .*no model_index.json"):
         load_diffusion(str(tmp_path), False)
+
+
+async def test_a_pipeline_that_does_not_load_says_why(tmp_path):
+    (tmp_path / "model_index.json").write_text('{"_class_name": "StableDiffusionPipeline"}')
+    engine = load_diffusion(str(tmp_path), False)
+    with pytest.raises(PipelineLoadError, match=str(tmp_path)):
+        await engine.info()
+    assert not engine.ready
+    engine.shutdown()

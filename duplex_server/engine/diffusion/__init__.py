@@ -3,7 +3,7 @@ and video, loaded from local directories, stepped on their own thread at
 batch priority. torch and diffusers are imported only by ``pipeline``,
 when a pipeline is loaded."""
 
-from duplex_server.engine.diffusion.engine import DiffusionEngine, load_diffusion
+from duplex_server.engine.diffusion.engine import DiffusionEngine, PipelineLoadError, load_diffusion
 from duplex_server.engine.diffusion.jobs import (
     DiffusionChunk,
     ImageJob,
@@ -20,6 +20,7 @@ __all__ = [
     "ImageJob",
     "Images",
     "PipelineInfo",
+    "PipelineLoadError",
     "Step",
     "Video",
     "VideoJob",

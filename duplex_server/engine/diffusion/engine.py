@@ -15,9 +15,14 @@ if TYPE_CHECKING:
     from duplex_server.engine.diffusion.pipeline import DiffusersBackend
 
 
+class PipelineLoadError(RuntimeError):
+    """The pipeline directory did not load (its reason in the message)."""
+
+
 class DiffusionEngine:
-    def __init__(self, backend: DiffusersBackend, name: str) -> None:
+    def __init__(self, backend: DiffusersBackend, name: str, path: str) -> None:
         self.backend = backend
+        self.path = path
         self.core: EngineCore[ImageJob | VideoJob, DiffusionChunk] = EngineCore(
             backend, max_concurrency=1, name=name
         )
@@ -27,8 +32,13 @@ class DiffusionEngine:
         return self.backend.ready
 
     async def info(self) -> PipelineInfo:
-        """What the pipeline can make (waits for it to load; raises its load error)."""
-        return (await self.backend.loaded()).info
+        """What the pipeline can make (waits for it to load); PipelineLoadError
+        if it did not load."""
+        try:
+            loaded = await self.backend.loaded()
+        except Exception as exc:  # whatever diffusers raised, reported with its reason
+            raise PipelineLoadError(f"{self.path}: {type(exc).__name__}: {exc}") from exc
+        return loaded.info
 
     def submit(
         self, request_id: str, session_id: str, job: ImageJob | VideoJob
@@ -63,4 +73,4 @@ def load_diffusion(path: str, video: bool) -> DiffusionEngine:
     from duplex_server.engine.diffusion.pipeline import DiffusersBackend
 
     kind = "video" if video else "image"
-    return DiffusionEngine(DiffusersBackend(directory, video), f"diffusion-{kind}")
+    return DiffusionEngine(DiffusersBackend(directory, video), f"diffusion-{kind}", path)
