@@ -13,6 +13,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from batch_api import BatchApi
 from duplex_server import http_routes, metrics
 from duplex_server.auth import EphemeralKeys, KeyRing
 from duplex_server.client_secrets import client_secrets
@@ -120,11 +121,15 @@ def create_app(config: ServerConfig) -> Starlette:
         ),
     )
 
+    batch = BatchApi.build(config, log, model)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await manager.recover_or_defer()
         manager.start()
+        await batch.start()
         yield
+        await batch.shutdown()
         await manager.shutdown()
         await log.close()
 
@@ -141,6 +146,7 @@ def create_app(config: ServerConfig) -> Starlette:
             Route("/v1/sessions/{session_id}/events", http_routes.session_events),
             WebSocketRoute("/v1/realtime", realtime_endpoint),
             WebSocketRoute("/v1/duplex", realtime_endpoint),
+            *batch.routes,
         ],
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=config.allowed_hosts)],
         lifespan=lifespan,
@@ -151,6 +157,7 @@ def create_app(config: ServerConfig) -> Starlette:
     app.state.log = log
     app.state.model = model
     app.state.manager = manager
+    app.state.batch = batch
     app.state.metrics = metrics.app_registry(manager.live_by_model)
     app.state.decoder = FrameDecoder(config.max_frame_bytes)
     app.state.sockets_per_address = Counter()  # open WebSockets per client address

@@ -60,8 +60,25 @@ def _summary(body: r.AnyBody) -> str:
         ),
         r.LeaseBody: lambda b: f"{b.action} gen={b.generation} fence={b.fence} owner={b.owner}",
         r.CloseBody: lambda b: b.reason,
+        r.JobBody: lambda b: (
+            f"{b.route} "
+            + b.params.decode(errors="replace")[:120]
+            + "".join(f" input={_blob(ref)}" for ref in b.inputs)
+            + (f" key={b.idempotency_key!r}" if b.idempotency_key else "")
+        ),
+        r.ProgressBody: lambda b: f"{b.percent}% {b.detail}".rstrip(),
+        r.ResultBody: lambda b: (
+            f"{b.status} {b.http_status}"
+            + (f" output={_blob(b.output)}" if b.output else "")
+            + (f" {b.error_code} ({b.error_param}): {b.error_message}" if b.error_code else "")
+        ),
     }
     return describe[type(body)](body)
+
+
+def _blob(ref: r.BlobRef) -> str:
+    """A blob as the log knows it: its digest (the file's name) and size."""
+    return f"sha256:{ref.digest[:16]}.. {ref.size} bytes {ref.content_type}"
 
 
 def show_log(reader: SqliteReader, session_id: str) -> list[str]:

@@ -314,6 +314,39 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=DEFAULTS().allowed_hosts,
         help="comma-separated Host names served (others get 400); default: any",
     )
+    p.add_argument(
+        "--blob-dir",
+        default=DEFAULTS.blob_dir,
+        help="batch API: the folder of job results' media, content-addressed (default: "
+        "beside the SQLite file as PATH.blobs, ./data/blobs for Redis, a temporary "
+        "folder for memory)",
+    )
+    p.add_argument(
+        "--batch-retention-s",
+        type=float,
+        default=DEFAULTS.batch_retention_s,
+        help="batch API: a finished job's result (its log and media) is kept this long; "
+        "an Idempotency-Key retry within it gets the stored result",
+    )
+    p.add_argument(
+        "--batch-max-jobs",
+        type=_positive_int,
+        default=DEFAULTS.batch_max_jobs,
+        help="batch API: jobs running or queued at once (more: 429 server_busy)",
+    )
+    p.add_argument(
+        "--batch-max-jobs-per-key",
+        type=_positive_int,
+        default=DEFAULTS.batch_max_jobs_per_key,
+        help="batch API: jobs one API key may have in flight (more: 429 too_many_jobs)",
+    )
+    p.add_argument(
+        "--max-upload-bytes",
+        type=_positive_int,
+        default=DEFAULTS.max_upload_bytes,
+        help="batch API: the largest request body with an upload; refused (413) while it "
+        "arrives, never held whole",
+    )
     p.add_argument("--ssl-certfile", default=None, help="serve https/wss with this certificate")
     p.add_argument("--ssl-keyfile", default=None, help="the certificate's private key")
     p.add_argument(

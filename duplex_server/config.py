@@ -88,3 +88,12 @@ class ServerConfig:
     llm_kv_cache_bytes: int | None = None  # vLLM's KV cache size (CPU needs one)
     llm_gpu_memory_utilization: float = 0.9  # vLLM on a GPU
     llm_chat_template: str | None = None  # a Jinja file, for checkpoints without one
+    # batch API (batch_api/): where job results' media live (None: beside the
+    # SQLite file, ./data/blobs for Redis, a temporary folder for memory),
+    # how long a finished job's result is kept, jobs in flight (all, and per
+    # key), and the largest upload a request may carry.
+    blob_dir: str | None = None
+    batch_retention_s: float = 86_400.0
+    batch_max_jobs: int = 64
+    batch_max_jobs_per_key: int = 8
+    max_upload_bytes: int = 25 * 1024 * 1024  # OpenAI's limit for audio files

@@ -35,6 +35,20 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
 
     p = _kind(
         kinds,
+        "batch",
+        "duplex_server.bench.batch",
+        "realtime first-audio latency alone and while batch speech jobs run",
+    )
+    p.add_argument("--turns", type=int, default=30, help="realtime answers timed per phase")
+    p.add_argument(
+        "--batch-clients", type=int, default=4, help="clients keeping /v1/audio/speech busy"
+    )
+    p.add_argument("--store", default="memory", help="server --store")
+    p.add_argument("--blob-dir", default=None, help="server --blob-dir")
+    p.add_argument("--port", type=int, default=0, help="server port (0 = a free one)")
+
+    p = _kind(
+        kinds,
         "sessions",
         "duplex_server.bench.sessions",
         "N echo sessions streaming audio against one server",

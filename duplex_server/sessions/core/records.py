@@ -187,12 +187,69 @@ CloseReason = Literal[
     "shutdown",
     "disconnect_grace_expired",
     "idle_ttl_expired",
+    "job_finished",  # a one-shot job session (batch API) recorded its result
 ]
 
 
 class CloseBody(Body, tag="close"):
     reason: CloseReason
     detail: str | None = None  # the client's own words (session.close's reason)
+
+
+# --- one-shot job sessions (the batch API) ------------------------------------
+
+# A job session's id starts with this: the realtime manager leaves such
+# sessions to the job runner (recovery, expiry, purge), which reads them.
+JOB_SESSION_PREFIX = "job_"
+
+
+def is_job_session(session_id: str) -> bool:
+    return session_id.startswith(JOB_SESSION_PREFIX)
+
+
+class BlobRef(msgspec.Struct, frozen=True, gc=False):
+    """Media kept in the blob store: the log holds only where to find it."""
+
+    digest: str  # sha256 of the bytes, hex: the blob's name
+    size: int
+    content_type: str = "application/octet-stream"
+
+
+class JobBody(Body, tag="job"):
+    """What a one-shot job was asked, before anything ran: enough to run it
+    again after a crash. ``params`` is the request's validated body as JSON;
+    ``request_digest`` covers the body and the uploads, so a retry under the
+    same ``idempotency_key`` is the same request only if the digests match."""
+
+    route: str
+    params: bytes
+    request_digest: str
+    idempotency_key: str | None = None
+    inputs: list[BlobRef] = msgspec.field(default_factory=list)
+
+
+class ProgressBody(Body, tag="progress"):
+    """How far a long job (a video) has come, 0-100."""
+
+    percent: int
+    detail: str = ""
+
+
+JobStatus = Literal["completed", "failed"]
+
+
+class ResultBody(Body, tag="result"):
+    """What a job produced: the response body as a blob (``output``), or the
+    error it ended with (the HTTP status and OpenAI-style error fields), so an
+    idempotent retry answers exactly as the first request was answered."""
+
+    status: JobStatus
+    http_status: int = 200
+    output: BlobRef | None = None
+    metadata: bytes = b"{}"  # JSON: what the route reports beside the body
+    error_code: str | None = None
+    error_message: str | None = None
+    error_param: str | None = None
 
 
 AnyBody = Union[
@@ -209,6 +266,9 @@ AnyBody = Union[
     OutBody,
     LeaseBody,
     CloseBody,
+    JobBody,
+    ProgressBody,
+    ResultBody,
 ]
 
 

@@ -19,7 +19,7 @@ from duplex_server.sessions.core.commands import check_session_patch
 from duplex_server.sessions.core.config import merge_config
 from duplex_server.sessions.core.gates import refuse_unsupported
 from duplex_server.sessions.core.model_port import ModelPort
-from duplex_server.sessions.core.records import Record
+from duplex_server.sessions.core.records import Record, is_job_session
 from duplex_server.sessions.core.state import fold, initial_state
 from duplex_server.sessions.log.store import LeaseHeld, LogError, SessionLog, UnknownSession
 from duplex_server.sessions.log.tokens import new_session_id, token_matches
@@ -216,7 +216,7 @@ class SessionManager:
             mine = [
                 row.session_id
                 for row in await self.log.sessions(open_only=True)
-                if row.owner == self.settings.owner
+                if row.owner == self.settings.owner and not is_job_session(row.session_id)
             ]
 
             async def shared(session_id: str) -> bool:
@@ -224,7 +224,13 @@ class SessionManager:
                     return await self._recover_shared(session_id, now_ms)
 
             return sum(await asyncio.gather(*(shared(sid) for sid in mine)))
-        logs = await self.log.read_open_sessions()
+        # Job sessions (the batch API) are the job runner's to finish, never
+        # realtime sessions waiting for a client.
+        logs = {
+            sid: records
+            for sid, records in (await self.log.read_open_sessions()).items()
+            if not is_job_session(sid)
+        }
 
         async def one(session_id: str, records: list[Record]) -> bool:
             async with gate:
@@ -412,6 +418,8 @@ class SessionManager:
         for row in await self.log.sessions(open_only=True):
             if row.session_id in self.actors or row.last_ts_ms >= horizon:
                 continue
+            if is_job_session(row.session_id):
+                continue  # the job runner finishes it
             try:
                 fence = await self.log.acquire_lease(row.session_id, self.settings.owner)
             except LeaseHeld:
@@ -475,7 +483,10 @@ class SessionManager:
         doomed = [
             row.session_id
             for row in await self.log.sessions()
-            if row.closed and row.last_ts_ms < horizon and row.session_id not in self.actors
+            if row.closed
+            and row.last_ts_ms < horizon
+            and row.session_id not in self.actors
+            and not is_job_session(row.session_id)  # the job runner's own retention
         ]
         # Deleted PURGE_BATCH at a time, concurrently, so that they share the
         # store's group commits (SQLite) or round trips (Redis): one by one,

@@ -1,0 +1,150 @@
+"""What every batch route does the same way: who is calling, reading a
+bounded body, the ``Idempotency-Key``, OpenAI-style errors, and answering
+from a job's run.
+
+Routes built on this (speech, transcriptions, images, videos) validate
+their request into a msgspec Struct, hand it to the :class:`JobRunner` as a
+:class:`JobRequest` and answer with :func:`answer` (a whole body) or stream
+``run.stream()`` themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TypeVar
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from duplex_server.auth import caller, denial
+from duplex_server.jobs.run import JobError, JobRun
+
+MAX_JSON_BODY_BYTES = 1024 * 1024  # a JSON request body (speech input is 4,096 characters)
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+JOB_ID_HEADER = "x-duplex-job-id"  # the job session's id: GET /v1/sessions/{id}/events
+REPLAYED_HEADER = "Idempotent-Replayed"  # "true": answered from the log, nothing ran
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+_ERROR_TYPES = {401: "authentication_error", 403: "authentication_error", 429: "rate_limit_error"}
+
+
+def error_response(exc: JobError) -> Response:
+    """OpenAI's error envelope: ``{"error": {message, type, param, code}}``."""
+    kind = _ERROR_TYPES.get(exc.status)
+    if kind is None:
+        kind = "server_error" if exc.status >= 500 else "invalid_request_error"
+    body = {"error": {"message": exc.message, "type": kind, "param": exc.param, "code": exc.code}}
+    return JSONResponse(body, exc.status)
+
+
+def principal_name(request: Request) -> str:
+    """The calling principal (API key name) if it may use the batch routes."""
+    principal = caller(request)
+    refused = denial(principal, "batch")
+    if refused is not None:
+        status, err = refused
+        raise JobError(status, err.code, err.message)
+    assert principal is not None
+    return principal.name
+
+
+def idempotency_key(request: Request) -> str | None:
+    return request.headers.get(IDEMPOTENCY_HEADER)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def limited_stream(request: Request, limit: int) -> AsyncGenerator[bytes, None]:
+    """The request body as it arrives, refused (:class:`BodyTooLarge`) the
+    moment it passes ``limit`` bytes: an oversized upload is never held."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(int(declared))
+    seen = 0
+    async for chunk in request.stream():
+        seen += len(chunk)
+        if seen > limit:
+            raise BodyTooLarge(seen)
+        yield chunk
+
+
+async def read_json(request: Request, struct: type[S]) -> S:
+    """The JSON body as ``struct``; 400 naming the field for a wrong one."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media not in ("application/json", ""):
+        raise JobError(400, "invalid_request_body", f"send JSON, not {media}")
+    try:
+        body = b"".join([chunk async for chunk in limited_stream(request, MAX_JSON_BODY_BYTES)])
+    except BodyTooLarge:
+        raise JobError(
+            413, "payload_too_large", f"the JSON body is over {MAX_JSON_BODY_BYTES} bytes"
+        ) from None
+    return decode_struct(body, struct)
+
+
+def decode_struct(body: bytes, struct: type[S]) -> S:
+    try:
+        return msgspec.json.decode(body, type=struct)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise JobError(400, "invalid_json", f"the body is not JSON ({exc})") from None
+
+
+def _validation_error(text: str) -> JobError:
+    """msgspec says ``... - at `$.field` `` or ``Object contains unknown field `x` ``."""
+    if text.startswith("Object contains unknown field"):
+        field = text.split("`")[1]
+        return JobError(400, "unknown_parameter", f"unrecognized request argument: {field}", field)
+    if text.startswith("Object missing required field"):
+        field = text.split("`")[1]
+        return JobError(
+            400, "missing_required_parameter", f"missing required parameter: {field}", field
+        )
+    param = None
+    if "at `$." in text:
+        param = text.rsplit("at `$.", 1)[1].rstrip("`").split("[")[0].split(".")[0]
+    return JobError(400, "invalid_type", text, param)
+
+
+def job_headers(run: JobRun) -> dict[str, str]:
+    headers = {JOB_ID_HEADER: run.job_id}
+    if run.outcome is not None and run.outcome.replayed:
+        headers[REPLAYED_HEADER] = "true"
+    return headers
+
+
+async def answer(run: JobRun) -> Response:
+    """The whole body once the job has finished, or its error."""
+    outcome = await run.wait()
+    if outcome.error is not None:
+        response = error_response(outcome.error)
+        response.headers.update(job_headers(run))
+        return response
+    return Response(outcome.body, media_type=outcome.content_type, headers=job_headers(run))
+
+
+class StreamBroken(Exception):
+    """A streamed job failed after its first bytes went out: the response
+    is cut off (no end of the chunked body), so the client sees it incomplete."""
+
+
+async def streamed(run: JobRun, sse: bool) -> AsyncIterator[bytes]:
+    """The run's body as it is made. A job that fails once the 200 has gone
+    out ends an SSE stream with an ``error`` event (OpenAI's error fields),
+    and cuts any other body off."""
+    async for chunk in run.stream():
+        yield chunk
+    error = run.outcome.error if run.outcome is not None else None
+    if error is None:
+        return
+    if sse:
+        fields = {"message": error.message, "code": error.code, "param": error.param}
+        yield b"data: " + json.dumps({"type": "error", "error": fields}).encode() + b"\n\n"
+        return
+    raise StreamBroken(f"job {run.job_id} failed mid-stream: {error.code}: {error.message}")

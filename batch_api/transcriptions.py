@@ -1,0 +1,286 @@
+"""``POST /v1/audio/transcriptions``: speech to text as a one-shot job.
+
+Multipart, as OpenAI takes it: ``file`` (any container PyAV reads),
+``model``, ``language``, ``prompt``, ``response_format`` (``json``,
+``text``, ``verbose_json``, ``srt``, ``vtt``), ``timestamp_granularities[]``
+(``segment``), ``temperature`` (0). The body is read as it arrives and
+refused past ``--max-upload-bytes``; an upload PyAV cannot decode is refused
+before any job exists. The server's recogniser (``--asr``) hears it through
+the engine at batch priority, a stretch between pauses per request
+(:mod:`duplex_server.models.batch_audio`); the stretches are the segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import msgspec
+from starlette.datastructures import FormData, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import Request
+from starlette.responses import Response
+
+from batch_api import http
+from duplex_server.jobs.run import JobError, JobInput, JobKind, JobRequest
+from duplex_server.jobs.runner import JobRunner
+from duplex_server.models.batch_audio import BatchAudio, BatchTranscriber, Segment
+
+ROUTE = "/v1/audio/transcriptions"
+RATE_HZ = 16_000  # what the upload is decoded to; the recogniser resamples from it
+MAX_AUDIO_S = 2 * 3600.0
+MAX_FIELD_BYTES = 64 * 1024  # a form field other than the file (a prompt)
+RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+CONTENT_TYPES = {
+    "json": "application/json",
+    "verbose_json": "application/json",
+    "text": "text/plain; charset=utf-8",
+    "srt": "text/plain; charset=utf-8",
+    "vtt": "text/vtt; charset=utf-8",
+}
+LANGUAGE_NAMES = {"en": "english", "de": "german", "fr": "french", "es": "spanish",
+                  "it": "italian", "nl": "dutch", "pt": "portuguese", "ru": "russian",
+                  "zh": "chinese", "ja": "japanese", "ko": "korean"}  # fmt: skip
+SINGLE_FIELDS = ("model", "language", "prompt", "response_format", "temperature", "stream")
+LIST_FIELDS = ("timestamp_granularities[]", "timestamp_granularities", "include[]", "include")
+
+
+class TranscriptionRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """The form's fields (the file is the job's upload)."""
+
+    model: str
+    filename: str = "audio"
+    language: str | None = None
+    prompt: str | None = None
+    response_format: str = "json"
+    timestamp_granularities: list[str] = msgspec.field(default_factory=list)
+
+
+def _invalid(param: str, message: str, code: str = "invalid_value") -> JobError:
+    return JobError(400, code, message, param)
+
+
+async def read_form(request: Request, limit: int) -> tuple[TranscriptionRequest, bytes]:
+    """The multipart body, refused the moment it passes ``limit`` bytes."""
+    media = request.headers.get("content-type", "")
+    if not media.startswith("multipart/form-data"):
+        raise JobError(400, "invalid_request_body", "send multipart/form-data with a file")
+    parser = MultiPartParser(
+        request.headers,
+        http.limited_stream(request, limit),
+        max_files=1,
+        max_fields=32,
+        max_part_size=MAX_FIELD_BYTES,
+    )
+    try:
+        form = await parser.parse()
+    except http.BodyTooLarge:
+        raise JobError(
+            413, "payload_too_large", f"the upload is over {limit} bytes", "file"
+        ) from None
+    except MultiPartException as exc:
+        raise JobError(400, "invalid_request_body", f"bad multipart body: {exc}") from None
+    try:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise JobError(400, "missing_required_parameter", "file is required", "file")
+        data = await upload.read()
+        return _fields(form, upload.filename or "audio"), data
+    finally:
+        await form.close()
+
+
+def _fields(form: FormData, filename: str) -> TranscriptionRequest:
+    fields: dict[str, object] = {"filename": filename}
+    for name, value in form.multi_items():
+        if name == "file":
+            continue
+        if not isinstance(value, str):
+            raise _invalid(name, f"{name} must be a text field", "invalid_type")
+        if name in ("timestamp_granularities[]", "timestamp_granularities"):
+            granularities = fields.setdefault("timestamp_granularities", [])
+            assert isinstance(granularities, list)
+            granularities.append(value)
+        elif name in ("temperature",):
+            _temperature(value)
+        elif name in ("stream",):
+            if value.lower() not in ("false", "0"):
+                raise _invalid(
+                    "stream", "streamed transcription is not served", "unsupported_value"
+                )
+        elif name in ("include[]", "include"):
+            raise _invalid("include", f"include {value!r} is not served", "unsupported_value")
+        elif name in ("chunking_strategy",):
+            if value != "auto":
+                raise _invalid(
+                    name, "only chunking_strategy auto (cut at pauses)", "unsupported_value"
+                )
+        elif name in fields:
+            raise _invalid(name, f"{name} given twice")
+        else:
+            fields[name] = value
+    return http.decode_struct(json.dumps(fields).encode(), TranscriptionRequest)
+
+
+def _temperature(value: str) -> None:
+    try:
+        temperature = float(value)
+    except ValueError:
+        raise _invalid("temperature", "temperature must be a number", "invalid_type") from None
+    if temperature != 0:
+        raise _invalid(
+            "temperature",
+            "the recogniser decodes greedily: temperature 0 only",
+            "unsupported_value",
+        )
+
+
+def validate(req: TranscriptionRequest, audio: BatchAudio) -> BatchTranscriber:
+    asr = _transcriber(audio, req.model)
+    if req.response_format not in RESPONSE_FORMATS:
+        raise _invalid(
+            "response_format",
+            f"response_format {req.response_format!r}; available: {', '.join(RESPONSE_FORMATS)}",
+        )
+    for granularity in req.timestamp_granularities:
+        if granularity == "word":
+            raise _invalid(
+                "timestamp_granularities",
+                f"{asr.name} gives segment times, not word times",
+                "unsupported_value",
+            )
+        if granularity != "segment":
+            raise _invalid("timestamp_granularities", f"unknown granularity {granularity!r}")
+    if req.timestamp_granularities and req.response_format != "verbose_json":
+        raise _invalid(
+            "timestamp_granularities", "timestamps come with response_format verbose_json"
+        )
+    if req.language is not None:
+        if asr.languages is not None and req.language not in asr.languages:
+            raise _invalid(
+                "language",
+                f"{asr.name} hears {', '.join(sorted(asr.languages))}, not {req.language!r}",
+                "unsupported_value",
+            )
+        if len(req.language) not in (2, 3) or not req.language.isalpha():
+            raise _invalid("language", "language is an ISO-639-1 code such as 'en'")
+    if req.prompt and not asr.takes_prompt:
+        raise _invalid("prompt", f"{asr.name} takes no prompt", "unsupported_value")
+    return asr
+
+
+def _transcriber(audio: BatchAudio, model: str) -> BatchTranscriber:
+    asr = audio.transcriber
+    if asr is None:
+        raise JobError(
+            404,
+            "model_not_loaded",
+            f"this server runs --model {audio.model_name}, which has no speech recogniser "
+            "(serve --model cascade)",
+            "model",
+        )
+    if model not in asr.models:
+        raise JobError(
+            404,
+            "model_not_found",
+            f"model {model!r} is not served here; available: {', '.join(sorted(asr.models))}",
+            "model",
+        )
+    return asr
+
+
+def decode_upload(data: bytes) -> bytes:
+    from duplex_server.audio.containers import AudioFileError, decode
+
+    try:
+        return decode(data, RATE_HZ, MAX_AUDIO_S)
+    except AudioFileError as exc:
+        raise _invalid("file", str(exc), "invalid_audio") from None
+
+
+def content_type(params: bytes) -> str:
+    return CONTENT_TYPES[msgspec.json.decode(params, type=TranscriptionRequest).response_format]
+
+
+def kind(audio: BatchAudio) -> JobKind:
+    async def produce(given: JobInput) -> AsyncIterator[bytes]:
+        req = msgspec.json.decode(given.params, type=TranscriptionRequest)
+        asr = validate(req, audio)  # again: a restart may have changed --model or --asr
+        pcm = await asyncio.to_thread(decode_upload, given.uploads[0])
+        segments = await asr.segments(pcm, RATE_HZ, req.language, req.prompt)
+        duration = len(pcm) / 2 / RATE_HZ
+        given.metadata.update({"audio_seconds": duration, "segments": len(segments)})
+        yield render(req, asr, segments, duration)
+
+    return JobKind(ROUTE, produce, content_type)
+
+
+def render(
+    req: TranscriptionRequest, asr: BatchTranscriber, segments: list[Segment], duration: float
+) -> bytes:
+    text = " ".join(segment.text for segment in segments)
+    fmt = req.response_format
+    if fmt == "text":
+        return (text + "\n").encode()
+    if fmt == "srt":
+        return _subtitles(segments, ",", numbered=True).encode()
+    if fmt == "vtt":
+        return ("WEBVTT\n\n" + _subtitles(segments, ".", numbered=False)).encode()
+    usage = {"type": "duration", "seconds": round(duration, 3)}
+    if fmt == "json":
+        return json.dumps({"text": text, "usage": usage}).encode()
+    language = req.language or (
+        next(iter(asr.languages)) if asr.languages and len(asr.languages) == 1 else None
+    )
+    verbose: dict[str, object] = {
+        "task": "transcribe",
+        "language": LANGUAGE_NAMES.get(language or "", language),
+        "duration": round(duration, 3),
+        "text": text,
+        "segments": [
+            {"id": i, "seek": 0, "start": s.start_s, "end": s.end_s, "text": s.text}
+            for i, s in enumerate(segments)
+        ],
+        "usage": usage,
+    }
+    return json.dumps(verbose).encode()
+
+
+def _stamp(seconds: float, comma: str) -> str:
+    ms = round(seconds * 1000)
+    h, ms = divmod(ms, 3_600_000)
+    m, ms = divmod(ms, 60_000)
+    s, ms = divmod(ms, 1000)
+    return f"{h:02}:{m:02}:{s:02}{comma}{ms:03}"
+
+
+def _subtitles(segments: list[Segment], comma: str, numbered: bool) -> str:
+    cues = []
+    for index, segment in enumerate(segments, start=1):
+        times = f"{_stamp(segment.start_s, comma)} --> {_stamp(segment.end_s, comma)}"
+        cues.append((f"{index}\n" if numbered else "") + f"{times}\n{segment.text}\n")
+    return "\n".join(cues)
+
+
+async def endpoint(request: Request) -> Response:
+    state = request.app.state
+    runner: JobRunner = state.batch.runner
+    try:
+        principal = http.principal_name(request)
+        req, data = await read_form(request, state.config.max_upload_bytes)
+        validate(req, state.batch.audio)
+        await asyncio.to_thread(decode_upload, data)  # refused here, before any job exists
+        media = req.filename.rsplit(".", 1)[-1].lower() if "." in req.filename else "bin"
+        run = await runner.submit(
+            JobRequest(
+                ROUTE,
+                principal,
+                msgspec.json.encode(req),
+                http.idempotency_key(request),
+                [(data, f"audio/{media}")],
+            )
+        )
+    except JobError as exc:
+        return http.error_response(exc)
+    return await http.answer(run)

@@ -1,0 +1,173 @@
+"""The server's speech stages as batch jobs use them (``/v1/audio/speech``,
+``/v1/audio/transcriptions``).
+
+Batch work goes through the same engine workers as live sessions' speech,
+at :attr:`Priority.BATCH`, so a live session's request waiting for the
+stage goes first. Speech is synthesised clause by clause, one engine request
+each, so a long batch text holds the synthesiser for one clause at a time,
+never for the whole text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from duplex_server import metrics
+from duplex_server.audio import resample_pcm16
+from duplex_server.audio.pauses import speech_stretches
+from duplex_server.engine import Priority
+from duplex_server.sessions.core.model_port import ModelPort
+
+if TYPE_CHECKING:
+    from duplex_server.models.cascade.stages import CascadeStages
+
+# What OpenAI's clients send, served by whatever synthesiser / recogniser
+# this server runs (besides each one's own name).
+SPEECH_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+TRANSCRIPTION_MODEL_ALIASES = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")
+MAX_CLAUSE_CHARS = 400
+SEGMENT_MARGIN_S = 0.3  # a clause longer than this is cut at a space
+
+
+@dataclass(frozen=True)
+class SpeedRange:
+    low: float
+    high: float
+
+
+class BatchSpeech:
+    def __init__(
+        self,
+        stages: CascadeStages,
+        voices: dict[str, str],
+        clauses: Callable[[str], list[str]],
+    ) -> None:
+        self._stages = stages
+        self._voices = voices
+        self._clauses = clauses
+        tts = stages.tts
+        self.name = type(tts).__name__.lower()
+        self.sample_rate_hz: int = tts.sample_rate_hz
+        self.models = frozenset({self.name, *SPEECH_MODEL_ALIASES})
+        self.speed = _speed_range(tts)
+        self.runs = 0  # engine requests batch speech made (clauses synthesised)
+
+    def voice(self, name: str) -> str | None:
+        """The synthesiser's voice for an OpenAI name or its own; None if unknown."""
+        voice = self._voices.get(name, name)
+        return voice if self._stages.tts.knows_voice(voice) else None
+
+    async def synthesize(self, text: str, voice: str, speed: float) -> AsyncIterator[bytes]:
+        """pcm16 at :attr:`sample_rate_hz`, a clause at a time."""
+        stage = self._stages.tts_stage
+        for clause in split_long(self._clauses(text), MAX_CLAUSE_CHARS):
+            started = time.perf_counter()
+            pcm = await stage.run(
+                self._stages.tts.synthesize, clause, voice, speed, priority=Priority.BATCH
+            )
+            self.runs += 1
+            metrics.observe_stage(
+                "tts_batch", time.perf_counter() - started, len(pcm) / 2 / self.sample_rate_hz
+            )
+            yield pcm
+
+
+class BatchTranscriber:
+    def __init__(self, stages: CascadeStages, asr_rate_hz: int) -> None:
+        self._stages = stages
+        self._rate = asr_rate_hz
+        asr = stages.asr
+        self.name: str = asr.name.split(":")[0]
+        self.models = frozenset({self.name, *TRANSCRIPTION_MODEL_ALIASES})
+        self.languages: frozenset[str] | None = asr.languages
+        self.takes_prompt: bool = asr.takes_prompt
+        self.sample_rate_hz = asr_rate_hz
+        self.runs = 0  # engine requests batch transcription made (stretches heard)
+
+    async def transcribe(
+        self, pcm16: bytes, sample_rate_hz: int, language: str | None, prompt: str | None
+    ) -> str:
+        audio = resample_pcm16(pcm16, sample_rate_hz, self._rate)
+        started = time.perf_counter()
+        stage = self._stages.asr_stage
+        text: str = await stage.run(
+            self._stages.asr.transcribe, audio, language, prompt, priority=Priority.BATCH
+        )
+        self.runs += 1
+        metrics.observe_stage(
+            "asr_batch", time.perf_counter() - started, len(audio) / 2 / self._rate
+        )
+        return text
+
+    async def segments(
+        self, pcm16: bytes, sample_rate_hz: int, language: str | None, prompt: str | None
+    ) -> list[Segment]:
+        """The recording cut at its pauses, each stretch one engine request:
+        its words with where it starts and ends (a live session's turn waits
+        for one stretch at most)."""
+        found = []
+        for start, end in speech_stretches(pcm16, sample_rate_hz):
+            piece = pcm16[int(start * sample_rate_hz) * 2 : int(end * sample_rate_hz) * 2]
+            # Framed in silence, as a turn reaches the recogniser: Whisper
+            # repeats itself on speech cut off right at its last word.
+            quiet = b"\0\0" * int(SEGMENT_MARGIN_S * sample_rate_hz)
+            piece = quiet + piece + quiet
+            text = (await self.transcribe(piece, sample_rate_hz, language, prompt)).strip()
+            if text:
+                found.append(Segment(start, end, text))
+        return found
+
+
+@dataclass(frozen=True)
+class Segment:
+    start_s: float
+    end_s: float
+    text: str
+
+
+@dataclass(frozen=True)
+class BatchAudio:
+    """None where the server's model has no such stage (``--model echo``)."""
+
+    speech: BatchSpeech | None
+    transcriber: BatchTranscriber | None
+    model_name: str
+
+
+def batch_audio(model: ModelPort) -> BatchAudio:
+    if model.name != "cascade":
+        return BatchAudio(None, None, model.name)
+    # Imported here: the cascade's stages load onnxruntime, eSpeak and the recognisers.
+    from duplex_server.engine.audio.sphinx import SAMPLE_RATE_HZ
+    from duplex_server.models.cascade.model import VOICES, CascadeModel, clauses
+
+    assert isinstance(model, CascadeModel)
+    stages = model.listening
+    return BatchAudio(
+        BatchSpeech(stages, VOICES, clauses), BatchTranscriber(stages, SAMPLE_RATE_HZ), model.name
+    )
+
+
+def split_long(pieces: list[str], limit: int) -> list[str]:
+    """Each piece at most ``limit`` characters, cut at a space where one is near."""
+    out: list[str] = []
+    for piece in pieces:
+        while len(piece) > limit:
+            cut = piece.rfind(" ", limit // 2, limit)
+            cut = cut if cut > 0 else limit
+            out.append(piece[:cut])
+            piece = piece[cut:].lstrip()
+        if piece.strip():
+            out.append(piece)
+    return out
+
+
+def _speed_range(tts: object) -> SpeedRange:
+    from duplex_server.engine.audio.espeak import DEFAULT_WPM, MAX_WPM, MIN_WPM, Espeak
+
+    if isinstance(tts, Espeak):
+        return SpeedRange(round(MIN_WPM / DEFAULT_WPM, 2), round(MAX_WPM / DEFAULT_WPM, 2))
+    return SpeedRange(0.25, 4.0)
