@@ -3,9 +3,9 @@ sentence by sentence (protocol/speech_stream.py has the messages).
 
 A voice agent's text comes a token at a time; speaking it only at the end
 would add the whole answer's synthesis to the first audio. Each complete
-piece (text_split.py) is synthesised by the server's TTS stage, behind
-realtime sessions (``Priority.BATCH``), and sent while the client keeps
-typing. :class:`SpeechStream` decides what each client event means (no
+piece (text_split.py) is synthesised by the server's TTS stage through
+:class:`BatchSpeech`, behind realtime sessions (batch priority), and sent
+while the client keeps typing. :class:`SpeechStream` decides what each client event means (no
 socket in it); :func:`speech_stream_endpoint` moves frames and time.
 
 Bounds: text buffered and not yet spoken per socket (``MAX_UNSPOKEN_CHARS``,
@@ -22,7 +22,6 @@ import logging
 import wave
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -31,7 +30,7 @@ from batch_api.text_split import TextSplitter
 from duplex_server import metrics
 from duplex_server.audio import resample_pcm16
 from duplex_server.auth import caller, denial
-from duplex_server.engine import Priority
+from duplex_server.models.batch_audio import BatchSpeech
 from duplex_server.transport import ConnectionRate
 from protocol.close_codes import CloseCode
 from protocol.errors import ProtocolError, error_body
@@ -50,9 +49,6 @@ from protocol.speech_stream import (
     encode_speech_stream_event,
 )
 
-if TYPE_CHECKING:
-    from duplex_server.models.cascade.stages import CascadeStages
-
 log = logging.getLogger(__name__)
 
 MAX_UNSPOKEN_CHARS = 16_384
@@ -60,41 +56,7 @@ FRAMES_PER_S = 50.0  # client frames; two seconds' burst
 FRAME_MS = 100  # audio per binary frame
 FORMATS = ("pcm", "wav")
 MIN_RATE_HZ, MAX_RATE_HZ = 8_000, 48_000
-MIN_SPEED, MAX_SPEED = 0.25, 4.0
-# What ``model`` may say: the server has one synthesiser, whichever name a
-# client's SDK fills in.
-MODEL_NAMES = frozenset({"cascade", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"})
-
-
-class Speaker:
-    """The cascade's synthesiser, run on its TTS stage at batch priority
-    (realtime answers on the same stage go first)."""
-
-    def __init__(self, stages: CascadeStages, voices: dict[str, str], default_voice: str) -> None:
-        self._stages = stages
-        self._voices = voices
-        self.default_voice = default_voice
-
-    def voice(self, name: str | None) -> str | None:
-        """The synthesiser's voice for an OpenAI or native name; None if unknown."""
-        voice = self._voices.get(name, name) if name else self.default_voice
-        return voice if self._stages.tts.knows_voice(voice) else None
-
-    async def speak(self, text: str, voice: str, speed: float) -> tuple[bytes, int]:
-        tts = self._stages.tts
-        pcm = await self._stages.tts_stage.run(
-            tts.synthesize, text, voice, speed, priority=Priority.BATCH
-        )
-        return pcm, tts.sample_rate_hz
-
-
-def speaker_of(model: Any) -> Speaker | None:
-    """The served model's synthesiser (the cascade's), or None when it has none."""
-    from duplex_server.models.cascade.model import DEFAULT_VOICE, VOICES, CascadeModel
-
-    if not isinstance(model, CascadeModel):
-        return None
-    return Speaker(model.listening, VOICES, DEFAULT_VOICE)
+ROUTE = "/v1/audio/speech/stream"
 
 
 @dataclass(frozen=True)
@@ -120,10 +82,10 @@ class SpeechStream:
     and counters. Each method returns the work it makes or raises the
     ProtocolError the client gets; nothing here touches the socket."""
 
-    def __init__(self, speaker: Speaker) -> None:
-        self._speaker = speaker
+    def __init__(self, speech: BatchSpeech) -> None:
+        self._speech = speech
         self.config = SessionConfig()
-        self._voice = speaker.default_voice
+        self._voice = self._check(self.config)
         self._splitter = TextSplitter(self.config.split_granularity)
         self.utterance = 0
         self._sentence = 0  # pieces of the open utterance so far
@@ -147,10 +109,11 @@ class SpeechStream:
         self._splitter = TextSplitter(config.split_granularity)
 
     def _check(self, config: SessionConfig) -> str:
-        if config.model is not None and config.model not in MODEL_NAMES:
+        speech = self._speech
+        if config.model is not None and config.model not in speech.models:
             raise ProtocolError(
                 "invalid_value",
-                f"model {config.model!r} is not served; one of {sorted(MODEL_NAMES)}",
+                f"model {config.model!r} is not served; one of {sorted(speech.models)}",
                 param="model",
             )
         if config.response_format not in FORMATS:
@@ -159,9 +122,11 @@ class SpeechStream:
                 f"response_format {config.response_format!r}: the stream sends pcm or wav",
                 param="response_format",
             )
-        if not MIN_SPEED <= config.speed <= MAX_SPEED:
+        if not speech.speed.low <= config.speed <= speech.speed.high:
             raise ProtocolError(
-                "invalid_value", f"speed is {MIN_SPEED} to {MAX_SPEED}", param="speed"
+                "invalid_value",
+                f"{speech.name} speaks at speed {speech.speed.low} to {speech.speed.high}",
+                param="speed",
             )
         if not MIN_RATE_HZ <= config.sample_rate <= MAX_RATE_HZ:
             raise ProtocolError(
@@ -169,7 +134,7 @@ class SpeechStream:
                 f"sample_rate is {MIN_RATE_HZ} to {MAX_RATE_HZ} Hz",
                 param="sample_rate",
             )
-        voice = self._speaker.voice(config.voice)
+        voice = speech.voice(config.voice or "default")
         if voice is None:
             raise ProtocolError("invalid_value", f"unknown voice {config.voice!r}", param="voice")
         return voice
@@ -223,10 +188,10 @@ class SpeechStreamConnection:
     """The socket shell: reads frames into :class:`SpeechStream`, speaks its
     pieces in order on one task, sends each sentence's messages together."""
 
-    def __init__(self, websocket: WebSocket, speaker: Speaker) -> None:
+    def __init__(self, websocket: WebSocket, speech: BatchSpeech) -> None:
         self.websocket = websocket
-        self.speaker = speaker
-        self.stream = SpeechStream(speaker)
+        self.speech = speech
+        self.stream = SpeechStream(speech)
         self._work: asyncio.Queue[Work | None] = asyncio.Queue()  # None: close
         self._send_lock = asyncio.Lock()
         self._rate = ConnectionRate(FRAMES_PER_S)
@@ -306,12 +271,13 @@ class SpeechStreamConnection:
     async def _speak(self, piece: Piece) -> None:
         config = piece.config
         try:
-            pcm, rate = await self.speaker.speak(piece.text, piece.voice, config.speed)
+            clauses = self.speech.synthesize(piece.text, piece.voice, config.speed)
+            pcm = b"".join([chunk async for chunk in clauses])
         except (OSError, RuntimeError, ValueError) as exc:  # the synthesiser failed
             log.exception("speech stream synthesis failed")
             await self._refuse(ProtocolError("engine_error", f"synthesis failed: {exc}"))
             return
-        pcm = resample_pcm16(pcm, rate, config.sample_rate)
+        pcm = resample_pcm16(pcm, self.speech.sample_rate_hz, config.sample_rate)
         audio = wav_bytes(pcm, config.sample_rate) if config.response_format == "wav" else pcm
         step = config.sample_rate * FRAME_MS // 1000 * 2
         start = AudioStart(
@@ -353,27 +319,30 @@ class SpeechStreamConnection:
 
 async def speech_stream_endpoint(websocket: WebSocket) -> None:
     """Refused before the upgrade: a wrong key (401), a key without the
-    ``batch`` scope (403), a model with no synthesiser (400); a page from an
+    ``batch`` scope (403), a model with no synthesiser (404); a page from an
     origin not allowed and an address over its socket cap are closed."""
     app_state = websocket.app.state
     refused = denial(caller(websocket), "batch")
-    speaker = speaker_of(app_state.model)
-    if refused is None and speaker is None:
-        refused = (
-            400,
-            ProtocolError(
-                "capability_unsupported",
-                f"model {app_state.config.model!r} has no speech synthesiser (serve the cascade)",
-                param="model",
-            ),
-        )
+    speech: BatchSpeech | None = app_state.batch.audio.speech
     if refused is not None:
         status, err = refused
         metrics.ADMISSIONS_REFUSED.labels(err.code).inc()
         body = {"error": {"type": err.error_class, "code": err.code, "message": err.message}}
         await websocket.send_denial_response(JSONResponse(body, status))
         return
-    assert speaker is not None
+    if speech is None:  # as the batch speech route answers it
+        model = app_state.config.model
+        body = {
+            "error": {
+                "type": "invalid_request_error",
+                "code": "model_not_loaded",
+                "message": f"this server runs --model {model}, which has no synthesiser "
+                "(serve --model cascade)",
+                "param": "model",
+            }
+        }
+        await websocket.send_denial_response(JSONResponse(body, 404))
+        return
     allowed = app_state.config.allowed_origins
     origin = websocket.headers.get("origin")
     if allowed and origin is not None and origin not in allowed:
@@ -388,7 +357,7 @@ async def speech_stream_endpoint(websocket: WebSocket) -> None:
     sockets[address] += 1
     try:
         await websocket.accept()
-        await SpeechStreamConnection(websocket, speaker).run()
+        await SpeechStreamConnection(websocket, speech).run()
     finally:
         sockets[address] -= 1
         if not sockets[address]:
