@@ -451,7 +451,8 @@ class VideosApi:
             videos = await self._all(principal)
         except JobError as exc:
             return error_response(exc)
-        videos.sort(key=lambda v: (v.created_at, v.id), reverse=order == "desc")
+        if order == "desc":  # _all is oldest first, to the millisecond
+            videos.reverse()
         if after is not None:
             ids = [v.id for v in videos]
             videos = videos[ids.index(after) + 1 :] if after in ids else []

@@ -167,3 +167,24 @@ async def test_a_reference_image_is_refused_and_a_missing_model_named(server, tm
             await client(plain).videos.create(prompt="a cat")
     assert missing.value.body["code"] == "model_not_loaded"  # type: ignore[index]
     assert missing.value.body["param"] == "model"  # type: ignore[index]
+
+
+async def test_deleting_a_video_being_made_stops_it(server):
+    sdk = client(server)
+    long = await sdk.videos.create(
+        prompt="a long one",
+        size="16x16",
+        seconds="4",
+        extra_body={**FAST, "num_inference_steps": 200},
+    )
+    while (await sdk.videos.retrieve(long.id)).progress == 0:
+        await asyncio.sleep(0.05)
+    deleted = await sdk.videos.delete(long.id)
+    assert deleted.deleted
+    with pytest.raises(openai.NotFoundError):
+        await sdk.videos.retrieve(long.id)
+    # The pipeline stopped at its next step: the next video gets it at once.
+    short = await sdk.videos.create(prompt="next", size="16x16", seconds="4", extra_body=FAST)
+    states = await finished(sdk, short.id)
+    assert states[-1].status == "completed"
+    assert server.app.state.batch.videos.engine.core.completed == 1  # only the short one
