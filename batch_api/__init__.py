@@ -16,9 +16,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 
-from batch_api import speech, transcriptions
+from batch_api import speech, speech_stream, transcriptions
+from batch_api.images import ImagesApi
+from batch_api.videos import VideosApi
 from duplex_server.config import ServerConfig
 from duplex_server.jobs.blobs import BlobStore
 from duplex_server.jobs.runner import JobRunner, RunnerSettings
@@ -44,6 +46,8 @@ class BatchApi:
     audio: BatchAudio
     blobs: BlobStore
     temporary_blobs: bool = False  # a folder of our own (memory store): removed at shutdown
+    images: ImagesApi | None = None
+    videos: VideosApi | None = None
 
     @classmethod
     def build(cls, config: ServerConfig, log: SessionLog, model: ModelPort) -> BatchApi:
@@ -65,13 +69,17 @@ class BatchApi:
         audio = batch_audio(model)
         runner.register(speech.kind(audio))
         runner.register(transcriptions.kind(audio))
-        return cls(runner, audio, blobs, temporary)
+        images, videos = ImagesApi.build(config, runner), VideosApi.build(config, runner)
+        return cls(runner, audio, blobs, temporary, images, videos)
 
     @property
-    def routes(self) -> list[Route]:
+    def routes(self) -> list[BaseRoute]:
         return [
             Route(speech.ROUTE, speech.endpoint, methods=["POST"]),
             Route(transcriptions.ROUTE, transcriptions.endpoint, methods=["POST"]),
+            WebSocketRoute(speech_stream.ROUTE, speech_stream.speech_stream_endpoint),
+            *(self.images.routes if self.images else []),
+            *(self.videos.routes if self.videos else []),
         ]
 
     async def start(self) -> None:
@@ -81,5 +89,8 @@ class BatchApi:
 
     async def shutdown(self) -> None:
         await self.runner.shutdown()
+        for media in (self.images, self.videos):
+            if media is not None:
+                media.shutdown()
         if self.temporary_blobs:
             shutil.rmtree(self.blobs.root, ignore_errors=True)

@@ -97,6 +97,18 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "extra)",
     )
     p.add_argument(
+        "--image-model",
+        default=DEFAULTS.image_model,
+        help="batch API: serve /v1/images/* with this diffusers pipeline (a local directory "
+        "with model_index.json, e.g. a Stable Diffusion checkpoint; needs the ml extra)",
+    )
+    p.add_argument(
+        "--video-model",
+        default=DEFAULTS.video_model,
+        help="batch API: serve /v1/videos* with this diffusers text-to-video pipeline (a "
+        "local directory with model_index.json, e.g. AnimateDiff; needs the ml extra)",
+    )
+    p.add_argument(
         "--llm",
         default=DEFAULTS.llm,
         help="cascade: answer with this chat model (a local checkpoint directory with "

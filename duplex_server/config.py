@@ -74,6 +74,10 @@ class ServerConfig:
     asr_phrases: str | None = None
     asr: str = "auto"  # whisper-ct2 when its package is installed, else pocketsphinx
     tts: str = "espeak"  # or piper, piper:PATH, vits:PATH
+    # batch API: local diffusers pipeline directories (None: the routes answer
+    # that no model is loaded)
+    image_model: str | None = None
+    video_model: str | None = None
     # cascade: answer with this local chat checkpoint instead of the parrot
     llm: str | None = None
     llm_backend: str = "auto"  # transformers here; vllm is not installed

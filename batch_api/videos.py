@@ -1,0 +1,538 @@
+"""``/v1/videos``: text-to-video as asynchronous jobs, the way OpenAI's and
+vLLM-Omni's video APIs run them, on a diffusers pipeline (``--video-model``).
+
+``POST /v1/videos`` answers at once with the job (``queued``); the job runs
+in the job runner (a one-shot session on the log: it survives a restart,
+an ``Idempotency-Key`` retry finds it) and reports its denoising progress
+as ``progress`` records. ``GET /v1/videos/{id}`` reads the job back from
+its records (as SSE events while it runs, to a client that asks for
+``text/event-stream``); the finished video is an MP4 (H.264 through PyAV)
+in the blob store, served whole or by HTTP range (a player seeks without
+downloading everything). ``POST /v1/videos/sync`` answers with the MP4."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from batch_api.http import (
+    BodyTooLarge,
+    answer,
+    decode_struct,
+    error_response,
+    idempotency_key,
+    limited_stream,
+    principal_name,
+)
+from batch_api.images import MAX_PROMPT_CHARS, MAX_STEPS, job_seed
+from duplex_server.config import ServerConfig
+from duplex_server.engine.diffusion import (
+    DiffusionEngine,
+    PipelineInfo,
+    PipelineLoadError,
+    Step,
+    Video,
+    VideoJob,
+    load_diffusion,
+)
+from duplex_server.jobs.journal import StoredJob
+from duplex_server.jobs.run import JobError, JobInput, JobKind, JobRequest
+from duplex_server.jobs.runner import JobRunner
+from duplex_server.sessions.core import records as r
+
+ROUTE = "/v1/videos"
+ROUTE_SYNC = "/v1/videos/sync"
+MP4 = "video/mp4"
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+DEFAULT_SECONDS = 4
+DEFAULT_STEPS = 25
+MAX_LIST = 100
+MAX_FORM_FIELDS = 16
+MAX_FIELD_BYTES = 64 * 1024  # a form field that is not a file (a prompt)
+MAX_JSON_BODY_BYTES = 1024 * 1024
+POLL_S = 0.25  # an SSE stream re-reads its job's records this often
+ENCODING_SHARE = 5  # percent of progress left for writing the MP4
+
+
+def encode_mp4(video: Video) -> bytes:
+    """H.264 in MP4, its index first (``faststart``): playable while it downloads."""
+    import av
+
+    frames = video.frames
+    # faststart rewrites the file to move the index: it needs a real file.
+    with tempfile.TemporaryDirectory(prefix="duplex-mp4-") as scratch:
+        path = Path(scratch) / "video.mp4"
+        with av.open(str(path), "w", options={"movflags": "+faststart"}) as container:
+            stream = container.add_stream("libx264", rate=video.fps)
+            stream.width, stream.height = int(frames.shape[2]), int(frames.shape[1])
+            stream.pix_fmt = "yuv420p"
+            for pixels in frames:
+                frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
+                container.mux(stream.encode(frame))
+            container.mux(stream.encode(None))
+        return path.read_bytes()
+
+
+class RangeNotSatisfiable(ValueError):
+    """The range names no byte of the body (HTTP 416)."""
+
+
+def byte_range(header: str | None, length: int) -> tuple[int, int] | None:
+    """The inclusive ``(first, last)`` bytes a ``Range`` header asks for;
+    None for the whole body (no header, a unit other than bytes, several
+    ranges: a server may answer those whole)."""
+    if header is None:
+        return None
+    match = _RANGE.match(header.strip())
+    if match is None:
+        return None
+    first, last = match.groups()
+    if not first and not last:
+        return None
+    if not first:  # the last N bytes
+        suffix = int(last)
+        if suffix == 0 or length == 0:
+            raise RangeNotSatisfiable(header)
+        return max(0, length - suffix), length - 1
+    start = int(first)
+    end = min(int(last), length - 1) if last else length - 1
+    if start >= length or (last and int(last) < start):
+        raise RangeNotSatisfiable(header)
+    return start, end
+
+
+class VideoRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    prompt: str
+    model: str | None = None
+    seconds: str | int = DEFAULT_SECONDS
+    size: str = "auto"
+    seed: int | None = None
+    num_inference_steps: int | None = None
+    # vLLM-Omni's fields
+    negative_prompt: str | None = None
+    guidance_scale: float | None = None
+    fps: int | None = None
+    num_frames: int | None = None
+
+
+class VideoError(msgspec.Struct):
+    code: str
+    message: str
+
+
+class VideoObject(msgspec.Struct, omit_defaults=False):
+    """OpenAI's ``video`` object."""
+
+    id: str
+    created_at: int
+    model: str
+    progress: int
+    seconds: str
+    size: str
+    status: str
+    prompt: str
+    object: str = "video"
+    completed_at: int | None = None
+    expires_at: int | None = None
+    error: VideoError | None = None
+    remixed_from_video_id: str | None = None
+
+
+def _invalid(param: str, message: str, code: str = "invalid_value") -> JobError:
+    return JobError(400, code, message, param)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A request resolved against the pipeline: what the job will make."""
+
+    width: int
+    height: int
+    frames: int
+    fps: int
+
+
+def plan(req: VideoRequest, info: PipelineInfo) -> Plan:
+    """What ``req`` asks of ``info``'s pipeline, or the 4xx naming the field."""
+    from batch_api.images import parse_size
+
+    if req.model is not None and req.model != info.name:
+        raise JobError(
+            404, "model_not_found", f"model {req.model!r} is not served; {info.name!r} is", "model"
+        )
+    if not req.prompt.strip() or len(req.prompt) > MAX_PROMPT_CHARS:
+        raise _invalid("prompt", f"prompt must be 1 to {MAX_PROMPT_CHARS} characters")
+    seconds = str(req.seconds)
+    if not seconds.isdigit() or int(seconds) < 1:
+        raise _invalid("seconds", f"seconds {req.seconds!r} is not a whole number of seconds")
+    fps = req.fps if req.fps is not None else info.fps
+    if not 1 <= fps <= 60:
+        raise _invalid("fps", "fps must be 1 to 60")
+    frames = req.num_frames if req.num_frames is not None else int(seconds) * fps
+    if not 1 <= frames <= info.max_frames:
+        param = "num_frames" if req.num_frames is not None else "seconds"
+        raise _invalid(
+            param,
+            f"{info.name} makes at most {info.max_frames} frames "
+            f"({info.max_frames // fps} s at {fps} fps); {frames} asked",
+        )
+    if req.num_inference_steps is not None and not 1 <= req.num_inference_steps <= MAX_STEPS:
+        raise _invalid("num_inference_steps", f"num_inference_steps must be 1 to {MAX_STEPS}")
+    if req.negative_prompt is not None and not info.negative_prompt:
+        raise _invalid(
+            "negative_prompt", f"{info.pipeline} takes no negative prompt", "unsupported_value"
+        )
+    if req.seed is not None and not 0 <= req.seed < 2**63:
+        raise _invalid("seed", "seed must be 0 to 2**63 - 1")
+    width, height = parse_size(req.size, info)
+    return Plan(width, height, frames, fps)
+
+
+@dataclass
+class VideosApi:
+    """The video routes and their job kinds over one loaded pipeline (None:
+    no ``--video-model``, and the routes say so)."""
+
+    engine: DiffusionEngine | None
+    runner: JobRunner
+    max_upload_bytes: int
+    retention_s: float
+
+    @classmethod
+    def build(cls, config: ServerConfig, runner: JobRunner) -> VideosApi:
+        """Starts loading ``--video-model`` (on the engine's thread) and
+        registers the job kinds, so jobs a crash left can run again."""
+        engine = load_diffusion(config.video_model, video=True) if config.video_model else None
+        api = cls(engine, runner, config.max_upload_bytes, config.batch_retention_s)
+        for route in (ROUTE, ROUTE_SYNC):
+            runner.register(JobKind(route, api._produce, lambda _: MP4))
+        return api
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+
+    @property
+    def routes(self) -> list[Route]:
+        return [
+            Route(ROUTE, self.create, methods=["POST"]),
+            Route(ROUTE, self.list_videos, methods=["GET"]),
+            Route(ROUTE_SYNC, self.create_sync, methods=["POST"]),
+            Route(ROUTE + "/{video_id}", self.retrieve, methods=["GET"]),
+            Route(ROUTE + "/{video_id}", self.delete, methods=["DELETE"]),
+            Route(ROUTE + "/{video_id}/content", self.content, methods=["GET"]),
+        ]
+
+    async def _info(self) -> PipelineInfo:
+        if self.engine is None:
+            raise JobError(
+                404,
+                "model_not_loaded",
+                "no video model is loaded: serve --video-model PATH (a diffusers pipeline)",
+                "model",
+            )
+        try:
+            return await self.engine.info()
+        except PipelineLoadError as exc:
+            raise JobError(503, "model_not_loaded", str(exc), "model") from exc
+
+    # --- submitting -------------------------------------------------------------
+
+    async def _submit(self, request: Request, route: str) -> tuple[str, VideoRequest, str]:
+        principal = principal_name(request)
+        info = await self._info()
+        req = await self._read(request)
+        resolved = plan(req, info)
+        if req.size == "auto":
+            req = msgspec.structs.replace(req, size=f"{resolved.width}x{resolved.height}")
+        if req.model is None:
+            req = msgspec.structs.replace(req, model=info.name)
+        run = await self.runner.submit(
+            JobRequest(route, principal, msgspec.json.encode(req), idempotency_key(request))
+        )
+        return run.job_id, req, principal
+
+    async def create(self, request: Request) -> Response:
+        try:
+            job_id, _, principal = await self._submit(request, ROUTE)
+            video = await self._video(job_id, principal)
+        except JobError as exc:
+            return error_response(exc)
+        return _json(video)
+
+    async def create_sync(self, request: Request) -> Response:
+        try:
+            principal = principal_name(request)
+            info = await self._info()
+            req = await self._read(request)
+            plan(req, info)
+            run = await self.runner.submit(
+                JobRequest(
+                    ROUTE_SYNC, principal, msgspec.json.encode(req), idempotency_key(request)
+                )
+            )
+        except JobError as exc:
+            return error_response(exc)
+        return await answer(run)
+
+    async def _read(self, request: Request) -> VideoRequest:
+        """JSON, or multipart as the openai SDK sends it (``input_reference``
+        is a file: refused, the text-to-video pipeline takes none)."""
+        media = request.headers.get("content-type", "")
+        if not media.startswith("multipart/form-data"):
+            try:
+                body = b"".join(
+                    [chunk async for chunk in limited_stream(request, MAX_JSON_BODY_BYTES)]
+                )
+            except BodyTooLarge:
+                raise JobError(413, "payload_too_large", "the JSON body is too large") from None
+            return decode_struct(body, VideoRequest)
+        parser = MultiPartParser(
+            request.headers,
+            limited_stream(request, self.max_upload_bytes),
+            max_files=1,
+            max_fields=MAX_FORM_FIELDS,
+            max_part_size=MAX_FIELD_BYTES,
+        )
+        try:
+            form = await parser.parse()
+        except BodyTooLarge:
+            raise JobError(
+                413, "payload_too_large", f"the upload is over {self.max_upload_bytes} bytes"
+            ) from None
+        except MultiPartException as exc:
+            raise JobError(400, "invalid_request_body", exc.message) from None
+        fields: dict[str, object] = {}
+        try:
+            for name, value in form.multi_items():
+                if name == "input_reference" or isinstance(value, UploadFile):
+                    raise _invalid(
+                        name,
+                        "this text-to-video pipeline takes no reference image",
+                        "unsupported_value",
+                    )
+                number = name in ("seed", "num_inference_steps", "fps", "num_frames")
+                fields[name] = int(value) if number and value.lstrip("-").isdigit() else value
+                if name == "guidance_scale":
+                    fields[name] = _float_or_text(value)
+        finally:
+            await form.close()
+        return decode_struct(msgspec.json.encode(fields), VideoRequest)
+
+    # --- running ---------------------------------------------------------------
+
+    async def _produce(self, given: JobInput) -> AsyncIterator[bytes]:
+        req = msgspec.json.decode(given.params, type=VideoRequest)
+        info = await self._info()  # again: the server may have restarted with another model
+        resolved = plan(req, info)
+        job = VideoJob(
+            prompt=req.prompt,
+            width=resolved.width,
+            height=resolved.height,
+            frames=resolved.frames,
+            steps=req.num_inference_steps or DEFAULT_STEPS,
+            seed=req.seed if req.seed is not None else job_seed(given.job_id),
+            negative_prompt=req.negative_prompt,
+            guidance_scale=req.guidance_scale,
+        )
+        assert self.engine is not None  # _info() refuses without one
+        video: Video | None = None
+        await given.progress(0, "queued")
+        async for chunk in self.engine.submit(given.job_id, given.job_id, job):
+            if isinstance(chunk, Step):
+                share = 100 - ENCODING_SHARE
+                await given.progress(chunk.done * share // max(1, chunk.total), "denoising")
+            elif isinstance(chunk, Video):
+                video = chunk
+        assert video is not None  # the engine ends every job with its result
+        await given.progress(100 - ENCODING_SHARE, "encoding")
+        data = await asyncio.to_thread(encode_mp4, Video(video.frames, resolved.fps))
+        given.metadata.update(seed=job.seed, frames=job.frames, fps=resolved.fps)
+        yield data
+
+    # --- reading back ------------------------------------------------------------
+
+    async def _stored(self, video_id: str, principal: str) -> tuple[StoredJob, int | None]:
+        """The job behind ``video_id`` if it is this principal's video (404
+        otherwise), and when its result was recorded (ms; None: running)."""
+        stored = await self.runner.job(principal, video_id)
+        if stored is None or stored.job is None or stored.job.route != ROUTE:
+            raise JobError(404, "video_not_found", f"no video {video_id!r}", "video_id")
+        finished = None
+        if stored.result is not None:
+            records = await self.runner.log.read(video_id)
+            finished = next(
+                (rec.ts_ms for rec in records if isinstance(rec.body, r.ResultBody)), None
+            )
+        return stored, finished
+
+    async def _video(self, video_id: str, principal: str) -> VideoObject:
+        return self._object(*await self._stored(video_id, principal))
+
+    def _object(self, stored: StoredJob, finished_ms: int | None) -> VideoObject:
+        assert stored.job is not None
+        req = msgspec.json.decode(stored.job.params, type=VideoRequest)
+        result = stored.result
+        video = VideoObject(
+            id=stored.job_id,
+            created_at=stored.created_ms // 1000,
+            model=req.model or "",
+            progress=stored.progress,
+            seconds=str(req.seconds),
+            size=req.size,
+            status="queued" if stored.progress == 0 else "in_progress",
+            prompt=req.prompt,
+        )
+        if result is None or finished_ms is None:
+            return video
+        video.completed_at = finished_ms // 1000
+        video.expires_at = (finished_ms + int(self.retention_s * 1000)) // 1000
+        if result.status == "completed":
+            video.status, video.progress = "completed", 100
+        else:
+            video.status = "failed"
+            video.error = VideoError(result.error_code or "failed", result.error_message or "")
+        return video
+
+    async def retrieve(self, request: Request) -> Response:
+        try:
+            principal = principal_name(request)
+            video_id = request.path_params["video_id"]
+            video = await self._video(video_id, principal)
+        except JobError as exc:
+            return error_response(exc)
+        if "text/event-stream" in request.headers.get("accept", ""):
+            return StreamingResponse(
+                self._events(video_id, principal, video), media_type="text/event-stream"
+            )
+        return _json(video)
+
+    async def _events(
+        self, video_id: str, principal: str, video: VideoObject
+    ) -> AsyncIterator[bytes]:
+        """``video.progress`` each time the job moves, then ``video.completed``
+        or ``video.failed``; the stream ends with the job (or its deletion)."""
+        last: tuple[str, int] | None = None
+        while True:
+            if (video.status, video.progress) != last:
+                last = (video.status, video.progress)
+                final = video.status in ("completed", "failed")
+                name = f"video.{video.status}" if final else "video.progress"
+                yield _sse(name, msgspec.json.encode(video))
+                if final:
+                    return
+            await asyncio.sleep(POLL_S)
+            try:
+                video = await self._video(video_id, principal)
+            except JobError:
+                return
+
+    async def list_videos(self, request: Request) -> Response:
+        try:
+            principal = principal_name(request)
+            limit = _int_param(request, "limit", 20)
+            if not 1 <= limit <= MAX_LIST:
+                raise _invalid("limit", f"limit must be 1 to {MAX_LIST}")
+            order = request.query_params.get("order", "desc")
+            if order not in ("asc", "desc"):
+                raise _invalid("order", "order is asc or desc")
+            after = request.query_params.get("after")
+            videos = await self._all(principal)
+        except JobError as exc:
+            return error_response(exc)
+        if order == "desc":  # _all is oldest first, to the millisecond
+            videos.reverse()
+        if after is not None:
+            ids = [v.id for v in videos]
+            videos = videos[ids.index(after) + 1 :] if after in ids else []
+        page = videos[:limit]
+        body = {
+            "object": "list",
+            "data": [msgspec.to_builtins(v) for v in page],
+            "first_id": page[0].id if page else None,
+            "last_id": page[-1].id if page else None,
+            "has_more": len(videos) > limit,
+        }
+        return JSONResponse(body)
+
+    async def _all(self, principal: str) -> list[VideoObject]:
+        videos = []
+        for stored in await self.runner.jobs(principal, ROUTE):
+            try:
+                videos.append(await self._video(stored.job_id, principal))
+            except JobError:
+                continue  # deleted while the list was read
+        return videos
+
+    async def delete(self, request: Request) -> Response:
+        """Deletes the video; one still being made is stopped first (its
+        diffusion job aborts at its next step)."""
+        try:
+            principal = principal_name(request)
+            video_id = request.path_params["video_id"]
+            await self._stored(video_id, principal)
+            if self.engine is not None:
+                self.engine.abort(video_id)
+            if not await self.runner.delete(principal, video_id):
+                raise JobError(404, "video_not_found", f"no video {video_id!r}", "video_id")
+        except JobError as exc:
+            return error_response(exc)
+        return JSONResponse({"id": video_id, "object": "video.deleted", "deleted": True})
+
+    async def content(self, request: Request) -> Response:
+        try:
+            principal = principal_name(request)
+            variant = request.query_params.get("variant", "video")
+            if variant != "video":
+                raise _invalid("variant", f"variant {variant!r}: only video", "unsupported_value")
+            stored, _ = await self._stored(request.path_params["video_id"], principal)
+            if stored.result is None or stored.result.output is None:
+                raise JobError(409, "video_not_ready", "the video has not finished", "video_id")
+            data = await self.runner.output(stored)
+        except JobError as exc:
+            return error_response(exc)
+        try:
+            span = byte_range(request.headers.get("range"), len(data))
+        except RangeNotSatisfiable:
+            return Response(status_code=416, headers={"Content-Range": f"bytes */{len(data)}"})
+        headers = {"Accept-Ranges": "bytes"}
+        if span is None:
+            return Response(data, media_type=MP4, headers=headers)
+        first, last = span
+        headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
+        return Response(data[first : last + 1], 206, media_type=MP4, headers=headers)
+
+
+def _json(video: VideoObject) -> Response:
+    return Response(msgspec.json.encode(video), media_type="application/json")
+
+
+def _sse(event: str, data: bytes) -> bytes:
+    return f"event: {event}\ndata: ".encode() + data + b"\n\n"
+
+
+def _int_param(request: Request, name: str, default: int) -> int:
+    value = request.query_params.get(name)
+    if value is None:
+        return default
+    if not value.isdigit():
+        raise _invalid(name, f"{name} must be a whole number")
+    return int(value)
+
+
+def _float_or_text(value: str) -> float | str:
+    try:
+        return float(value)
+    except ValueError:
+        return value
