@@ -84,3 +84,7 @@ class ServerConfig:
     llm_kv_cache_bytes: int | None = None  # vLLM's KV cache size (CPU needs one)
     llm_gpu_memory_utilization: float = 0.9  # vLLM on a GPU
     llm_chat_template: str | None = None  # a Jinja file, for checkpoints without one
+    # --model moshi:PATH: where its weights run, their dtype, its batch's rows
+    device: str = "cpu"
+    dtype: str = "auto"
+    moshi_rows: int = 8
