@@ -198,3 +198,15 @@ def test_bad_engine_options_fail_start_up(checkpoint, options, message):
 def test_a_gpu_this_machine_lacks_fails_start_up(checkpoint):
     with pytest.raises(ValueError, match="no CUDA GPU"):
         build_model(f"moshi:{checkpoint}", device="cuda")
+
+
+def test_the_step_bench_reports_tick_figures(checkpoint, capsys):
+    from duplex_server.engine.duplex import bench_step
+
+    bench_step.main([str(checkpoint), "--rows", "1", "2", "--frames", "3"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["rows"] for line in lines] == [1, 2]
+    for line in lines:
+        assert line["frames"] == 3
+        assert 0 < line["tick_ms_p50"] <= line["tick_ms_p99"] <= line["tick_ms_max"]
+        assert line["frames_per_s"] > 0 and 0 <= line["over_budget_ticks"] <= 3
