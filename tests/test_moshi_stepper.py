@@ -176,3 +176,19 @@ def test_bad_tick_inputs_are_refused(model, voices):
         stepper.tick({row: voices[0][:100]})
     with pytest.raises(ValueError, match="not live"):
         stepper.tick({row: frame(voices[0], 0)}, forced={1: FrameTokens(0, (0, 0, 0, 0))})
+
+
+def test_an_emptied_batch_starts_afresh(model, voices, solo):
+    """Once every row has left, the next join drops the shared timeline: it
+    does not grow while nobody is served, and the new stream is a fresh one."""
+    stepper = DuplexStepper(model, rows=1)
+    row = stepper.join()
+    for index in range(3):
+        stepper.tick({row: frame(voices[1], index)})
+    assert stepper.timeline.length == 3
+    stepper.leave(row)
+    row = stepper.join()
+    assert stepper.timeline.length == 0
+    assert_same_frames(
+        [stepper.tick({row: frame(voices[0], i)})[row] for i in range(4)], solo[0][:4]
+    )

@@ -37,6 +37,7 @@ from duplex_server.engine.duplex.tokens import FrameTokens
 logger = logging.getLogger(__name__)
 
 FRAME_SAMPLES = 1920  # 80 ms at 24 kHz: the unit the port promises
+FRAME_MS = 80.0
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Recent tick durations kept for the figures (`tick_ms`).
 TICKS_KEPT = 4096
@@ -117,6 +118,7 @@ class DuplexService:
         self._loaded = threading.Event()
         self.load_error: str | None = None
         self.tick_ms: deque[float] = deque(maxlen=TICKS_KEPT)
+        self.overruns = 0  # ticks longer than the 80 ms frame they stand for
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._thread = threading.Thread(target=self._run, name="duplex-model", daemon=True)
         self._thread.start()
@@ -257,7 +259,9 @@ class DuplexService:
             for _, deliver in batch.values():
                 deliver(exc)
             return
-        self.tick_ms.append((time.perf_counter() - started) * 1000)
+        spent_ms = (time.perf_counter() - started) * 1000
+        self.tick_ms.append(spent_ms)
+        self.overruns += spent_ms > FRAME_MS
         for row, (_, deliver) in batch.items():
             deliver(out[row])
 

@@ -70,13 +70,18 @@ class DuplexStepper:
         self.frame_samples = int(model.audio_encoder.config.frame_size)
         self.text_start = config.vocab_size  # the begin-of-stream ids: one past each vocabulary
         self.audio_start = int(config.audio_vocab_size or model.audio_encoder.config.codebook_size)
-        device = model.device
-        self.encoder = MimiStreamEncoder(model.audio_encoder, rows, self.num_codebooks)
-        self.decoder = MimiStreamDecoder(model.audio_encoder, rows)
-        self.cache = DynamicCache(config=config)
-        self.timeline = RowTimeline(rows, 1, device)
         self.live = [False] * rows
         self.step = [0] * rows
+        self._fresh_state()
+
+    def _fresh_state(self) -> None:
+        """Empty caches and codec state: a batch nobody has used yet."""
+        rows, device = self.rows, self.model.device
+        model = self.model
+        self.encoder = MimiStreamEncoder(model.audio_encoder, rows, self.num_codebooks)
+        self.decoder = MimiStreamDecoder(model.audio_encoder, rows)
+        self.cache = DynamicCache(config=model.config)
+        self.timeline = RowTimeline(rows, 1, device)
         # the column each row's next temporal step reads (its own tokens) ...
         self.text_in = torch.full((rows,), self.text_start, dtype=torch.long, device=device)
         self.audio_in = torch.full(
@@ -86,7 +91,13 @@ class DuplexStepper:
         self.user_late = torch.full_like(self.audio_in[:, 1:], self.audio_start)
 
     def join(self) -> int:
-        """Take a free row for a new stream; its state starts fresh at the next tick."""
+        """Take a free row for a new stream; its state starts fresh at the next tick.
+
+        The first join into an empty batch starts the whole batch afresh, so
+        the shared timeline (and its caches) stop growing once nobody is left.
+        """
+        if not any(self.live) and self.timeline.length:
+            self._fresh_state()
         try:
             row = self.live.index(False)
         except ValueError:
