@@ -77,7 +77,6 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--model",
         default=DEFAULTS.model,
         choices=MODEL_CHOICES,
-        metavar="{cascade,echo,scripted,moshi:PATH}",
         help="model adapter: 'cascade' (VAD -> speech recognition -> parrot -> speech, "
         "the embedded default), 'echo' (loopback, for tests and benchmarks), 'scripted' "
         "(a native duplex model on a fixed schedule) or 'moshi:PATH' (a Moshi-architecture "

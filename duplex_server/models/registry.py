@@ -20,7 +20,7 @@ class ModelChoices(tuple[str, ...]):
         return super().__contains__(value)
 
 
-MODEL_CHOICES = ModelChoices(MODEL_NAMES)
+MODEL_CHOICES = ModelChoices((*MODEL_NAMES, f"{MOSHI_PREFIX}PATH"))
 
 
 def build_model(
