@@ -95,6 +95,9 @@ def create_app(config: ServerConfig) -> Starlette:
         asr=config.asr,
         tts=config.tts,
         llm=llm_options(config),
+        device=config.device,
+        dtype=config.dtype,
+        moshi_rows=config.moshi_rows,
     )
     manager = SessionManager(
         log,

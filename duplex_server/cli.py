@@ -11,9 +11,10 @@ from collections.abc import Mapping
 
 from duplex_server import config_sources
 from duplex_server.config import ServerConfig, default_replica_id
+from duplex_server.engine.duplex.checkpoint import DTYPES
 from duplex_server.engine.llm import LLM_BACKENDS, LLM_DTYPES
 from duplex_server.log_format import LOG_FORMATS
-from duplex_server.models import MODEL_NAMES
+from duplex_server.models import MODEL_CHOICES, MODEL_NAMES
 
 # Every serve flag's default is the server config's own: declared once, there.
 DEFAULTS = ServerConfig
@@ -75,9 +76,30 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         default=DEFAULTS.model,
-        choices=MODEL_NAMES,
+        choices=MODEL_CHOICES,
         help="model adapter: 'cascade' (VAD -> speech recognition -> parrot -> speech, "
-        "the embedded default) or 'echo' (loopback, for tests and benchmarks)",
+        "the embedded default), 'echo' (loopback, for tests and benchmarks), 'scripted' "
+        "(a native duplex model on a fixed schedule) or 'moshi:PATH' (a Moshi-architecture "
+        "checkpoint directory in Hugging Face format, Moshi or PersonaPlex, served natively "
+        "full duplex; needs the ml extra)",
+    )
+    p.add_argument(
+        "--device",
+        default=DEFAULTS.device,
+        help="--model moshi:PATH: where its weights run ('cpu', 'cuda' or 'cuda:N')",
+    )
+    p.add_argument(
+        "--dtype",
+        default=DEFAULTS.dtype,
+        choices=DTYPES,
+        help="--model moshi:PATH: its weights' dtype ('auto': the checkpoint's own)",
+    )
+    p.add_argument(
+        "--moshi-rows",
+        type=int,
+        default=DEFAULTS.moshi_rows,
+        help="--model moshi:PATH: sessions in its batched step (every tick computes all "
+        "rows); a session finding them all taken gets an error at its first audio",
     )
     p.add_argument(
         "--asr",

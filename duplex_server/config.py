@@ -98,3 +98,7 @@ class ServerConfig:
     batch_max_jobs_per_key: int = 8
     batch_cpu_workers: int = 1  # threads for jobs' encoding and decoding
     max_upload_bytes: int = 25 * 1024 * 1024  # OpenAI's limit for audio files
+    # --model moshi:PATH: where its weights run, their dtype, its batch's rows
+    device: str = "cpu"
+    dtype: str = "auto"
+    moshi_rows: int = 8

@@ -8,6 +8,19 @@ from duplex_server.models.echo import EchoBackend, EchoModel
 from duplex_server.sessions.core.model_port import ModelPort
 
 MODEL_NAMES = ("echo", "cascade", "scripted")
+MOSHI_PREFIX = "moshi:"  # moshi:PATH, a Moshi-architecture checkpoint directory
+
+
+class ModelChoices(tuple[str, ...]):
+    """The names ``--model`` lists, and also takes ``moshi:PATH``."""
+
+    def __contains__(self, value: object) -> bool:
+        if isinstance(value, str) and value.startswith(MOSHI_PREFIX):
+            return len(value) > len(MOSHI_PREFIX)
+        return super().__contains__(value)
+
+
+MODEL_CHOICES = ModelChoices((*MODEL_NAMES, f"{MOSHI_PREFIX}PATH"))
 
 
 def build_model(
@@ -18,12 +31,23 @@ def build_model(
     asr: str = "auto",
     tts: str = "espeak",
     llm: LLMOptions | None = None,
+    device: str = "cpu",
+    dtype: str = "auto",
+    moshi_rows: int = 8,
 ) -> ModelPort:
     """Cascade options: ``asr`` / ``tts`` name its stages (``whisper:PATH``,
     ``vits:PATH`` load local checkpoints); ``asr_phrases`` make PocketSphinx
-    listen for those phrases only; ``llm`` answers with a chat model."""
+    listen for those phrases only; ``llm`` answers with a chat model.
+    ``moshi:PATH`` runs on ``device`` in ``dtype``, ``moshi_rows`` sessions
+    in its batched step."""
     if llm is not None and name != "cascade":
         raise ValueError(f"--llm answers in the cascade; --model {name} has no responder")
+    if name.startswith(MOSHI_PREFIX) and name != MOSHI_PREFIX:
+        # Imported here: its engine loads torch and transformers.
+        from duplex_server.models.moshi import build_moshi
+
+        path = name[len(MOSHI_PREFIX) :]
+        return build_moshi(path, device=device, dtype=dtype, rows=moshi_rows)
     if name == "echo":
         return EchoModel(EngineCore(EchoBackend(), max_concurrency=max_concurrency))
     if name == "cascade":

@@ -1,0 +1,250 @@
+"""The frame-synchronous batched step of a Moshi-architecture model.
+
+One ``tick`` advances every live row by one 80 ms frame, all rows at once:
+
+1. Mimi streaming encode of each row's newest 1920 input samples;
+2. one step of the temporal transformer over the row's previous column
+   (its own text token and audio codes, and the user's codes) with the
+   batch's KV cache;
+3. the depth decoder's codebooks one by one, from the text token the
+   temporal step chose;
+4. Mimi streaming decode of the frame whose codes are now complete.
+
+Moshi's delays (the reference ones: text and codebook 0 undelayed, every
+other codebook one frame late) are kept in the layout of a *column*: the
+temporal step at a row's frame ``t`` reads column ``t`` and the depth
+decoder writes column ``t + 1``, which holds the text token and codebook 0
+of frame ``t + 1`` but codebooks 1.. of frame ``t``. Frame ``t``'s codes are
+therefore complete at tick ``t`` (codebook 0 from the previous column), and
+a row's first frame (whose codebook 0 is the begin-of-stream token) has no
+audio: it is silence.
+
+Rows join and leave between ticks. A joining row's transformer positions
+restart behind a mask (``RowTimeline``) and its codec state is reset, so
+it computes what it would alone; a freed row is reused by the next join.
+Decoding is greedy, so a row's output is a function of its input alone:
+what makes "batched equals alone" and the teacher-forced ``prefill`` (a
+restarted replica rebuilding a row from its logged frames) testable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import DynamicCache, MoshiForConditionalGeneration
+
+from duplex_server.engine.duplex.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
+from duplex_server.engine.duplex.splice import splice_row
+from duplex_server.engine.duplex.timeline import RowTimeline
+from duplex_server.engine.duplex.tokens import FrameTokens
+
+
+class RowsFull(Exception):
+    """Every row of the batch is live: nobody can join until one leaves."""
+
+
+@dataclass(frozen=True)
+class RowFrame:
+    """One live row's share of a tick: the tokens it generated (to log) and
+    the 1920 samples of its voice for frame ``step`` (silence at step 0)."""
+
+    step: int
+    tokens: FrameTokens
+    samples: np.ndarray
+
+
+class DuplexStepper:
+    """A batch of ``rows`` rows of one Moshi model, advanced together.
+
+    Not thread-safe: one thread owns it and calls ``join``, ``leave`` and
+    ``tick`` in turn.
+    """
+
+    def __init__(self, model: MoshiForConditionalGeneration, rows: int) -> None:
+        self.model = model
+        self.rows = rows
+        config = model.config
+        self.num_codebooks = config.num_codebooks
+        self.frame_samples = int(model.audio_encoder.config.frame_size)
+        self.text_start = config.vocab_size  # the begin-of-stream ids: one past each vocabulary
+        self.audio_start = int(config.audio_vocab_size or model.audio_encoder.config.codebook_size)
+        self.live = [False] * rows
+        self.step = [0] * rows
+        self._fresh_state()
+
+    def _fresh_state(self) -> None:
+        """Empty caches and codec state: a batch nobody has used yet."""
+        rows, device = self.rows, self.model.device
+        model = self.model
+        self.encoder = MimiStreamEncoder(model.audio_encoder, rows, self.num_codebooks)
+        self.decoder = MimiStreamDecoder(model.audio_encoder, rows)
+        self.cache = DynamicCache(config=model.config)
+        self.timeline = RowTimeline(rows, 1, device)
+        # the column each row's next temporal step reads (its own tokens) ...
+        self.text_in = torch.full((rows,), self.text_start, dtype=torch.long, device=device)
+        self.audio_in = torch.full(
+            (rows, self.num_codebooks), self.audio_start, dtype=torch.long, device=device
+        )
+        # ... and the user's codebooks 1.. of the previous frame (one frame late)
+        self.user_late = torch.full_like(self.audio_in[:, 1:], self.audio_start)
+
+    def join(self) -> int:
+        """Take a free row for a new stream; its state starts fresh at the next tick.
+
+        The first join into an empty batch starts the whole batch afresh, so
+        the shared timeline (and its caches) stop growing once nobody is left.
+        """
+        if not any(self.live) and self.timeline.length:
+            self._fresh_state()
+        try:
+            row = self.live.index(False)
+        except ValueError:
+            raise RowsFull(f"all {self.rows} rows are live") from None
+        self.live[row] = True
+        self.step[row] = 0
+        self.text_in[row] = self.text_start
+        self.audio_in[row] = self.audio_start
+        self.user_late[row] = self.audio_start
+        self.timeline.reset(row)
+        self.encoder.reset(row)
+        return row
+
+    @torch.no_grad()
+    def resume(self, history: list[tuple[np.ndarray, FrameTokens]]) -> int:
+        """Take a free row for a stream that already ran ``len(history)`` frames.
+
+        ``history`` is each past frame's input samples and the tokens the
+        model generated then, in order, as a session logs them. The row is
+        rebuilt by a teacher-forced prefill in a batch of its own (so the
+        live rows do not move) and spliced into this batch; its next tick
+        continues as if it had never stopped.
+        """
+        alone = DuplexStepper(self.model, 1)
+        source = alone.join()
+        for samples, tokens in history:
+            alone.tick({source: samples}, forced={source: tokens})
+        row = self.join()
+        self.step[row] = alone.step[source]
+        self.text_in[row] = alone.text_in[source]
+        self.audio_in[row] = alone.audio_in[source]
+        self.user_late[row] = alone.user_late[source]
+        splice_row(self.cache, self.timeline, row, alone.cache, alone.timeline)
+        self.encoder.adopt(row, alone.encoder)
+        self.decoder.adopt(row, alone.decoder)
+        return row
+
+    def leave(self, row: int) -> None:
+        """Free the row; what it computes until reused is ignored."""
+        self.live[row] = False
+
+    @torch.no_grad()
+    def tick(
+        self,
+        samples: dict[int, np.ndarray],
+        forced: dict[int, FrameTokens] | None = None,
+    ) -> dict[int, RowFrame]:
+        """Advance every live row by one frame.
+
+        ``samples`` holds each live row's newest ``frame_samples`` input
+        samples (float, -1..1); ``forced`` the tokens a row must take instead
+        of choosing them (teacher forcing: a prefill over logged frames).
+        """
+        forced = forced or {}
+        self._check_inputs(samples, forced)
+        for row, step in enumerate(self.step):
+            if self.live[row] and step == 1:
+                self.decoder.reset(row)  # a row's codec output starts at its frame 1
+        user = self.encoder.encode(self._input_batch(samples))
+        user_column = torch.cat([user[:, :1], self.user_late], dim=1)
+        self.user_late = user[:, 1:].clone()
+        hidden, text_logits = self._temporal_step(user_column)
+        text = text_logits.argmax(dim=-1)
+        text = self._force_text(text, forced)
+        audio = self._depth_step(hidden, text, forced)
+        frame_codes = torch.cat([self.audio_in[:, :1], audio[:, 1:]], dim=1)
+        frame_codes = frame_codes.clamp(max=self.audio_start - 1)  # rows at step 0: ignored
+        voice = self.decoder.decode(frame_codes).float().cpu().numpy()
+        out = self._collect(text, audio, voice)
+        self.text_in = text
+        self.audio_in = audio
+        return out
+
+    def _check_inputs(self, samples: dict[int, np.ndarray], forced: dict[int, FrameTokens]) -> None:
+        live = {row for row, is_live in enumerate(self.live) if is_live}
+        if set(samples) != live:
+            raise ValueError(f"a tick needs samples for exactly the live rows {sorted(live)}")
+        for row, frame in samples.items():
+            if frame.shape != (self.frame_samples,):
+                raise ValueError(f"row {row}: expected {self.frame_samples} samples")
+        for row, tokens in forced.items():
+            if row not in live or len(tokens.audio) != self.num_codebooks:
+                raise ValueError(f"row {row}: forced tokens for a row that is not live or short")
+
+    def _input_batch(self, samples: dict[int, np.ndarray]) -> torch.Tensor:
+        batch = np.zeros((self.rows, self.frame_samples), dtype=np.float32)
+        for row, frame in samples.items():
+            batch[row] = frame
+        return torch.from_numpy(batch).to(self.model.device, self.model.dtype)
+
+    def _temporal_step(self, user_column: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        model = self.model
+        k = self.num_codebooks
+        embeds = model.decoder.model.embed_tokens(self.text_in)
+        for codebook in range(k):
+            embeds = embeds + model.embed_tokens[codebook](self.audio_in[:, codebook])
+            embeds = embeds + model.embed_tokens[k + codebook](user_column[:, codebook])
+        mask, positions = self.timeline.step_inputs()
+        out = model.decoder(
+            inputs_embeds=embeds[:, None, :],
+            attention_mask=mask,
+            position_ids=positions,
+            cache=self.cache,
+            use_cache=True,
+        )
+        self.timeline.advance()
+        return out.last_hidden_state, out.logits[:, -1, :]
+
+    def _force_text(self, text: torch.Tensor, forced: dict[int, FrameTokens]) -> torch.Tensor:
+        for row, tokens in forced.items():
+            text[row] = tokens.text
+        return text
+
+    def _depth_step(
+        self, hidden: torch.Tensor, text: torch.Tensor, forced: dict[int, FrameTokens]
+    ) -> torch.Tensor:
+        """The frame's codebooks one by one, each fed the one before (or the forced one)."""
+        codes = torch.empty_like(self.audio_in)
+        for row, tokens in forced.items():
+            codes[row] = torch.tensor(tokens.audio, dtype=torch.long)
+        if all(self.live[row] == (row in forced) for row in range(self.rows)):
+            return codes  # a pure prefill tick: nothing to choose
+        depth = self.model.depth_decoder
+        cache = DynamicCache(config=depth.config)
+        previous = text[:, None]
+        for codebook in range(self.num_codebooks):
+            logits = depth(
+                input_ids=previous, last_hidden_state=hidden, cache=cache, use_cache=True
+            ).logits[:, -1, :]
+            chosen = logits.argmax(dim=-1)
+            for row in forced:
+                chosen[row] = codes[row, codebook]
+            codes[:, codebook] = chosen
+            previous = chosen[:, None]
+        return codes
+
+    def _collect(
+        self, text: torch.Tensor, audio: torch.Tensor, voice: np.ndarray
+    ) -> dict[int, RowFrame]:
+        out: dict[int, RowFrame] = {}
+        texts = text.tolist()
+        codes = audio.tolist()
+        for row in range(self.rows):
+            if not self.live[row]:
+                continue
+            step = self.step[row]
+            samples = voice[row] if step > 0 else np.zeros(self.frame_samples, dtype=np.float32)
+            out[row] = RowFrame(step, FrameTokens(texts[row], tuple(codes[row])), samples)
+            self.step[row] = step + 1
+        return out
