@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -18,7 +19,7 @@ from duplex_server.auth import EphemeralKeys, KeyRing
 from duplex_server.client_secrets import client_secrets
 from duplex_server.config import ServerConfig
 from duplex_server.engine.llm import LLMOptions
-from duplex_server.models import build_model
+from duplex_server.models import build_model, close_model
 from duplex_server.realtime import realtime_endpoint
 from duplex_server.sessions.log.memory_store import MemoryLog
 from duplex_server.sessions.log.redis_store import REDIS_SCHEMES, RedisLog
@@ -126,6 +127,7 @@ def create_app(config: ServerConfig) -> Starlette:
         manager.start()
         yield
         await manager.shutdown()
+        await asyncio.to_thread(close_model, model)
         await log.close()
 
     app = Starlette(
