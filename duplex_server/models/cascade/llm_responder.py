@@ -120,15 +120,23 @@ class LLMResponder:
         clauses = _Clauses()
         calls = 0
         pieces = parser.feed(prefix)
-        async for delta in stream:
-            ttft_ms = clock.tick()
-            if ttft_ms is not None:
-                yield StageTimes({"llm_ttft_ms": ttft_ms})
-            pieces += parser.feed(delta)
-            for reply in _handle(pieces, clauses, chat.response_id, calls):
-                calls += isinstance(reply, FunctionCallPart)
-                yield reply
-            pieces = []
+        try:
+            async for delta in stream:
+                ttft_ms = clock.tick()
+                if ttft_ms is not None:
+                    yield StageTimes({"llm_ttft_ms": ttft_ms})
+                pieces += parser.feed(delta)
+                for reply in _handle(pieces, clauses, chat.response_id, calls):
+                    calls += isinstance(reply, FunctionCallPart)
+                    yield reply
+                pieces = []
+        except Exception:
+            # The engine failed mid-answer: what it said so far is still said
+            # (kept in the answer) before its failure ends the response.
+            rest = clauses.rest()
+            if rest:
+                yield rest
+            raise
         yield StageTimes(clock.figures())
         for reply in _handle([*pieces, *parser.finish()], clauses, chat.response_id, calls):
             calls += isinstance(reply, FunctionCallPart)

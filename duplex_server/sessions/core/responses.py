@@ -87,9 +87,13 @@ def response_object(batch: Batch, response: Response) -> ResponseObject:
             turn_id=state.turn_id,
             playback=ledger(response.playback),
             reason=response.reason or None,
-            stage_metrics=_stage_metrics(response) if response.status != "in_progress" else None,
+            stage_metrics=_stage_metrics(response) if _reports_stages(state, response) else None,
         ),
     )
+
+
+def _reports_stages(state: SessionState, response: Response) -> bool:
+    return response.status != "in_progress" and state.config.return_stage_metrics
 
 
 def _stage_metrics(response: Response) -> dict[str, float] | None:
