@@ -175,3 +175,24 @@ async def test_a_malformed_tool_call_is_an_engine_error(tool_server):
         assert text_of(events) == NO_TOOLS
     finally:
         await connection.close()
+
+
+async def test_a_spoken_answer_says_the_text_before_the_call_and_never_the_markup(tool_server):
+    connection = await open_session(tool_server, tools=[WEATHER_TOOL], output_modalities=["audio"])
+    try:
+        events = await ask(connection, QUESTION)
+        transcript = "".join(
+            e.delta for e in events if e.type == "response.output_audio_transcript.delta"
+        )
+        assert transcript == LET_ME_CHECK
+        assert of_type(events, "response.output_audio.delta")
+        (done,) = of_type(events, "response.function_call_arguments.done")
+        assert (done.name, done.arguments) == ("get_weather", call_arguments())
+        response = events[-1].response
+        assert response.status == "completed"
+        assert [item.type for item in response.output] == ["message", "function_call"]
+        # the token figures and the synthesis time, journaled with the answer
+        stages = response.model_extra["duplex"]["stage_metrics"]
+        assert {"llm_ttft_ms", "llm_tpot_ms", "tts_first_clause_ms"} <= set(stages)
+    finally:
+        await connection.close()

@@ -118,7 +118,10 @@ class LLMResponder:
     ) -> AsyncIterator[Reply]:
         parser = ToolCallParser()
         clauses = _Clauses()
-        calls = 0
+        # Calls are handed on when the answer ends (after its figures and its
+        # last words): a call is complete only then, and the figures ride on
+        # whatever comes after them.
+        calls: list[FunctionCallPart] = []
         pieces = parser.feed(prefix)
         try:
             async for delta in stream:
@@ -126,9 +129,11 @@ class LLMResponder:
                 if ttft_ms is not None:
                     yield StageTimes({"llm_ttft_ms": ttft_ms})
                 pieces += parser.feed(delta)
-                for reply in _handle(pieces, clauses, chat.response_id, calls):
-                    calls += isinstance(reply, FunctionCallPart)
-                    yield reply
+                for reply in _handle(pieces, clauses, chat.response_id, len(calls)):
+                    if isinstance(reply, FunctionCallPart):
+                        calls.append(reply)
+                    else:
+                        yield reply
                 pieces = []
         except Exception:
             # The engine failed mid-answer: what it said so far is still said
@@ -138,12 +143,16 @@ class LLMResponder:
                 yield rest
             raise
         yield StageTimes(clock.figures())
-        for reply in _handle([*pieces, *parser.finish()], clauses, chat.response_id, calls):
-            calls += isinstance(reply, FunctionCallPart)
-            yield reply
+        for reply in _handle([*pieces, *parser.finish()], clauses, chat.response_id, len(calls)):
+            if isinstance(reply, FunctionCallPart):
+                calls.append(reply)
+            else:
+                yield reply
         rest = clauses.rest()
         if rest:
             yield rest
+        for call in calls:
+            yield call
 
 
 def _handle(pieces: list[Piece], clauses: _Clauses, response_id: str, calls: int) -> list[Reply]:
