@@ -81,13 +81,16 @@ async def test_a_spoken_question_gets_the_trained_reply_spoken(llm_server):
     assert audio and events[-1]["response"]["status"] == "completed"
 
 
-def capture_chats(server) -> list[list[dict]]:
-    """The chats the engine is asked to answer (its submit, passed through)."""
+def capture_chats(server, payloads: list | None = None) -> list[list[dict]]:
+    """The chats the engine is asked to answer (its submit, passed through);
+    ``payloads`` gets the whole requests' payloads."""
     core = server.app.state.model.responder.engine.core
     submit, chats = core.submit, []
 
     def recording(request):
         chats.append(request.payload.messages)
+        if payloads is not None:
+            payloads.append(request.payload)
         return submit(request)
 
     core.submit = recording
@@ -138,10 +141,16 @@ async def test_the_next_answer_hears_only_what_was_played_and_acknowledged(llm_s
 
 
 async def test_per_response_overrides_reach_the_model(llm_server):
+    payloads: list = []
+    capture_chats(llm_server, payloads)
     client = await client_commit_session(llm_server)
-    events = await say(client, "Say hello.", output_modalities=["text"], instructions=FRENCH)
+    events = await say(
+        client, "Say hello.", output_modalities=["text"], instructions=FRENCH, temperature=0.0
+    )
     text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     assert text == BONJOUR
+    assert payloads[-1].messages[0] == {"role": "system", "content": FRENCH}
+    assert payloads[-1].temperature == 0.0  # the session's is 0.8
     # max_output_tokens caps the answer (one character a token)
     client = await client_commit_session(llm_server)
     events = await say(
