@@ -85,6 +85,7 @@ async def test_a_long_chat_drops_its_oldest_turns_and_says_so(tmp_path_factory):
         for name in ("duplex_llm_ttft_seconds", "duplex_llm_tpot_seconds"):
             assert metrics.sample_value(scrape, f"{name}_count") >= 2
         assert metrics.sample_value(scrape, "duplex_llm_inter_token_seconds_count") >= len(CAPITAL)
+        assert metrics.sample_value(scrape, "duplex_stage_seconds_count", {"stage": "llm"}) >= 2
         # a client that does not want them gets none
         await client.send(
             {"type": "session.update", "session": {"extra_body": {"return_stage_metrics": False}}}

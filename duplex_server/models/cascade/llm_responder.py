@@ -103,8 +103,8 @@ class LLMResponder:
 
     async def _fit(self, payload: ChatPayload) -> tuple[ChatPayload, int]:
         measure = self.engine.measure
-        if measure is None:
-            return payload, 0
+        if measure is None or not self.engine.state.loaded:
+            return payload, 0  # nothing to count with: the backend cuts what is too long
         return await asyncio.to_thread(
             fit_chat, payload, measure.prompt_tokens, measure.context_tokens
         )

@@ -33,6 +33,8 @@ class TokenClock:
         token): ``llm_tpot_ms`` the mean gap after the first token, and the
         gaps' median, 95th percentile and maximum."""
         arrivals = self._arrivals
+        if arrivals:  # the whole answer, as the other stages report their calls
+            metrics.observe_stage("llm", arrivals[-1] - self._submitted, 0.0)
         figures = {"llm_output_pieces": float(len(arrivals))}
         if len(arrivals) < 2:
             return figures
