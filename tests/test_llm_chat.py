@@ -17,8 +17,10 @@ from duplex_server.engine.llm.tool_call_parser import (
     ToolCallParser,
 )
 from duplex_server.models.cascade.llm_chat import chat_messages, tool_setup
+from duplex_server.sessions.core.config import check_tool_choice
 from duplex_server.sessions.core.items import Item, Part
 from duplex_server.sessions.core.model_port import HistoryItem, SessionView, history_view
+from protocol.errors import ProtocolError
 from protocol.session_config import Tool, ToolChoiceFunction
 
 WEATHER = Tool(name="get_weather", description="d", parameters={"type": "object"})
@@ -151,3 +153,10 @@ def test_a_long_chat_loses_whole_old_turns_first():
     greedy = ChatPayload(turns, 0.0, max_new_tokens=1000)
     fitted, dropped = fit_chat(greedy, count, 2 * (1 + 20 + 20 + 2))
     assert dropped == 2 and fitted.messages == [turns[0], *turns[3:]]
+
+
+def test_required_without_tools_is_refused():
+    with pytest.raises(ProtocolError) as refused:
+        check_tool_choice("required", [], "session.tool_choice")
+    assert (refused.value.code, refused.value.param) == ("invalid_value", "session.tool_choice")
+    check_tool_choice("required", [WEATHER], "session.tool_choice")

@@ -275,7 +275,12 @@ def merge_config(
 
 
 def check_tool_choice(choice: ToolChoice, tools: list[Tool], param: str) -> None:
-    """A tool_choice naming a function must name one of the tools offered."""
+    """A tool_choice naming a function must name one of the tools offered;
+    ``required`` needs a tool to call (without one it could not be honoured)."""
+    if choice == "required" and not tools:
+        raise ProtocolError(
+            "invalid_value", "tool_choice 'required' needs at least one tool", param=param
+        )
     if not isinstance(choice, ToolChoiceFunction):
         return
     name = choice.function_name()
