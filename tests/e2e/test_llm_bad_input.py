@@ -55,6 +55,9 @@ async def test_a_checkpoint_without_a_chat_template(tmp_path_factory, tmp_path):
         client = await client_commit_session(server)
         events = await say(client, "What is the capital of Spain?", output_modalities=["text"])
         assert text_of(events) == CAPITAL
+        backend = server.app.state.model.responder.engine.core.backend
+    # the server's shutdown stopped the decode thread
+    assert not backend._thread.is_alive()
 
 
 async def test_a_long_chat_drops_its_oldest_turns_and_says_so(tmp_path_factory):
