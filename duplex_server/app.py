@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -19,7 +20,7 @@ from duplex_server.auth import EphemeralKeys, KeyRing
 from duplex_server.client_secrets import client_secrets
 from duplex_server.config import ServerConfig
 from duplex_server.engine.llm import LLMOptions
-from duplex_server.models import build_model
+from duplex_server.models import build_model, close_model
 from duplex_server.realtime import realtime_endpoint
 from duplex_server.sessions.log.memory_store import MemoryLog
 from duplex_server.sessions.log.redis_store import REDIS_SCHEMES, RedisLog
@@ -75,6 +76,7 @@ def llm_options(config: ServerConfig) -> LLMOptions | None:
         kv_cache_bytes=config.llm_kv_cache_bytes,
         gpu_memory_utilization=config.llm_gpu_memory_utilization,
         chat_template=config.llm_chat_template,
+        device=config.device,
     )
 
 
@@ -134,6 +136,7 @@ def create_app(config: ServerConfig) -> Starlette:
         yield
         await batch.shutdown()
         await manager.shutdown()
+        await asyncio.to_thread(close_model, model)
         await log.close()
 
     app = Starlette(

@@ -86,7 +86,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--device",
         default=DEFAULTS.device,
-        help="--model moshi:PATH: where its weights run ('cpu', 'cuda' or 'cuda:N')",
+        help="where model weights run ('cpu', 'cuda' or 'cuda:N'): --model moshi:PATH's "
+        "and --llm's (the transformers backend; vLLM places its own)",
     )
     p.add_argument(
         "--dtype",

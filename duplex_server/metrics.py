@@ -162,6 +162,24 @@ ENGINE_QUEUE_DEPTH = Gauge(
     ["engine"],
     registry=None,
 )
+LLM_TTFT = Histogram(
+    "duplex_llm_ttft_seconds",
+    "an LLM answer submitted -> its first token back (queueing and prefill included)",
+    buckets=LATENCY_BUCKETS_S,
+    registry=None,
+)
+LLM_TPOT = Histogram(
+    "duplex_llm_tpot_seconds",
+    "an LLM answer's mean time per output token after its first",
+    buckets=LATENCY_BUCKETS_S,
+    registry=None,
+)
+LLM_INTER_TOKEN = Histogram(
+    "duplex_llm_inter_token_seconds",
+    "the time between two consecutive streamed pieces of an LLM answer",
+    buckets=LATENCY_BUCKETS_S,
+    registry=None,
+)
 
 SHARED = (
     SESSIONS_OPENED,
@@ -179,6 +197,9 @@ SHARED = (
     STAGE_LATENCY,
     STAGE_REALTIME_FACTOR,
     ENGINE_QUEUE_DEPTH,
+    LLM_TTFT,
+    LLM_TPOT,
+    LLM_INTER_TOKEN,
 )
 
 

@@ -65,6 +65,7 @@ class SessionExtraBody(msgspec.Struct):
     overlap_short_ack_ms: float = 400.0
     overlap_barge_in_ms: float = 400.0
     overlap_silence_rms: float = 0.01
+    return_stage_metrics: bool = True
 
 
 class SessionDuplex(msgspec.Struct):

@@ -201,6 +201,9 @@ class ExtraBody(OverlapThresholds, omit_defaults=True, forbid_unknown_fields=Tru
     chunk_delay_ms: Annotated[float, Meta(ge=0.0, le=10_000.0)] | UnsetType = UNSET
     # vLLM-Omni's Nemotron preset offers its tools here: the session's tools.
     realtime_tools: list[Tool] | UnsetType = UNSET
+    # vLLM-Omni's switch for the stage times in response.done (duplex.stage_metrics
+    # and vllm_omni.stage_metrics); on unless a client turns it off.
+    return_stage_metrics: bool | UnsetType = UNSET
 
 
 class SessionUpdate(OverlapThresholds, omit_defaults=True):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 from duplex_server.engine import EngineCore
 from duplex_server.engine.llm import LLMOptions
 from duplex_server.models.echo import EchoBackend, EchoModel
@@ -21,6 +23,18 @@ class ModelChoices(tuple[str, ...]):
 
 
 MODEL_CHOICES = ModelChoices((*MODEL_NAMES, f"{MOSHI_PREFIX}PATH"))
+
+
+@runtime_checkable
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+def close_model(model: ModelPort) -> None:
+    """Stop the threads a model runs of its own (the cascade's LLM decode
+    thread) at server shutdown; blocking, so called off the event loop."""
+    if isinstance(model, _Closable):
+        model.close()
 
 
 def build_model(

@@ -14,9 +14,15 @@ from openai import AsyncOpenAI
 from duplex_server import cli
 from duplex_server.config import ServerConfig
 from tests.conftest import free_port, running_server
-from tests.e2e.test_voice import first, silence, stream_paced, vad_session
+from tests.e2e.test_voice import (
+    client_commit_session,
+    first,
+    silence,
+    stream_paced,
+    vad_session,
+)
 from tests.speech import speak
-from tests.tiny_chat import BONJOUR, CAPITAL, FRENCH, trained_chat_model
+from tests.tiny_chat import BONJOUR, CAPITAL, FRENCH, HELLO, trained_chat_model
 
 
 @pytest.fixture
@@ -73,6 +79,85 @@ async def test_a_spoken_question_gets_the_trained_reply_spoken(llm_server):
     assert first(events, "response.output_audio_transcript.done")["transcript"] == CAPITAL
     audio = [e for e in events if e["type"] == "response.output_audio.delta"]
     assert audio and events[-1]["response"]["status"] == "completed"
+
+
+def capture_chats(server, payloads: list | None = None) -> list[list[dict]]:
+    """The chats the engine is asked to answer (its submit, passed through);
+    ``payloads`` gets the whole requests' payloads."""
+    core = server.app.state.model.responder.engine.core
+    submit, chats = core.submit, []
+
+    def recording(request):
+        chats.append(request.payload.messages)
+        if payloads is not None:
+            payloads.append(request.payload)
+        return submit(request)
+
+    core.submit = recording
+    return chats
+
+
+async def say(client, text: str, **response) -> list[dict]:
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    await client.send({"type": "conversation.item.create", "item": item})
+    await client.send({"type": "response.create", "response": response})
+    events = await client.recv_until("rate_limits.updated", timeout=60)
+    return events[:-1]  # up to its response.done
+
+
+async def test_the_next_answer_hears_only_what_was_played_and_acknowledged(llm_server):
+    chats = capture_chats(llm_server)
+    client = await client_commit_session(llm_server)
+    events = await say(client, "Say hello.")
+    assert first(events, "response.output_audio_transcript.done")["transcript"] == HELLO
+    done = events[-1]["response"]
+    # the client acknowledges the first chunk's playback: its words count,
+    # the rest (generated, never acknowledged) does not
+    audio = [e for e in events if e["type"] == "response.output_audio.delta"]
+    (mark,) = audio[0]["metadata"]["audio_text_marks"]
+    await client.send(
+        {"type": "playback.ack", "response_id": done["id"], "played_ms": mark["audio_end_ms"]}
+    )
+    await client.recv_until("playback.acknowledged")
+    heard = HELLO[: mark["text_chars"]].strip()
+    assert heard and heard != HELLO
+    await say(client, "Say hello.", output_modalities=["text"])
+    assert chats[-1][:2] == [
+        {"role": "user", "content": "Say hello."},
+        {"role": "assistant", "content": heard},
+    ]
+    # a truncation cuts it further, for good
+    await client.send(
+        {
+            "type": "conversation.item.truncate",
+            "item_id": done["output"][0]["id"],
+            "content_index": 0,
+            "audio_end_ms": 0,
+        }
+    )
+    await client.recv_until("conversation.item.truncated")
+    await say(client, "Say hello.", output_modalities=["text"])
+    assert [m["role"] for m in chats[-1][:2]] == ["user", "user"]
+
+
+async def test_per_response_overrides_reach_the_model(llm_server):
+    payloads: list = []
+    capture_chats(llm_server, payloads)
+    client = await client_commit_session(llm_server)
+    events = await say(
+        client, "Say hello.", output_modalities=["text"], instructions=FRENCH, temperature=0.0
+    )
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == BONJOUR
+    assert payloads[-1].messages[0] == {"role": "system", "content": FRENCH}
+    assert payloads[-1].temperature == 0.0  # the session's is 0.8
+    # max_output_tokens caps the answer (one character a token)
+    client = await client_commit_session(llm_server)
+    events = await say(
+        client, "What is the capital of Spain?", output_modalities=["text"], max_output_tokens=3
+    )
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == CAPITAL[:3]
 
 
 def test_vllm_is_refused_by_name(tmp_path):

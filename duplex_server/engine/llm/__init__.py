@@ -23,12 +23,15 @@ class ChatPayload:
     """One answer to generate: the chat (message dicts in the chat-template
     shape, system first if any) through the model's chat template, sampled at
     ``temperature`` (0: greedy), at most ``max_new_tokens`` tokens. ``tools``
-    (JSON-schema function dicts) go to the template as its ``tools``."""
+    (JSON-schema function dicts) go to the template as its ``tools``;
+    ``answer_prefix`` is text the answer is made to begin with (the prompt
+    ends with it; the deltas continue after it)."""
 
     messages: list[dict[str, Any]]
     temperature: float
     max_new_tokens: int
     tools: list[dict[str, Any]] = field(default_factory=list)
+    answer_prefix: str = ""
 
 
 class LoadState(Protocol):
@@ -43,11 +46,36 @@ class LoadState(Protocol):
     def load_error(self) -> str | None: ...
 
 
+class PromptMeasure(Protocol):
+    """How a backend counts a chat against its context window (called off
+    the event loop: it renders and tokenizes)."""
+
+    @property
+    def context_tokens(self) -> int:
+        """The window: ``--llm-max-model-len``, or the checkpoint's own."""
+        ...
+
+    def prompt_tokens(self, payload: ChatPayload) -> int: ...
+
+
+class Closable(Protocol):
+    def close(self) -> None:
+        """Stop the backend's threads or processes (blocking)."""
+        ...
+
+
 @dataclass(frozen=True)
 class LLMEngine:
     core: EngineCore[ChatPayload, str]
     state: LoadState
     max_new_tokens: int  # the cap of any one answer
+    # None: the backend fits prompts to its window on its own.
+    measure: PromptMeasure | None = None
+    backend: Closable | None = None  # stopped at server shutdown
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
 
 
 @dataclass(frozen=True)
@@ -66,6 +94,7 @@ class LLMOptions:
     kv_cache_bytes: int | None = None
     gpu_memory_utilization: float = 0.9
     chat_template: str | None = None
+    device: str = "cpu"  # the transformers backend's (``--device``)
 
 
 class LLMConfigError(ValueError):
@@ -98,11 +127,18 @@ def build_llm_engine(options: LLMOptions, max_concurrency: int = 64) -> LLMEngin
     directory = check_checkpoint(options.path)
     # Imported here: the template module needs ChatPayload from this one, and
     # torch and transformers load only when an LLM is asked for.
-    from duplex_server.engine.llm.chat_template import read_chat_template
+    from duplex_server.engine.llm.chat_template import check_chat_template, read_chat_template
     from duplex_server.engine.llm.transformers_backend import TransformersBackend
 
     template = read_chat_template(options.chat_template)
+    check_chat_template(directory, template)
 
-    engine_backend = TransformersBackend(directory, dtype=dtype, chat_template=template)
+    engine_backend = TransformersBackend(
+        directory,
+        dtype=dtype,
+        chat_template=template,
+        max_model_len=options.max_model_len,
+        device=options.device,
+    )
     core = EngineCore(engine_backend, max_concurrency=max_concurrency, name="llm")
-    return LLMEngine(core, engine_backend, options.max_new_tokens)
+    return LLMEngine(core, engine_backend, options.max_new_tokens, engine_backend, engine_backend)

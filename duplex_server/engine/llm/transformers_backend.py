@@ -14,6 +14,14 @@ before the next forward; columns that became padding in every row are cut.
 Deltas cross to the event loop with ``call_soon_threadsafe``; a request that
 left is never written to again, so nothing decoded after an abort reaches
 its stream.
+
+A prompt is kept within the context window (``--llm-max-model-len``, or the
+checkpoint's ``max_position_embeddings``): the responder drops whole old
+turns first (``context_window.fit_chat``, through ``prompt_tokens``); what
+is still too long loses its start here, and an answer stops where the window
+ends. If the decode thread itself fails (anything a forward raises that is
+not one request's fault), every request ends with the reason, the backend
+reports itself not loaded (``/ready`` answers 503) and refuses new requests.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from duplex_server.engine.core import EngineRequest
 from duplex_server.engine.llm import ChatPayload
 from duplex_server.engine.llm.chat_template import check_has_template, render_prompt
+from duplex_server.engine.llm.context_window import prompt_budget
 
 logger = logging.getLogger(__name__)
 
@@ -68,13 +77,17 @@ class TransformersBackend:
         path: Path,
         dtype: str = "auto",
         chat_template: str | None = None,
+        max_model_len: int | None = None,
         device: str = "cpu",
     ) -> None:
         self.path = path
         self._dtype = dtype
         self._device = torch.device(device)
         self._chat_template = chat_template
+        self._max_model_len = max_model_len
+        self._window = max_model_len or 0  # set from the checkpoint when it loads
         self._lock = threading.Condition()
+        self._tokenizer_lock = threading.Lock()  # the decode thread and prompt_tokens share it
         self._joining: list[_Active] = []
         self._leaving: set[str] = set()
         self._closed = False
@@ -94,6 +107,16 @@ class TransformersBackend:
     def loaded(self) -> bool:
         return self._loaded.is_set() and self.load_error is None
 
+    @property
+    def context_tokens(self) -> int:
+        return self._window
+
+    def prompt_tokens(self, payload: ChatPayload) -> int:
+        """The prompt's length in tokens (blocking: call it off the event loop)."""
+        with self._tokenizer_lock:
+            text = render_prompt(self.tokenizer, payload, self._chat_template)
+            return len(self.tokenizer(text, add_special_tokens=False).input_ids)
+
     def wait_loaded(self, timeout: float | None = None) -> bool:
         return self._loaded.wait(timeout) and self.load_error is None
 
@@ -104,6 +127,8 @@ class TransformersBackend:
         with self._lock:
             if self._closed:
                 raise GenerationFailed("the LLM engine is shut down")
+            if self.load_error is not None:
+                raise GenerationFailed(self.load_error)
             self._joining.append(active)
             self._lock.notify()
         try:
@@ -122,6 +147,8 @@ class TransformersBackend:
                 self._lock.notify()
 
     def close(self) -> None:
+        """Stop the decode thread (at server shutdown): requests in flight
+        end with the reason; the thread finishes its current forward first."""
         with self._lock:
             self._closed = True
             self._lock.notify()
@@ -140,6 +167,13 @@ class TransformersBackend:
             return
         self._loaded.set()
         logger.info("llm: loaded %s", self.path)
+        try:
+            self._decode_loop()
+        except Exception as exc:  # noqa: BLE001 - the thread's end: reported, never hidden
+            logger.exception("llm: the decode thread failed")
+            self._die(f"the LLM engine failed: {type(exc).__name__}: {exc}")
+
+    def _decode_loop(self) -> None:
         while True:
             with self._lock:
                 while not (self._joining or self._active or self._closed):
@@ -159,6 +193,15 @@ class TransformersBackend:
         for active in [*self._active, *joining]:
             self._send(active, _End("the LLM engine is shut down"))
 
+    def _die(self, reason: str) -> None:
+        """The decode thread cannot go on: every request ends with ``reason``,
+        and the backend is no longer loaded."""
+        self.load_error = reason
+        for active in self._active:
+            self._send(active, _End(reason))
+        self._active, self._cache, self._mask = [], None, None
+        self._fail_all(reason)
+
     def _load(self) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         check_has_template(self.tokenizer, self._chat_template)
@@ -170,6 +213,8 @@ class TransformersBackend:
         if eos is None:
             eos = self.tokenizer.eos_token_id
         self._eos = set(eos if isinstance(eos, list) else [eos]) - {None}
+        checkpoint_window = getattr(self.model.config, "max_position_embeddings", None)
+        self._window = self._max_model_len or checkpoint_window or 4096
 
     def _fail_all(self, error: str) -> None:
         with self._lock:
@@ -187,8 +232,12 @@ class TransformersBackend:
 
     @torch.inference_mode()
     def _prefill(self, active: _Active) -> None:
-        text = render_prompt(self.tokenizer, active.payload, self._chat_template)
-        ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+        with self._tokenizer_lock:
+            text = render_prompt(self.tokenizer, active.payload, self._chat_template)
+            ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+        # Still too long after the responder dropped old turns: keep its end,
+        # leaving the answer its room.
+        ids = ids[:, -prompt_budget(self._window, active.payload.max_new_tokens) :]
         ids = ids.to(self._device)
         cache = DynamicCache(config=self.model.config)
         logits = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[
@@ -263,16 +312,20 @@ class TransformersBackend:
 
     def _advance(self, actives: list[_Active], logits: torch.Tensor) -> None:
         """One sampled token per row; deltas out; finished rows leave."""
-        finished = set()
+        finished = []
         for active, token in zip(actives, self._sample(actives, logits), strict=True):
             done = token in self._eos
             if not done:
                 active.generated.append(token)
                 self._send_text(active)
-            if done or len(active.generated) >= active.payload.max_new_tokens:
-                self._send(active, _End())
-                finished.add(active.request_id)
-        self._drop(finished)
+            full = len(active.generated) >= active.payload.max_new_tokens
+            if done or full or active.length + 1 >= self._window:
+                finished.append(active)
+        # Out of the batch before its end is told: whoever hears the end
+        # finds the batch without it.
+        self._drop({active.request_id for active in finished})
+        for active in finished:
+            self._send(active, _End())
 
     def _sample(self, actives: list[_Active], logits: torch.Tensor) -> list[int]:
         """Each row's next token: greedy rows from one argmax over the batch
@@ -287,7 +340,8 @@ class TransformersBackend:
         return tokens
 
     def _send_text(self, active: _Active) -> None:
-        text = str(self.tokenizer.decode(active.generated, skip_special_tokens=True))
+        with self._tokenizer_lock:
+            text = str(self.tokenizer.decode(active.generated, skip_special_tokens=True))
         if text.endswith("\ufffd"):
             return  # a character split across tokens: wait for its end
         delta, active.emitted = text[len(active.emitted) :], text

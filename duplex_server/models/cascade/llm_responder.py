@@ -1,34 +1,51 @@
 """The cascade's LLM responder: the conversation as a chat, answered by the
-AR engine, handed to speech clause by clause as the tokens decode."""
+AR engine, handed to speech clause by clause as the tokens decode, its tool
+calls handed on as calls.
+
+The answer streams through a :class:`ToolCallParser`: plain text goes on to
+speech (or text deltas), ``<tool_call>`` markup never does; a complete call
+becomes a :class:`FunctionCallPart` (a ``function_call`` item of the
+response), a malformed one ends the answer with an error that quotes it
+(the client gets ``engine_error``; the text before it stays). The token
+figures (:mod:`llm_timing`) and how many old messages a long chat lost to
+the context window go out as stage times, with the answer's output, into
+the log.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING
 
 from duplex_server.engine import EngineRequest
 from duplex_server.engine.llm import ChatPayload, LLMEngine
-from duplex_server.sessions.core.model_port import HistoryItem
+from duplex_server.engine.llm.context_window import fit_chat
+from duplex_server.engine.llm.tool_call_parser import (
+    MalformedToolCall,
+    ParsedToolCall,
+    Piece,
+    ToolCallParser,
+)
+from duplex_server.models.cascade.llm_chat import chat_messages, has_question, tool_setup
+from duplex_server.models.cascade.llm_timing import TokenClock
+from duplex_server.models.cascade.responder import Reply, StageTimes
+from duplex_server.sessions.core.model_port import FunctionCallPart, HistoryItem, SessionView
 
 if TYPE_CHECKING:
     from duplex_server.models.cascade.model import SpeakPayload
 
+log = logging.getLogger(__name__)
+
 # Where a clause ends in decoded text: a mark followed by a space (the
 # cascade's own clause rule), so a piece handed on is a whole clause.
 _CLAUSE_END = re.compile(r"[.!?,;:]\s")
-_ROLES = ("user", "assistant", "system")
 
 
-def chat_messages(history: list[HistoryItem], instructions: str) -> list[dict[str, str]]:
-    """The session's messages in order (user turns by their text or
-    transcript, assistant turns as far as they were played), the
-    instructions as the system message first. Tool items wait for tools."""
-    messages = [{"role": "system", "content": instructions}] if instructions.strip() else []
-    for item in history:
-        if item.kind == "message" and item.role in _ROLES and item.text.strip():
-            messages.append({"role": item.role, "content": item.text.strip()})
-    return messages
+class MalformedToolCallError(Exception):
+    """The model wrote a tool call that is not valid: the answer ends there."""
 
 
 class LLMResponder:
@@ -39,40 +56,144 @@ class LLMResponder:
     def loaded(self) -> bool:
         return self.engine.state.loaded
 
+    def close(self) -> None:
+        self.engine.close()
+
     async def respond(
         self, history: list[HistoryItem], request: EngineRequest[SpeakPayload]
-    ) -> AsyncIterator[str]:
+    ) -> AsyncIterator[Reply]:
         payload = request.payload
-        messages = chat_messages(history, payload.instructions)
-        if not any(message["role"] == "user" for message in messages):
+        messages = chat_messages(history, payload.config.instructions)
+        if not has_question(messages):
             return  # nothing said to answer yet (a greeting on a new session)
-        cap = self.engine.max_new_tokens
-        if isinstance(payload.max_output_tokens, int):
-            cap = min(cap, payload.max_output_tokens)
+        chat_payload, dropped = await self._fit(self._chat_payload(messages, payload.config))
+        if dropped:
+            log.warning(
+                "%s: the chat is longer than the context window; its %d oldest "
+                "messages were left out",
+                request.response_id,
+                dropped,
+            )
+            yield StageTimes({"llm_context_dropped_messages": float(dropped)})
         chat = EngineRequest(
             request_id=request.request_id,
             session_id=request.session_id,
             response_id=request.response_id,
             epoch=request.epoch,
-            payload=ChatPayload(messages, payload.temperature, cap),
+            payload=chat_payload,
             priority=request.priority,
         )
+        clock = TokenClock()
         stream = self.engine.core.submit(chat)
-        pending = ""
         try:
-            async for delta in stream:
-                pending += delta
-                end = _last_clause_end(pending)
-                if end:
-                    yield pending[:end]
-                    pending = pending[end:]
-            if pending.strip():
-                yield pending
+            async for reply in self._replies(stream, chat_payload.answer_prefix, clock, chat):
+                yield reply
         finally:
             # An answer abandoned (cancel, barge-in) stops decoding now.
             self.engine.core.abort(chat.request_id)
             if isinstance(stream, AsyncGenerator):
                 await stream.aclose()
+
+    def _chat_payload(self, messages: list[dict[str, object]], config: SessionView) -> ChatPayload:
+        cap = self.engine.max_new_tokens
+        if isinstance(config.max_output_tokens, int):
+            cap = min(cap, config.max_output_tokens)
+        tools = tool_setup(config)
+        return ChatPayload(messages, config.temperature, cap, tools.tools, tools.answer_prefix)
+
+    async def _fit(self, payload: ChatPayload) -> tuple[ChatPayload, int]:
+        measure = self.engine.measure
+        if measure is None or not self.engine.state.loaded:
+            return payload, 0  # nothing to count with: the backend cuts what is too long
+        return await asyncio.to_thread(
+            fit_chat, payload, measure.prompt_tokens, measure.context_tokens
+        )
+
+    async def _replies(
+        self,
+        stream: AsyncIterator[str],
+        prefix: str,
+        clock: TokenClock,
+        chat: EngineRequest[ChatPayload],
+    ) -> AsyncIterator[Reply]:
+        parser = ToolCallParser()
+        clauses = _Clauses()
+        # Calls are handed on when the answer ends (after its figures and its
+        # last words): a call is complete only then, and the figures ride on
+        # whatever comes after them.
+        calls: list[FunctionCallPart] = []
+        pieces = parser.feed(prefix)
+        try:
+            async for delta in stream:
+                ttft_ms = clock.tick()
+                if ttft_ms is not None:
+                    yield StageTimes({"llm_ttft_ms": ttft_ms})
+                pieces += parser.feed(delta)
+                for reply in _handle(pieces, clauses, chat.response_id, len(calls)):
+                    if isinstance(reply, FunctionCallPart):
+                        calls.append(reply)
+                    else:
+                        yield reply
+                pieces = []
+        except Exception:
+            # The engine failed mid-answer: what it said so far is still said
+            # (kept in the answer) before its failure ends the response.
+            rest = clauses.rest()
+            if rest:
+                yield rest
+            raise
+        yield StageTimes(clock.figures())
+        for reply in _handle([*pieces, *parser.finish()], clauses, chat.response_id, len(calls)):
+            if isinstance(reply, FunctionCallPart):
+                calls.append(reply)
+            else:
+                yield reply
+        rest = clauses.rest()
+        if rest:
+            yield rest
+        for call in calls:
+            yield call
+
+
+def _handle(pieces: list[Piece], clauses: _Clauses, response_id: str, calls: int) -> list[Reply]:
+    replies: list[Reply] = []
+    for piece in pieces:
+        if isinstance(piece, str):
+            replies.extend(clauses.add(piece))
+            continue
+        rest = clauses.rest()  # what was said before the call goes first
+        if rest:
+            replies.append(rest)
+        if isinstance(piece, MalformedToolCall):
+            raise MalformedToolCallError(
+                f"the model wrote a tool call that is {piece.reason}: {piece.raw[:500]!r}"
+            )
+        assert isinstance(piece, ParsedToolCall)
+        calls += 1
+        call_id = f"call_{response_id.removeprefix('resp_')}_{calls}"
+        call = FunctionCallPart(call_id=call_id, name=piece.name, arguments=piece.arguments)
+        replies.append(call)
+    return replies
+
+
+class _Clauses:
+    """Text held until a clause ends and something follows it (so the last
+    clause is always handed on at the end, with the answer's figures)."""
+
+    def __init__(self) -> None:
+        self._pending = ""
+
+    def add(self, text: str) -> list[str]:
+        self._pending += text
+        end = _last_clause_end(self._pending)
+        if not end or not self._pending[end:].strip():
+            return []
+        ready, self._pending = self._pending[:end], self._pending[end:]
+        return [ready]
+
+    def rest(self) -> str:
+        rest, self._pending = self._pending, ""
+        return rest if rest.strip() else ""
 
 
 def _last_clause_end(text: str) -> int:

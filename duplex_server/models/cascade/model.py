@@ -19,7 +19,7 @@ from duplex_server.audio import resample_pcm16
 from duplex_server.engine import EngineCore, EngineRequest
 from duplex_server.engine.llm import LLMOptions, build_llm_engine
 from duplex_server.models.capabilities import built_in
-from duplex_server.models.cascade.responder import Parrot, Responder
+from duplex_server.models.cascade.responder import Parrot, Responder, StageTimes
 from duplex_server.models.cascade.stages import (
     CascadeStages,
     build_recogniser,
@@ -27,6 +27,7 @@ from duplex_server.models.cascade.stages import (
 )
 from duplex_server.models.engine_requests import for_response
 from duplex_server.sessions.core.model_port import (
+    FunctionCallPart,
     HistoryItem,
     ModelChunk,
     ResponseRequest,
@@ -81,10 +82,9 @@ class SpeakPayload(msgspec.Struct):
     voice: str
     speed: float
     text_only: bool
-    # What an LLM responder answers under (the parrot ignores them).
-    instructions: str = ""
-    temperature: float = 0.8
-    max_output_tokens: int | str = "inf"
+    # The response's settings: what an LLM responder answers under
+    # (instructions, sampling, tools; the parrot ignores them).
+    config: SessionView
 
 
 def clauses(text: str) -> list[str]:
@@ -114,17 +114,32 @@ class CascadeBackend:
         self.responder = responder
 
     async def generate(self, request: EngineRequest[SpeakPayload]) -> AsyncIterator[ModelChunk]:
+        """Text is spoken (or streamed), a tool call handed on; the
+        responder's stage times ride on the next chunk, so they reach the
+        log with the answer's output."""
         payload = request.payload
         spoken = False
         pacer = Pacer()
-        async for piece in self.responder.respond(payload.history, request):
-            for clause in clauses(piece):
+        stages: dict[str, float] = {}
+        async for reply in self.responder.respond(payload.history, request):
+            if isinstance(reply, StageTimes):
+                stages.update(reply.stage_ms)
+                continue
+            if isinstance(reply, FunctionCallPart):
+                yield ModelChunk(function_call=reply, stage_ms=stages or None)
+                stages = {}
+                continue
+            for clause in clauses(reply):
                 text = (" " if spoken else "") + clause
                 first, spoken = not spoken, True
                 if payload.text_only:
-                    yield ModelChunk(text=text)
+                    yield ModelChunk(text=text, stage_ms=stages or None)
+                    stages = {}
                     continue
                 async for chunk in self._speak(text, payload.voice, payload.speed, first):
+                    if stages:
+                        chunk.stage_ms = {**stages, **(chunk.stage_ms or {})}
+                        stages = {}
                     await pacer.release(len(chunk.audio) * 1000 / (2 * OUTPUT_RATE_HZ))
                     yield chunk
 
@@ -197,14 +212,16 @@ class CascadeModel:
             voice=VOICES.get(config.voice, config.voice),
             speed=config.speed,
             text_only="audio" not in request.modalities,
-            instructions=config.instructions,
-            temperature=config.temperature,
-            max_output_tokens=config.max_output_tokens,
+            config=config,
         )
         return self.engine.submit(for_response(request, payload))
 
     def abort(self, response_id: str) -> None:
         self.engine.abort(response_id)
+
+    def close(self) -> None:
+        """At server shutdown (blocking): the responder's engine stops."""
+        self.responder.close()
 
 
 def build_cascade(

@@ -4,15 +4,28 @@ responder implements the same interface."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from duplex_server.sessions.core.model_port import HistoryItem
+from duplex_server.sessions.core.model_port import FunctionCallPart, HistoryItem
 
 if TYPE_CHECKING:
     from duplex_server.engine import EngineRequest
     from duplex_server.models.cascade.model import SpeakPayload
 
 ASK_AGAIN = "Sorry, I did not catch that. Please say it again."
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Figures the responder measured (ms, or counts), reported with the
+    response's stage metrics."""
+
+    stage_ms: dict[str, float]
+
+
+# What a responder hands on: text to say, a tool call, or stage figures.
+Reply = str | FunctionCallPart | StageTimes
 
 
 class Responder(Protocol):
@@ -23,9 +36,13 @@ class Responder(Protocol):
 
     def respond(
         self, history: list[HistoryItem], request: EngineRequest[SpeakPayload]
-    ) -> AsyncIterator[str]:
+    ) -> AsyncIterator[Reply]:
         """The answer to the conversation so far, in pieces as they are ready
         (``request``: the response's ids, epoch and settings)."""
+        ...
+
+    def close(self) -> None:
+        """Stop what it runs (an LLM's decode thread), at server shutdown."""
         ...
 
 
@@ -36,9 +53,12 @@ class Parrot:
 
     loaded = True
 
+    def close(self) -> None:
+        pass
+
     async def respond(
         self, history: list[HistoryItem], request: EngineRequest[SpeakPayload]
-    ) -> AsyncIterator[str]:
+    ) -> AsyncIterator[Reply]:
         turn = next((item for item in reversed(history) if item.role == "user"), None)
         if turn is None:
             return

@@ -86,6 +86,8 @@ class EffectiveConfig(msgspec.Struct):
     auto_response: bool = True
     force_listen_count: int = 0
     chunk_delay_ms: float = 0.0
+    # Stage metrics in response.done (extra_body.return_stage_metrics).
+    return_stage_metrics: bool = True
     # Speech over the assistant (PROTOCOL.md, "Overlap").
     overlap_short_ack_ms: float = 400.0
     overlap_barge_in_ms: float = 400.0
@@ -259,6 +261,7 @@ def merge_config(
         auto_response=_set(extra.auto_response, config.auto_response),
         force_listen_count=_set(extra.force_listen_count, config.force_listen_count),
         chunk_delay_ms=_set(extra.chunk_delay_ms, config.chunk_delay_ms),
+        return_stage_metrics=_set(extra.return_stage_metrics, config.return_stage_metrics),
         # the overlap thresholds, top level or under extra_body (top level wins)
         **{
             name: _set(
@@ -272,7 +275,12 @@ def merge_config(
 
 
 def check_tool_choice(choice: ToolChoice, tools: list[Tool], param: str) -> None:
-    """A tool_choice naming a function must name one of the tools offered."""
+    """A tool_choice naming a function must name one of the tools offered;
+    ``required`` needs a tool to call (without one it could not be honoured)."""
+    if choice == "required" and not tools:
+        raise ProtocolError(
+            "invalid_value", "tool_choice 'required' needs at least one tool", param=param
+        )
     if not isinstance(choice, ToolChoiceFunction):
         return
     name = choice.function_name()

@@ -16,7 +16,7 @@ from typing import Literal, Protocol
 import msgspec
 
 from duplex_server.sessions.core.config import EffectiveConfig
-from duplex_server.sessions.core.items import Item, item_text
+from duplex_server.sessions.core.items import Item, item_text, transcript_at
 from protocol.capabilities import Capabilities
 from protocol.session_config import Tool, ToolChoice
 
@@ -49,7 +49,10 @@ class HistoryItem(msgspec.Struct, frozen=True):
     id: str
     kind: str  # message | function_call | function_call_output
     role: str | None  # user | assistant | system; None for tool items
-    text: str  # what it says: its typed text, or its audio's transcript
+    # What it says: its typed text, or its audio's transcript; an assistant's
+    # spoken answer only as far as it counts in history (played and
+    # acknowledged, or cut by a truncation), so a model answers what was heard.
+    text: str
     audio_ms: float = 0.0  # of its audio, if any (samples in ResponseRequest.audio)
     audio_rate: int = 0
     call_id: str | None = None
@@ -81,7 +84,7 @@ def _history_item(item: Item) -> HistoryItem:
         id=item.id,
         kind=item.type,
         role=item.role,
-        text=item_text(item),
+        text=_heard_text(item),
         audio_ms=audio.audio_ms if audio else 0.0,
         audio_rate=audio.audio_rate if audio else 0,
         call_id=item.call_id,
@@ -89,6 +92,15 @@ def _history_item(item: Item) -> HistoryItem:
         arguments=item.arguments,
         output=item.output,
     )
+
+
+def _heard_text(item: Item) -> str:
+    """An assistant's spoken item up to its ``history_ms`` (by its
+    audio-text marks); any other item whole."""
+    spoken = item.role == "assistant" and any(part.type == "audio" for part in item.parts)
+    if not spoken or item.history_ms is None:
+        return item_text(item)
+    return transcript_at(item.marks, item_text(item), item.history_ms)
 
 
 def session_view(config: EffectiveConfig) -> SessionView:

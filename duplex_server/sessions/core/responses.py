@@ -87,9 +87,13 @@ def response_object(batch: Batch, response: Response) -> ResponseObject:
             turn_id=state.turn_id,
             playback=ledger(response.playback),
             reason=response.reason or None,
-            stage_metrics=_stage_metrics(response) if response.status != "in_progress" else None,
+            stage_metrics=_stage_metrics(response) if _reports_stages(state, response) else None,
         ),
     )
+
+
+def _reports_stages(state: SessionState, response: Response) -> bool:
+    return response.status != "in_progress" and state.config.return_stage_metrics
 
 
 def _stage_metrics(response: Response) -> dict[str, float] | None:
@@ -289,10 +293,16 @@ def finish_response(batch: Batch, status: str, reason: str = "") -> None:
     )
 
 
-def emit_function_call(batch: Batch, response: Response, call: FunctionCallPart) -> None:
+def emit_function_call(
+    batch: Batch,
+    response: Response,
+    call: FunctionCallPart,
+    stage_ms: dict[str, float] | None = None,
+) -> None:
     """A tool call the model made: a ``function_call`` item of the response,
     in the conversation and in the response's output, its arguments told
-    whole (the model hands over a complete call)."""
+    whole (the model hands over a complete call). ``stage_ms``: the model's
+    stage times that came with it (journaled on its arguments' done event)."""
     state, rid = batch.state, response.id
     item_id = f"{response.item_id}_call{len(response.call_item_ids) + 1}"
     previous = state.items[-1].id if state.items else None
@@ -328,6 +338,7 @@ def emit_function_call(batch: Batch, response: Response, call: FunctionCallPart)
             arguments=arguments,
         ),
         response_id=rid,
+        stage_ms=stage_ms,
     )
     batch.emit(OutputItemDone(response_id=rid, output_index=index, item=wire), response_id=rid)
     batch.emit(ItemDone(item=wire, previous_item_id=previous), response_id=rid)
@@ -361,7 +372,9 @@ def project_unit_outputs(
             )
             emit_chunk(batch, response, chunk, encoder_for(response.id))
         if response is not None and output.function_call is not None:
-            emit_function_call(batch, response, output.function_call)
+            told = bool(output.audio or output.text)  # its stage times went with them
+            stages = None if told else output.stage_ms
+            emit_function_call(batch, response, output.function_call, stages)
         if response is not None and output.decision in ("end_of_turn", "listen"):
             finish_response(batch, "completed")
             listen(batch, "model_end_of_turn")

@@ -101,6 +101,7 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
             overlap_short_ack_ms=cfg.overlap_short_ack_ms,
             overlap_barge_in_ms=cfg.overlap_barge_in_ms,
             overlap_silence_rms=cfg.overlap_silence_rms,
+            return_stage_metrics=cfg.return_stage_metrics,
         ),
         duplex=SessionDuplex(
             input_format=AudioFormatDescription(in_fmt.name, in_fmt.sample_rate_hz),
