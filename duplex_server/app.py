@@ -74,6 +74,7 @@ def llm_options(config: ServerConfig) -> LLMOptions | None:
         kv_cache_bytes=config.llm_kv_cache_bytes,
         gpu_memory_utilization=config.llm_gpu_memory_utilization,
         chat_template=config.llm_chat_template,
+        enforce_eager=config.llm_enforce_eager,
     )
 
 

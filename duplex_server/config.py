@@ -76,7 +76,7 @@ class ServerConfig:
     tts: str = "espeak"  # or piper, piper:PATH, vits:PATH
     # cascade: answer with this local chat checkpoint instead of the parrot
     llm: str | None = None
-    llm_backend: str = "auto"  # transformers here; vllm is not installed
+    llm_backend: str = "auto"  # vllm where it can size its KV cache, else transformers
     llm_dtype: str = "auto"
     llm_max_new_tokens: int = 256
     llm_max_model_len: int | None = None  # None: the checkpoint's own window
@@ -84,3 +84,4 @@ class ServerConfig:
     llm_kv_cache_bytes: int | None = None  # vLLM's KV cache size (CPU needs one)
     llm_gpu_memory_utilization: float = 0.9  # vLLM on a GPU
     llm_chat_template: str | None = None  # a Jinja file, for checkpoints without one
+    llm_enforce_eager: bool = False  # vLLM: skip torch.compile (starts faster, decodes slower)
