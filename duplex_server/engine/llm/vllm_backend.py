@@ -108,8 +108,12 @@ class VllmBackend:
 
     @property
     def loaded(self) -> bool:
-        """Up and answering (not while it loads, nor after it failed or died)."""
-        return self._loaded.is_set() and self._engine is not None and self.engine_error is None
+        """Up and answering: not while it loads, nor after it failed to, nor
+        once its engine core died (vLLM's client notices that by itself)."""
+        engine = self._engine
+        if not self._loaded.is_set() or engine is None or self.engine_error is not None:
+            return False
+        return not engine.errored
 
     def wait_loaded(self, timeout: float | None = None) -> bool:
         return self._loaded.wait(timeout) and self.loaded
@@ -143,8 +147,7 @@ class VllmBackend:
                 yield item
         finally:
             if not ended:  # closed early (abort) or cancelled (barge-in)
-                stop = asyncio.run_coroutine_threadsafe(self._stop(key), self._loop)
-                await asyncio.wrap_future(stop)
+                await self._stop_soon(key)
 
     def close(self) -> None:
         """Stop the engine and its processes (waits for a load in progress)."""
@@ -159,6 +162,13 @@ class VllmBackend:
         self._reaper.close()
         shutil.rmtree(self._runtime, ignore_errors=True)
 
+    async def _stop_soon(self, key: int) -> None:
+        try:
+            stop = asyncio.run_coroutine_threadsafe(self._stop(key), self._loop)
+        except RuntimeError:
+            return  # the engine's loop is closed: nothing decodes any more
+        await asyncio.wrap_future(stop)
+
     def _check_ready(self) -> None:
         if self._closed:
             raise GenerationFailed("the LLM engine is shut down")
@@ -169,7 +179,7 @@ class VllmBackend:
 
     def _failure(self, done: Future[None]) -> str | None:
         if done.cancelled():
-            return "the request was stopped"
+            return "the LLM engine is shut down" if self._closed else "the request was stopped"
         error = done.exception()
         if error is None:
             return None
