@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import psutil
 import pytest
 
 from duplex_server.engine import EngineRequest
@@ -164,5 +165,29 @@ async def test_a_directory_that_is_no_checkpoint_fails_to_load(tmp_path):
         assert f"cannot load {tmp_path}" in (engine.state.load_error or "")
         with pytest.raises(GenerationFailed, match="cannot load"):
             await answer(engine, ask("x", "Say hello."))
+    finally:
+        backend.close()  # type: ignore[attr-defined]
+
+
+async def test_an_engine_that_dies_mid_answer_fails_its_requests_and_goes_unready(qwen):
+    engine = build_llm_engine(vllm_options(qwen))
+    backend = engine.core.backend
+    try:
+        assert engine.state.wait_loaded(900), engine.state.load_error  # type: ignore[attr-defined]
+        cores = [
+            psutil.Process(pid)
+            for pid in backend.engine_pids  # type: ignore[attr-defined]
+            if psutil.Process(pid).name() == "VLLM::EngineCore"
+        ]
+        assert len(cores) == 1
+        stream = engine.core.submit(ask("dying", COUNT_QUESTION, cap=96))
+        assert await anext(stream) == "O"
+        cores[0].kill()
+        with pytest.raises(GenerationFailed, match="EngineDeadError"):
+            async for _ in stream:
+                pass
+        assert not engine.state.loaded  # /ready says so
+        with pytest.raises(GenerationFailed, match="died"):
+            await answer(engine, ask("later", "Say hello."))
     finally:
         backend.close()  # type: ignore[attr-defined]
