@@ -222,13 +222,15 @@ class VllmBackend:
         check_has_template(tokenizer, self._chat_template)
         before = self._reaper.descendants()
         args = AsyncEngineArgs(**engine_arguments(self._options))
+        self._tokenizer = tokenizer
         try:
-            engine = AsyncLLM.from_engine_args(args)
+            # Held by the backend only (not a local: a frame that outlives this
+            # call would keep the engine until the interpreter tears down).
+            self._engine = AsyncLLM.from_engine_args(args)
         finally:
             # Whatever it started, the reaper ends if the server dies.
             self.engine_pids = self._reaper.descendants() - before
             self._reaper.watch(self.engine_pids)
-        self._tokenizer, self._engine = tokenizer, engine
 
     def _shutdown(self) -> None:
         """On the engine's thread, once its loop stopped: end what is in
