@@ -94,8 +94,7 @@ async def test_a_token_cap_and_sampling(llm, reference):
     samples = [
         await answer(llm, ask(f"hot{n}", COUNT_QUESTION, temperature=2.0, cap=20)) for n in range(4)
     ]
-    tokenizer = llm.core.backend._tokenizer
-    assert all(len(tokenizer("".join(sampled)).input_ids) <= 20 for sampled in samples)
+    assert all(len(sampled) <= 20 for sampled in samples)  # a delta holds a token or more
     assert any(not full.startswith("".join(sampled)) for sampled in samples)
     # vLLM samples at temperatures up to 2; above, the request fails, saying so
     with pytest.raises(GenerationFailed, match=r"temperature must be in \[0, 2\]"):
