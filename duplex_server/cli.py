@@ -141,8 +141,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--llm-backend",
         default=DEFAULTS.llm_backend,
         choices=LLM_BACKENDS,
-        help="--llm engine: 'transformers' (batches decode steps across sessions), 'auto' "
-        "(transformers: vLLM is not installed here) or 'vllm' (refused until it is)",
+        help="--llm engine: 'vllm' (vLLM's async engine; its CPU build needs "
+        "--llm-kv-cache-bytes), 'transformers' (batches decode steps across sessions) or "
+        "'auto' (vllm where it is installed and can size its KV cache, else transformers)",
     )
     p.add_argument(
         "--llm-dtype",
@@ -186,6 +187,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--llm-chat-template",
         default=DEFAULTS.llm_chat_template,
         help="--llm: a Jinja chat template file, for a checkpoint whose tokenizer has none",
+    )
+    p.add_argument(
+        "--llm-enforce-eager",
+        action="store_true",
+        help="--llm-backend vllm: run the model eagerly, without torch.compile (starts "
+        "tens of seconds sooner, decodes slower)",
     )
     p.add_argument(
         "--asr-phrases",

@@ -80,7 +80,7 @@ class ServerConfig:
     video_model: str | None = None
     # cascade: answer with this local chat checkpoint instead of the parrot
     llm: str | None = None
-    llm_backend: str = "auto"  # transformers here; vllm is not installed
+    llm_backend: str = "auto"  # vllm where it can size its KV cache, else transformers
     llm_dtype: str = "auto"
     llm_max_new_tokens: int = 256
     llm_max_model_len: int | None = None  # None: the checkpoint's own window
@@ -102,3 +102,4 @@ class ServerConfig:
     device: str = "cpu"
     dtype: str = "auto"
     moshi_rows: int = 8
+    llm_enforce_eager: bool = False  # vLLM: skip torch.compile (starts faster, decodes slower)

@@ -9,7 +9,13 @@ import pytest
 
 from duplex_server.engine import EngineRequest
 from duplex_server.engine.core import RequestAborted
-from duplex_server.engine.llm import ChatPayload, LLMConfigError, LLMOptions, build_llm_engine
+from duplex_server.engine.llm import (
+    ChatPayload,
+    LLMConfigError,
+    LLMOptions,
+    build_llm_engine,
+    vllm_build,
+)
 from tests.tiny_chat import BONJOUR, CAPITAL, FRENCH, HELLO, chat, trained_chat_model
 
 
@@ -93,8 +99,15 @@ async def test_a_cancelled_consumer_leaves_the_batch(llm):
     assert len(got) < len(CAPITAL) and not backend._active
 
 
-def test_bad_options_are_refused_by_name(tmp_path):
+@pytest.mark.skipif(
+    vllm_build() is not None,
+    reason="vLLM is installed here: tests/test_vllm_engine.py checks its refusals",
+)
+def test_vllm_is_refused_by_name_where_it_is_not_installed(tmp_path):
     with pytest.raises(LLMConfigError, match="vLLM is not installed"):
         build_llm_engine(LLMOptions(str(tmp_path), backend="vllm"))
+
+
+def test_a_directory_without_a_checkpoint_is_refused(tmp_path):
     with pytest.raises(LLMConfigError, match="no config.json"):
         build_llm_engine(LLMOptions(str(tmp_path)))

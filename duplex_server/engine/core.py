@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Generic, Protocol, TypeVar
@@ -82,10 +82,17 @@ class EngineCore(Generic[P, C]):
     async def submit(self, request: EngineRequest[P]) -> AsyncIterator[C]:
         await self._acquire(request)
         try:
-            async for chunk in self.backend.generate(request):
-                if request.request_id in self._aborted:
-                    raise RequestAborted(request.request_id)
-                yield chunk
+            chunks = self.backend.generate(request)
+            try:
+                async for chunk in chunks:
+                    if request.request_id in self._aborted:
+                        raise RequestAborted(request.request_id)
+                    yield chunk
+            finally:
+                # Closed now, not whenever it is collected: a backend stops
+                # decoding the request as its stream closes.
+                if isinstance(chunks, AsyncGenerator):
+                    await chunks.aclose()
             self.completed += 1
         finally:
             self._release(request.request_id)

