@@ -372,7 +372,16 @@ def _finish_response(state: SessionState, body: DecisionBody) -> None:
         if (call := state.find_item(call_item_id)) is not None:
             call.status = status
     item = state.find_item(response.item_id)
-    if item is not None:
+    if item is not None and item.truncated:
+        # Cut by a truncating ack while it was generated: the item keeps what
+        # was spoken up to the cut, never what was generated after it.
+        cut_ms = item.history_ms or 0.0
+        for part in item.parts:
+            if part.type == "audio":
+                part.transcript = transcript_at(item.marks, response.transcript, cut_ms)
+                part.audio_ms = min(response.playback.generated_ms, cut_ms)
+        item.status = "incomplete"
+    elif item is not None:
         item.status = status
         for part in item.parts:
             if part.type == "audio":
