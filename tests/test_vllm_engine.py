@@ -160,6 +160,8 @@ def test_vllm_is_chosen_where_it_can_size_its_kv_cache(tmp_path):
 
 async def test_a_directory_that_is_no_checkpoint_fails_to_load(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    # a template file passes the start-up check; the weights are what is missing
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
     engine = build_llm_engine(vllm_options(tmp_path))
     backend = engine.core.backend
     try:
