@@ -67,7 +67,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         "--image-size", type=int, default=0, help="square side in pixels (0: the pipeline's own)"
     )
     p.add_argument(
-        "--image-jobs", type=int, default=6, help="timed image jobs on each side of the comparison"
+        "--image-jobs", type=int, default=20, help="timed image jobs on each side of the comparison"
     )
     p.add_argument("--image-clients", type=int, default=2, help="clients keeping /v1/images busy")
     p.add_argument(

@@ -7,8 +7,10 @@ diffusers classes (UNet, CLIP text encoder with a character-level BPE
 tokenizer, VAE, DDIM scheduler) at a named shape and saves them with
 ``save_pretrained``: ``tiny`` is the test suite's few-thousand-parameter
 pipeline (16 px, a step costs less than the HTTP request around it),
-``small`` is SD's layout (VAE factor 8, cross-attention UNet) narrowed so a
-CPU step takes a noticeable fraction of a second at 128 px.
+``small`` is SD's layout (VAE factor 8, cross-attention UNet) narrowed to
+128 px, where a 4-step job takes about a third of a second on two quiet CPU
+cores: long enough that the route's fixed cost (HTTP, the job's records,
+PNG) is a few percent of it, not most of it.
 
 torch, transformers and diffusers are imported inside the functions: the
 bench imports this module only when it benchmarks images."""
