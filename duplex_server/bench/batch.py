@@ -1,14 +1,23 @@
-"""``duplex-server bench batch``: does batch speech slow realtime speech?
+"""``duplex-server bench batch``: what batch work costs, and whether it slows realtime speech.
 
-One server process (the cascade; its synthesiser serves both). Two phases
-in the same run: a realtime session asks ``--turns`` text answers one after
-another (``conversation.item.create`` + ``response.create``) and times
-``response.create`` -> the first ``response.output_audio.delta`` — first
-alone (the baseline), then while ``--batch-clients`` clients keep
-``POST /v1/audio/speech`` busy with long texts. Reported: first-audio
-p50/p95/p99/max in both phases and their ratio, the batch phase's speech
-throughput (jobs, audio seconds per wall second), the server's CPU and the
-bench's own (the run is invalid when the bench's loop saturated its core).
+One server process (the cascade; its synthesiser serves realtime and batch
+speech) with an image pipeline (``--image-model``, or a random-weight one
+built for the run). In the same run:
+
+1. ``POST /v1/audio/speech`` (``stream_format=audio``), one request at a
+   time: first-byte latency and real-time factor (batch_speech.py).
+2. Image steps/s through ``POST /v1/images/generations`` against the same
+   pipeline called directly in this process, same jobs, alternating; the
+   ratio against the 5 % overhead target (batch_images.py).
+3. A realtime session asks ``--turns`` text answers one after another
+   (``conversation.item.create`` + ``response.create``) and times
+   ``response.create`` -> the first ``response.output_audio.delta``: alone
+   (the baseline), while ``--batch-clients`` clients keep
+   ``POST /v1/audio/speech`` busy with long texts, and while
+   ``--image-clients`` keep the image route busy. Reported: first-audio
+   p50/p95/p99/max per phase and their ratios to the baseline, each
+   phase's batch throughput, the server's CPU and the bench's own (the run
+   is invalid when the bench's loop saturated its core).
 """
 
 from __future__ import annotations
@@ -16,13 +25,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import tempfile
 import time
+from contextlib import ExitStack
 
 import httpx
-import numpy as np
 import psutil
 import websockets
 
+from duplex_server.bench.batch_images import PROMPT, ImageLoad, compare
+from duplex_server.bench.batch_speech import ms, seconds_of, time_speech
 from duplex_server.bench.generator import GeneratorCpu, validity
 from duplex_server.bench.server_process import ServerProcess
 
@@ -30,17 +42,6 @@ BATCH_TEXT = " ".join(
     f"Sentence {n} of a long batch text keeps the synthesiser busy for a while." for n in range(40)
 )
 TURN_TEXTS = ["good morning", "what time is it", "open the door", "play some music"]
-
-
-def _ms(values: list[float]) -> dict[str, float | int]:
-    data = np.array(values) * 1000
-    return {
-        "count": len(values),
-        "p50_ms": round(float(np.percentile(data, 50)), 1),
-        "p95_ms": round(float(np.percentile(data, 95)), 1),
-        "p99_ms": round(float(np.percentile(data, 99)), 1),
-        "max_ms": round(float(data.max()), 1),
-    }
 
 
 async def realtime_turns(ws_url: str, turns: int) -> list[float]:
@@ -109,61 +110,125 @@ class BatchLoad:
                 self.jobs += 1
                 if self.seconds_per_job is None:  # the same text every time: measured once
                     self.seconds_per_job = await asyncio.to_thread(
-                        _seconds, reply.content, self.response_format
+                        seconds_of, reply.content, self.response_format
                     )
-
-
-def _seconds(body: bytes, response_format: str) -> float:
-    from duplex_server.audio.containers import decode
-
-    pcm = body if response_format == "pcm" else decode(body, 24_000, 3600)
-    return len(pcm) / 2 / 24_000
 
 
 def run(args: argparse.Namespace) -> None:
     print(json.dumps(asyncio.run(measure(args))))
 
 
+def _image_model(args: argparse.Namespace, stack: ExitStack) -> str | None:
+    """``--image-model``, else a random-weight pipeline of ``--image-shape``
+    built into a temporary directory (None: ``--image-shape none``)."""
+    if args.image_model:
+        return str(args.image_model)
+    if args.image_shape == "none":
+        return None
+    from pathlib import Path
+
+    from duplex_server.bench.diffusion_pipeline import build
+
+    directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-sd-")))
+    return str(build(args.image_shape, directory / args.image_shape))
+
+
 async def measure(args: argparse.Namespace) -> dict:
-    store = args.store or "memory"
-    server = ServerProcess(
-        store, model="cascade", asr="pocketsphinx", port=args.port or None, blob_dir=args.blob_dir
-    ).start()
-    try:
-        proc = psutil.Process(server.pid)
-        ws_url = server.ws_at("/v1/realtime")
-        await realtime_turns(ws_url, 2)  # warm: the voice loaded, the first clause cached
-        phases = {}
-        for name, clients in (("baseline", 0), ("with_batch", args.batch_clients)):
-            generator = GeneratorCpu()
-            load = BatchLoad(server.http_url, clients, args.response_format)
-            load.start()
-            if clients:
-                await asyncio.sleep(1.0)  # the jobs are running when the turns begin
-            proc.cpu_percent(None)
-            generator.start()
-            began = time.perf_counter()
-            latencies = await realtime_turns(ws_url, args.turns)
-            await load.stop()
-            wall = time.perf_counter() - began
-            phases[name] = {
-                "first_audio": _ms(latencies),
-                "batch_clients": clients,
-                "batch_jobs": load.jobs,
-                "batch_failures": load.failures,
-                "batch_audio_s_per_s": round(load.jobs * (load.seconds_per_job or 0) / wall, 2),
-                "server_cpu_percent": round(proc.cpu_percent(None), 1),
-                **generator.report(),
-            }
-    finally:
-        server.stop()
-    base, loaded = phases["baseline"]["first_audio"], phases["with_batch"]["first_audio"]
-    return {
-        "bench": "batch",
-        "turns": args.turns,
-        "response_format": args.response_format,
-        **phases,
-        "p50_ratio": round(loaded["p50_ms"] / base["p50_ms"], 2),
-        "p99_ratio": round(loaded["p99_ms"] / base["p99_ms"], 2),
-        **validity(phases["baseline"], phases["with_batch"]),
+    """The whole run; ``load_average`` (1, 5, 15 min) at its start and end
+    says how much of the machine other work had (on a shared machine it can
+    move the image ratio by more than the 5 % target)."""
+    began_load = _load_average()
+    with ExitStack() as stack:
+        image_model = _image_model(args, stack)
+        server = ServerProcess(
+            args.store or "memory",
+            model="cascade",
+            asr="pocketsphinx",
+            port=args.port or None,
+            blob_dir=args.blob_dir,
+            image_model=image_model,
+        ).start()
+        try:
+            report = await _measure(args, server, image_model)
+        finally:
+            server.stop()
+    report["load_average"] = {"start": began_load, "end": _load_average()}
+    return report
+
+
+def _load_average() -> list[float]:
+    return [round(x, 2) for x in psutil.getloadavg()]
+
+
+async def _measure(
+    args: argparse.Namespace, server: ServerProcess, image_model: str | None
+) -> dict:
+    proc = psutil.Process(server.pid)
+    ws_url = server.ws_at("/v1/realtime")
+    await realtime_turns(ws_url, 2)  # warm: the voice loaded, the first clause cached
+    report: dict = {"bench": "batch", "turns": args.turns, "response_format": args.response_format}
+    report["speech"] = await time_speech(
+        server.http_url, args.speech_requests, args.response_format
+    )
+    ask = None
+    if image_model is not None:
+        from duplex_server.bench.diffusion_pipeline import DirectPipeline, ImageAsk
+
+        direct = await asyncio.to_thread(DirectPipeline, image_model)
+        side = args.image_size or direct.native_side
+        ask = ImageAsk(PROMPT, side, side, args.image_steps, args.image_n, seed=1)
+        report["images"] = await compare(server.http_url, direct, ask, args.image_jobs)
+        del direct  # its memory back before the realtime phases
+    phases = {}
+    for name, clients in (("baseline", 0), ("with_batch", args.batch_clients)):
+        speech = BatchLoad(server.http_url, clients, args.response_format)
+        phase, wall = await _phase(proc, ws_url, args.turns, speech)
+        phases[name] = {
+            **phase,
+            "batch_clients": clients,
+            "batch_jobs": speech.jobs,
+            "batch_failures": speech.failures,
+            "batch_audio_s_per_s": round(speech.jobs * (speech.seconds_per_job or 0) / wall, 2),
+        }
+    if ask is not None:
+        images = ImageLoad(server.http_url, args.image_clients, ask)
+        phase, wall = await _phase(proc, ws_url, args.turns, images)
+        phases["with_images"] = {
+            **phase,
+            "image_clients": args.image_clients,
+            "image_jobs": images.jobs,
+            "image_failures": images.failures,
+            "image_steps_per_s": round(images.jobs * ask.steps / wall, 3),
+        }
+    report.update(phases)
+    base = phases["baseline"]["first_audio"]
+    for name, prefix in (("with_batch", ""), ("with_images", "images_")):
+        if name in phases:
+            loaded = phases[name]["first_audio"]
+            report[f"{prefix}p50_ratio"] = round(loaded["p50_ms"] / base["p50_ms"], 2)
+            report[f"{prefix}p99_ratio"] = round(loaded["p99_ms"] / base["p99_ms"], 2)
+    report.update(validity(*phases.values()))
+    return report
+
+
+async def _phase(
+    proc: psutil.Process, ws_url: str, turns: int, load: BatchLoad | ImageLoad
+) -> tuple[dict, float]:
+    """Realtime turns timed while ``load`` runs (no clients: alone); the
+    phase's report and its wall time."""
+    generator = GeneratorCpu()
+    load.start()
+    if load.clients:
+        await asyncio.sleep(1.0)  # the jobs are running when the turns begin
+    proc.cpu_percent(None)
+    generator.start()
+    began = time.perf_counter()
+    latencies = await realtime_turns(ws_url, turns)
+    await load.stop()
+    wall = time.perf_counter() - began
+    phase = {
+        "first_audio": ms(latencies),
+        "server_cpu_percent": round(proc.cpu_percent(None), 1),
+        **generator.report(),
     }
+    return phase, wall

@@ -37,9 +37,39 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         kinds,
         "batch",
         "duplex_server.bench.batch",
-        "realtime first-audio latency alone and while batch speech jobs run",
+        "batch speech's first byte and real-time factor, image steps/s through the server "
+        "against the same pipeline called directly, and realtime first-audio latency alone, "
+        "while batch speech jobs run and while images render",
     )
     p.add_argument("--turns", type=int, default=30, help="realtime answers timed per phase")
+    p.add_argument(
+        "--speech-requests",
+        type=int,
+        default=10,
+        help="streamed /v1/audio/speech requests timed one at a time",
+    )
+    p.add_argument(
+        "--image-model",
+        default=None,
+        help="a diffusers pipeline directory for the server and the direct baseline "
+        "(default: a random-weight one of --image-shape, built for the run; needs the ml extra)",
+    )
+    p.add_argument(
+        "--image-shape",
+        choices=["small", "tiny", "none"],
+        default="small",
+        help="the built pipeline: small (SD's layout, narrowed: 128 px), tiny (the tests' "
+        "16 px one), none (no image parts)",
+    )
+    p.add_argument("--image-steps", type=int, default=4, help="denoising steps per image job")
+    p.add_argument("--image-n", type=int, default=1, help="pictures per image job")
+    p.add_argument(
+        "--image-size", type=int, default=0, help="square side in pixels (0: the pipeline's own)"
+    )
+    p.add_argument(
+        "--image-jobs", type=int, default=20, help="timed image jobs on each side of the comparison"
+    )
+    p.add_argument("--image-clients", type=int, default=2, help="clients keeping /v1/images busy")
     p.add_argument(
         "--batch-clients", type=int, default=4, help="clients keeping /v1/audio/speech busy"
     )

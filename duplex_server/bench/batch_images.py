@@ -1,0 +1,140 @@
+"""``bench batch``'s image parts: steps/s through ``POST /v1/images/generations``
+against the same pipeline called directly, and clients that keep the route
+busy while realtime answers are timed.
+
+The comparison alternates one job on each side (after one warm-up job
+each), so a neighbour's load on a shared machine falls on both; the server
+is otherwise idle while the bench paints and the bench only waits while the
+server paints. Each pair asks the same prompt, size, steps, n and seed, and
+the pictures the server returns are compared with the bench's: the largest
+pixel difference says it was the same computation (0 on one device; a
+rounding step at most when thread counts differ)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import statistics
+import time
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+
+from duplex_server.bench.diffusion_pipeline import DirectPipeline, ImageAsk
+
+ROUTE = "/v1/images/generations"
+OVERHEAD_TARGET_PERCENT = 5.0
+PROMPT = "a lighthouse"  # within the tiny tokenizer's 16 characters
+
+
+def body(ask: ImageAsk) -> dict:
+    return {
+        "prompt": ask.prompt,
+        "n": ask.n,
+        "size": f"{ask.width}x{ask.height}",
+        "seed": ask.seed,
+        "num_inference_steps": ask.steps,
+        "response_format": "b64_json",
+    }
+
+
+async def _served(http: httpx.AsyncClient, url: str, ask: ImageAsk) -> tuple[float, list]:
+    """Seconds from request to the whole response, and its pictures."""
+    began = time.perf_counter()
+    reply = await http.post(url + ROUTE, json=body(ask))
+    seconds = time.perf_counter() - began
+    reply.raise_for_status()
+    pictures = [_pixels(item["b64_json"]) for item in reply.json()["data"]]
+    return seconds, pictures
+
+
+def _pixels(b64: str) -> npt.NDArray[np.uint8]:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(base64.b64decode(b64))) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def _max_difference(a: list, b: list) -> int:
+    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
+        return 255
+    return max(int(np.abs(x.astype(np.int16) - y).max()) for x, y in zip(a, b, strict=True))
+
+
+async def compare(url: str, direct: DirectPipeline, ask: ImageAsk, jobs: int) -> dict:
+    """``jobs`` jobs on each side, alternating; steps/s and their ratio."""
+    served_s: list[float] = []
+    direct_s: list[float] = []
+    difference = 0
+    async with httpx.AsyncClient(timeout=600) as http:
+        await _served(http, url, ask)  # warm: the first call's lazy set-up
+        await asyncio.to_thread(direct.paint, ask)
+        for job in range(jobs):
+            same = ImageAsk(ask.prompt, ask.width, ask.height, ask.steps, ask.n, ask.seed + job)
+            seconds, theirs = await _served(http, url, same)
+            served_s.append(seconds)
+            seconds, ours = await asyncio.to_thread(direct.paint, same)
+            direct_s.append(seconds)
+            difference = max(difference, _max_difference(theirs, ours))
+    server = _side(served_s, ask)
+    baseline = _side(direct_s, ask)
+    ratio = server["steps_per_s"] / baseline["steps_per_s"]
+    overhead = (1.0 - ratio) * 100.0
+    return {
+        "size": f"{ask.width}x{ask.height}",
+        "steps": ask.steps,
+        "n": ask.n,
+        "jobs_per_side": jobs,
+        "server": server,
+        "direct": baseline,
+        "ratio": round(ratio, 3),
+        # Each side's fastest job: the least disturbed by a neighbour's load.
+        "fastest_ratio": round(min(direct_s) / min(served_s), 3),
+        "overhead_percent": round(overhead, 1),
+        "overhead_target_percent": OVERHEAD_TARGET_PERCENT,
+        "overhead_target_met": overhead <= OVERHEAD_TARGET_PERCENT,
+        "max_pixel_difference": difference,
+    }
+
+
+def _side(seconds: list[float], ask: ImageAsk) -> dict:
+    """Steps/s over the side's jobs (all their steps over all their time;
+    one step paints all n pictures) and the median job."""
+    return {
+        "steps_per_s": round(len(seconds) * ask.steps / sum(seconds), 3),
+        "median_job_s": round(statistics.median(seconds), 4),
+        "min_job_s": round(min(seconds), 4),
+    }
+
+
+class ImageLoad:
+    """Clients that keep the image route busy until stopped (the engine
+    paints one job at a time; a second client keeps the next one queued)."""
+
+    def __init__(self, url: str, clients: int, ask: ImageAsk) -> None:
+        self.url = url
+        self.clients = clients
+        self.ask = ask
+        self.jobs = 0
+        self.failures = 0
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._client()) for _ in range(self.clients)]
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+    async def _client(self) -> None:
+        async with httpx.AsyncClient(timeout=600) as http:
+            while not self._stop.is_set():
+                reply = await http.post(self.url + ROUTE, json=body(self.ask))
+                if reply.status_code == 200:
+                    self.jobs += 1
+                else:
+                    self.failures += 1
+                    await asyncio.sleep(0.1)  # a refusal answers at once: no spinning on it
