@@ -7,7 +7,9 @@ after another so they do not share the CPU:
 
 1. Direct: a ``TransformersBackend`` built in this process behind an
    ``EngineCore``, as the server builds it. TTFT of each prompt alone
-   (request -> first delta, ``--repeats`` times), then ``--sessions``
+   (request -> first delta, ``--repeats`` times; and request -> as much
+   text as the server's first delta held, the like-for-like baseline: the
+   responder hands text on clause by clause), then ``--sessions``
    requests at once (prompts in turn): output characters per second, and
    the mean time of one decode step (the window's steps over its time).
 2. Ours: a server process with ``--llm``; text sessions over WebSockets
@@ -82,7 +84,11 @@ def _ms(seconds: float) -> float:
 # --- direct calls -----------------------------------------------------------
 
 
-async def _direct_one(core: Any, prompt: str, tag: str, max_new: int) -> tuple[float, str]:
+async def _direct_one(
+    core: Any, prompt: str, tag: str, max_new: int, arrivals: list | None = None
+) -> tuple[float, str]:
+    """TTFT (request -> first delta) and the answer; ``arrivals`` gets
+    (characters so far, ms since the request) of every delta."""
     from duplex_server.engine.core import EngineRequest
     from duplex_server.engine.llm import ChatPayload
 
@@ -94,9 +100,13 @@ async def _direct_one(core: Any, prompt: str, tag: str, max_new: int) -> tuple[f
         payload=ChatPayload(tiny_llm.chat(prompt), 0.0, max_new),
     )
     started, first, text = time.perf_counter(), None, []
+    chars = 0
     async for delta in core.submit(request):
         first = first or time.perf_counter()
         text.append(delta)
+        chars += len(delta)
+        if arrivals is not None:
+            arrivals.append((chars, _ms(time.perf_counter() - started)))
     return _ms((first or time.perf_counter()) - started), "".join(text)
 
 
@@ -125,11 +135,13 @@ def _direct_phase(path: Path, args: argparse.Namespace, prompts: list[str]) -> d
         loop = asyncio.new_event_loop()
         run = loop.run_until_complete
         run(_direct_window(core, prompts, args.max_new_tokens))  # warm-up
-        ttft = [
-            run(_direct_one(core, p, f"a{r}-{i}", args.max_new_tokens))[0]
-            for r in range(args.repeats)
-            for i, p in enumerate(args.prompts)
-        ]
+        arrivals: dict[str, list[list]] = {p: [] for p in args.prompts}
+        ttft = []
+        for r in range(args.repeats):
+            for i, p in enumerate(args.prompts):
+                arrivals[p].append([])
+                tag = f"a{r}-{i}"
+                ttft.append(run(_direct_one(core, p, tag, args.max_new_tokens, arrivals[p][-1]))[0])
         steps, generator = backend.steps, GeneratorCpu()
         generator.start()
         window = run(_direct_window(core, prompts, args.max_new_tokens))
@@ -140,6 +152,7 @@ def _direct_phase(path: Path, args: argparse.Namespace, prompts: list[str]) -> d
     return {
         "ttft_alone_ms": _quantiles(ttft, 50, 95),
         "ttft_alone_ms_mean": round(statistics.fmean(ttft), 2),
+        "arrivals": arrivals,
         "chars_per_s": round(window.chars_per_s, 1),
         "chars": window.chars,
         "seconds": round(window.seconds, 3),
@@ -201,6 +214,7 @@ class TextSession:
                     cancelled = time.perf_counter()
         return {
             "ttft_ms": _ms((first or now) - started),
+            "first_delta_chars": len(text[0]) if text else 0,
             "text": "".join(text),
             "status": status,
             "abort_to_silence_ms": _ms(max(0.0, last - cancelled)) if cancelled and last else None,
@@ -224,10 +238,12 @@ async def _server_measure(url: str, args: argparse.Namespace, prompts: list[str]
     sessions = [await TextSession.open(url) for _ in prompts]
     try:
         await _server_window(sessions, prompts)  # warm-up
-        ttft = []
+        ttft, first_chars = [], {}
         for _ in range(args.repeats):
             for prompt in args.prompts:
-                ttft.append((await sessions[0].ask(prompt))["ttft_ms"])
+                answer = await sessions[0].ask(prompt)
+                ttft.append(answer["ttft_ms"])
+                first_chars[prompt] = answer["first_delta_chars"]
         generator = GeneratorCpu()
         generator.start()
         proc.cpu_percent(None)
@@ -243,6 +259,7 @@ async def _server_measure(url: str, args: argparse.Namespace, prompts: list[str]
     return {
         "ttft_alone_ms": _quantiles(ttft, 50, 95),
         "ttft_alone_ms_mean": round(statistics.fmean(ttft), 2),
+        "first_delta_chars": first_chars,
         "chars_per_s": round(window.chars_per_s, 1),
         "chars": window.chars,
         "seconds": round(window.seconds, 3),
@@ -314,8 +331,20 @@ def _voice_phase(path: Path, args: argparse.Namespace) -> dict:
 # --- the report ---------------------------------------------------------------
 
 
+def _same_text_ttft(arrivals: dict[str, list[list]], first_chars: dict[str, int]) -> list[float]:
+    """Direct: when each answer had as much text as the server's first delta
+    (the responder hands text on clause by clause, so its first delta is a
+    clause, not a token): the like-for-like TTFT baseline."""
+    times = []
+    for prompt, runs in arrivals.items():
+        need = first_chars.get(prompt, 1)
+        for run in runs:
+            times.extend(next(([ms] for chars, ms in run if chars >= need), []))
+    return times
+
+
 def _targets(direct: dict, ours: dict, voice: dict | None) -> dict:
-    overhead = ours["ttft_alone_ms"]["p50"] / direct["ttft_alone_ms"]["p50"] - 1.0
+    overhead = ours["ttft_alone_ms"]["p50"] / direct["ttft_same_text_ms"]["p50"] - 1.0
     ratio = ours["chars_per_s"] / direct["chars_per_s"]
     step = direct["decode_step_ms_mean"]
     abort_p99 = ours["abort"]["abort_to_silence_ms"]["p99"]
@@ -337,6 +366,8 @@ def measure(path: Path, args: argparse.Namespace) -> dict:
     prompts = [args.prompts[i % len(args.prompts)] for i in range(args.sessions)]
     direct = _direct_phase(path, args, prompts)
     ours = _server_phase(path, args, prompts)
+    same = _same_text_ttft(direct.pop("arrivals"), ours["first_delta_chars"])
+    direct["ttft_same_text_ms"] = _quantiles(same, 50, 95)
     voice = _voice_phase(path, args) if args.voice_sessions else None
     return {
         "bench": "llm",
