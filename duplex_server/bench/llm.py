@@ -218,6 +218,7 @@ class TextSession:
             "text": "".join(text),
             "status": status,
             "abort_to_silence_ms": _ms(max(0.0, last - cancelled)) if cancelled and last else None,
+            "cancel_to_done_ms": _ms(now - cancelled) if cancelled else None,
         }
 
     async def close(self) -> None:
@@ -234,28 +235,45 @@ async def _server_window(sessions: list[TextSession], prompts: list[str]) -> Win
     return window
 
 
-async def _server_measure(url: str, args: argparse.Namespace, prompts: list[str], proc) -> dict:
-    sessions = [await TextSession.open(url) for _ in prompts]
+async def _fresh(url: str, count: int) -> list[TextSession]:
+    """New sessions: each question starts its own conversation, so the
+    server's chat is the direct call's (no earlier turns in it)."""
+    return list(await asyncio.gather(*(TextSession.open(url) for _ in range(count))))
+
+
+async def _ask_fresh(url: str, prompts: list[str], cancel: bool = False) -> list[dict]:
+    sessions = await _fresh(url, len(prompts))
     try:
-        await _server_window(sessions, prompts)  # warm-up
-        ttft, first_chars = [], {}
-        for _ in range(args.repeats):
-            for prompt in args.prompts:
-                answer = await sessions[0].ask(prompt)
-                ttft.append(answer["ttft_ms"])
-                first_chars[prompt] = answer["first_delta_chars"]
+        return list(
+            await asyncio.gather(
+                *(s.ask(p, cancel) for s, p in zip(sessions, prompts, strict=True))
+            )
+        )
+    finally:
+        await asyncio.gather(*(s.close() for s in sessions))
+
+
+async def _server_measure(url: str, args: argparse.Namespace, prompts: list[str], proc) -> dict:
+    await _ask_fresh(url, prompts)  # warm-up
+    ttft, first_chars = [], {}
+    for _ in range(args.repeats):
+        for prompt in args.prompts:
+            (answer,) = await _ask_fresh(url, [prompt])
+            ttft.append(answer["ttft_ms"])
+            first_chars[prompt] = answer["first_delta_chars"]
+    sessions = await _fresh(url, len(prompts))
+    try:
         generator = GeneratorCpu()
         generator.start()
         proc.cpu_percent(None)
         window = await _server_window(sessions, prompts)
         server_cpu = proc.cpu_percent(None)
         report = generator.report()
-        aborts = await asyncio.gather(
-            *(s.ask(p, cancel_at_first=True) for s, p in zip(sessions, prompts, strict=True))
-        )
     finally:
         await asyncio.gather(*(s.close() for s in sessions))
+    aborts = await _ask_fresh(url, prompts, cancel=True)
     silences = [a["abort_to_silence_ms"] for a in aborts if a["abort_to_silence_ms"] is not None]
+    done = [a["cancel_to_done_ms"] for a in aborts if a["cancel_to_done_ms"] is not None]
     return {
         "ttft_alone_ms": _quantiles(ttft, 50, 95),
         "ttft_alone_ms_mean": round(statistics.fmean(ttft), 2),
@@ -269,7 +287,9 @@ async def _server_measure(url: str, args: argparse.Namespace, prompts: list[str]
         "abort": {
             "cancels": len(aborts),
             "cancelled_mid_answer": sum(a["status"] == "cancelled" for a in aborts),
+            # response.cancel sent -> the last delta that still arrived (0: none did)
             "abort_to_silence_ms": _quantiles(silences, 50, 99),
+            "cancel_to_response_done_ms": _quantiles(done, 50, 99),
         },
     }
 
@@ -295,7 +315,7 @@ def _llm_server(path: Path, sessions: int, **flags: Any) -> ServerProcess:
         model="cascade",
         llm=path,
         llm_backend="transformers",
-        max_sessions=sessions + 8,
+        max_sessions=2 * sessions + 8,  # closed sessions may linger a moment
         **flags,
     )
     server.start(timeout_s=120.0)
