@@ -315,7 +315,7 @@ def _llm_server(path: Path, sessions: int, **flags: Any) -> ServerProcess:
         model="cascade",
         llm=path,
         llm_backend="transformers",
-        max_sessions=2 * sessions + 8,  # closed sessions may linger a moment
+        max_sessions=sessions,
         **flags,
     )
     server.start(timeout_s=120.0)
@@ -324,7 +324,9 @@ def _llm_server(path: Path, sessions: int, **flags: Any) -> ServerProcess:
 
 
 def _server_phase(path: Path, args: argparse.Namespace, prompts: list[str]) -> dict:
-    server = _llm_server(path, len(prompts))
+    # every question has its own session, and a closed one may still count
+    # against the cap for a while: room for all of them
+    server = _llm_server(path, 3 * len(prompts) + args.repeats * len(args.prompts) + 16)
     try:
         proc = psutil.Process(server.pid)
         return asyncio.run(_server_measure(server.ws_url, args, prompts, proc))
@@ -336,7 +338,7 @@ def _voice_phase(path: Path, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         phrases = Path(tmp) / "phrases.txt"
         phrases.write_text("\n".join(voice_phrases.PHRASES))
-        server = _llm_server(path, args.voice_sessions, asr_phrases=phrases)
+        server = _llm_server(path, args.voice_sessions + 8, asr_phrases=phrases)
         try:
             drive = argparse.Namespace(
                 sessions=args.voice_sessions, turns=args.voice_turns, chunk_ms=args.chunk_ms
