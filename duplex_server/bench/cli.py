@@ -332,3 +332,21 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-tokens", type=int, default=128, help="each session's prompt")
     p.add_argument("--new-tokens", type=int, default=128, help="each answer (no early end)")
     p.add_argument("--dir", default=None, help="where the random checkpoint is written")
+
+    p = _kind(
+        kinds,
+        "llm",
+        "duplex_server.bench.llm",
+        "the AR path through the real server (text sessions over WebSockets) against direct "
+        "calls to the same backend on the same prompts: TTFT overhead, throughput ratio, "
+        "abort-to-silence, and voice-to-voice with the LLM (needs the ml extra)",
+    )
+    p.add_argument(
+        "--llm", default=None, help="checkpoint directory (default: train the tiny chat model)"
+    )
+    p.add_argument("--sessions", type=int, default=32, help="concurrent text sessions")
+    p.add_argument("--repeats", type=int, default=5, help="TTFT samples of each prompt alone")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="each direct answer's cap")
+    p.add_argument("--voice-sessions", type=int, default=4, help="spoken sessions (0: skip)")
+    p.add_argument("--voice-turns", type=int, default=2, help="questions per spoken session")
+    p.add_argument("--chunk-ms", type=int, default=20, help="microphone audio per append")
