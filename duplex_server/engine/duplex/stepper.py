@@ -19,6 +19,12 @@ therefore complete at tick ``t`` (codebook 0 from the previous column), and
 a row's first frame (whose codebook 0 is the begin-of-stream token) has no
 audio: it is silence.
 
+A row may be primed before its first real frame (a persona and a voice
+prompt, as PersonaPlex conditions its model): ``join(prefix)`` runs the
+prompt's ``PrimeFrame``s teacher-forced in a batch of its own and splices
+the row in, so the live rows do not wait for it; ``resume`` replays the
+same prefix before the logged frames.
+
 Rows join and leave between ticks. A joining row's transformer positions
 restart behind a mask (``RowTimeline``) and its codec state is reset, so
 it computes what it would alone; a freed row is reused by the next join.
@@ -29,6 +35,7 @@ restarted replica rebuilding a row from its logged frames) testable.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +45,7 @@ from transformers import DynamicCache, MoshiForConditionalGeneration
 from duplex_server.engine.duplex.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
 from duplex_server.engine.duplex.splice import splice_row
 from duplex_server.engine.duplex.timeline import RowTimeline
-from duplex_server.engine.duplex.tokens import FrameTokens
+from duplex_server.engine.duplex.tokens import FrameTokens, PrimeFrame
 
 
 class RowsFull(Exception):
@@ -90,12 +97,15 @@ class DuplexStepper:
         # ... and the user's codebooks 1.. of the previous frame (one frame late)
         self.user_late = torch.full_like(self.audio_in[:, 1:], self.audio_start)
 
-    def join(self) -> int:
-        """Take a free row for a new stream; its state starts fresh at the next tick.
+    def join(self, prefix: Sequence[PrimeFrame] = ()) -> int:
+        """Take a free row for a new stream; its state starts fresh at the next tick,
+        or (with a ``prefix``) as it is after those prime frames.
 
         The first join into an empty batch starts the whole batch afresh, so
         the shared timeline (and its caches) stop growing once nobody is left.
         """
+        if prefix:
+            return self.resume([], prefix)
         if not any(self.live) and self.timeline.length:
             self._fresh_state()
         try:
@@ -112,8 +122,13 @@ class DuplexStepper:
         return row
 
     @torch.no_grad()
-    def resume(self, history: list[tuple[np.ndarray, FrameTokens]]) -> int:
-        """Take a free row for a stream that already ran ``len(history)`` frames.
+    def resume(
+        self,
+        history: Sequence[tuple[np.ndarray, FrameTokens]],
+        prefix: Sequence[PrimeFrame] = (),
+    ) -> int:
+        """Take a free row for a stream that already ran its ``prefix`` (the
+        prime frames it was joined with) and then ``len(history)`` frames.
 
         ``history`` is each past frame's input samples and the tokens the
         model generated then, in order, as a session logs them. The row is
@@ -121,8 +136,12 @@ class DuplexStepper:
         live rows do not move) and spliced into this batch; its next tick
         continues as if it had never stopped.
         """
+        if not history and not prefix:
+            return self.join()
         alone = DuplexStepper(self.model, 1)
         source = alone.join()
+        for prime in prefix:
+            alone.prime_tick({source: prime})
         for samples, tokens in history:
             alone.tick({source: samples}, forced={source: tokens})
         row = self.join()
@@ -153,10 +172,31 @@ class DuplexStepper:
         """
         forced = forced or {}
         self._check_inputs(samples, forced)
+        user = self.encoder.encode(self._input_batch(samples))
+        return self._advance(user, forced)
+
+    @torch.no_grad()
+    def prime_tick(self, frames: dict[int, PrimeFrame]) -> dict[int, RowFrame]:
+        """Advance every live row by one frame of its system prompt: the
+        user's codes are given (the rows' encoders are not run) and the
+        model's column is forced. Every live row must be priming."""
+        live = {row for row, is_live in enumerate(self.live) if is_live}
+        if set(frames) != live:
+            raise ValueError(f"a prime tick needs a frame for exactly the live rows {sorted(live)}")
+        user = torch.full_like(self.audio_in, self.audio_start)
+        for row, frame in frames.items():
+            if len(frame.user) != self.num_codebooks:
+                raise ValueError(f"row {row}: a prime frame's user codes are not one a codebook")
+            user[row] = torch.tensor(frame.user, dtype=torch.long)
+        forced = {row: frame.tokens for row, frame in frames.items()}
+        self._check_forced(forced)
+        return self._advance(user, forced)
+
+    def _advance(self, user: torch.Tensor, forced: dict[int, FrameTokens]) -> dict[int, RowFrame]:
+        """Everything of a tick after the user's codes are known."""
         for row, step in enumerate(self.step):
             if self.live[row] and step == 1:
                 self.decoder.reset(row)  # a row's codec output starts at its frame 1
-        user = self.encoder.encode(self._input_batch(samples))
         user_column = torch.cat([user[:, :1], self.user_late], dim=1)
         self.user_late = user[:, 1:].clone()
         hidden, text_logits = self._temporal_step(user_column)
@@ -178,6 +218,10 @@ class DuplexStepper:
         for row, frame in samples.items():
             if frame.shape != (self.frame_samples,):
                 raise ValueError(f"row {row}: expected {self.frame_samples} samples")
+        self._check_forced(forced)
+
+    def _check_forced(self, forced: dict[int, FrameTokens]) -> None:
+        live = {row for row, is_live in enumerate(self.live) if is_live}
         for row, tokens in forced.items():
             if row not in live or len(tokens.audio) != self.num_codebooks:
                 raise ValueError(f"row {row}: forced tokens for a row that is not live or short")
