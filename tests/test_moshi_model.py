@@ -18,7 +18,7 @@ from duplex_server import cli
 from duplex_server.engine.duplex.service import StreamClosed
 from duplex_server.engine.duplex.stepper import DuplexStepper, RowsFull
 from duplex_server.models import build_model
-from duplex_server.sessions.core.model_port import InputUnit
+from duplex_server.sessions.core.model_port import InputUnit, StreamSetup
 from tests.tiny_moshi import FRAME_SAMPLES, NUM_CODEBOOKS, tiny_moshi
 
 UNITS = 6
@@ -48,7 +48,7 @@ def units(seed: int) -> list[InputUnit]:
 
 
 async def run_session(model, session_id: str, feed: list[InputUnit]):
-    session = model.streaming.open(session_id)
+    session = model.streaming.open(session_id, StreamSetup())
     try:
         return [(await session.step(unit))[0] for unit in feed]
     finally:
@@ -80,20 +80,20 @@ async def test_sessions_are_stepped_together_and_each_hears_only_itself(model, c
             for u in feed
         ]
         assert outputs[0].decision == "listen" and not outputs[0].audio  # frame 0 is silence
-        assert outputs[1].decision == "speak"
+        assert outputs[1].decision == "speak"  # the random model's first word
         for output, frame in zip(outputs[1:], alone[1:], strict=True):
             assert output.sample_rate_hz == 24_000 and len(output.audio) == 2 * FRAME_SAMPLES
             mine = np.frombuffer(output.audio, "<i2").astype(np.int32)
             expected = (np.clip(frame.samples, -1, 1) * 32767).astype("<i2").astype(np.int32)
             assert np.abs(mine - expected).max() <= 1  # float rounding of a batch of two
-            assert output.text == ""  # the tiny checkpoint ships no tokenizer
+            assert output.text == model.service.token_text(frame.tokens.text)
     assert together[0][2].audio != together[1][2].audio
 
 
 async def test_a_session_beyond_the_rows_is_refused_at_its_first_unit(checkpoint):
     one_row = build_model(f"moshi:{checkpoint}", dtype="float32", moshi_rows=1)
     assert one_row.service.wait_loaded(120), one_row.service.load_error  # type: ignore[attr-defined]
-    first, second = one_row.streaming.open("first"), one_row.streaming.open("second")
+    first, second = (one_row.streaming.open(name, StreamSetup()) for name in ("first", "second"))
     feed = units(3)
     try:
         await first.step(feed[0])
@@ -109,7 +109,7 @@ async def test_a_session_beyond_the_rows_is_refused_at_its_first_unit(checkpoint
 async def test_a_stream_that_stops_sending_is_closed_not_waited_for(model):
     """Ticks are lockstep; a session whose frames stop (its feed died) would
     hold every other session up, so after STALL_S it is closed instead."""
-    stopped, going = model.streaming.open("stopped"), model.streaming.open("going")
+    stopped, going = (model.streaming.open(name, StreamSetup()) for name in ("stopped", "going"))
     feed = units(4)
     try:
         await stopped.step(feed[0])  # alone in the batch: one tick
@@ -123,7 +123,7 @@ async def test_a_stream_that_stops_sending_is_closed_not_waited_for(model):
 
 
 async def test_a_unit_at_another_rate_is_refused(model):
-    session = model.streaming.open("rate")
+    session = model.streaming.open("rate", StreamSetup())
     try:
         with pytest.raises(ValueError, match="1920 pcm16 samples at 24000 Hz"):
             await session.step(InputUnit(0, b"\0\0" * 1280, 16_000))

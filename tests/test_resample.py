@@ -158,10 +158,12 @@ class Listener:
     sample_rate_hz = 16_000
     unit_ms = 20
 
+    primes_at_input = False
+
     def __init__(self) -> None:
         self.units: list[InputUnit] = []
 
-    def open(self, session_id: str) -> Listener:
+    def open(self, session_id: str, setup: object) -> Listener:
         return self
 
     async def step(self, unit: InputUnit) -> list[UnitOutput]:

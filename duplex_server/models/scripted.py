@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from duplex_server.models.capabilities import built_in
-from duplex_server.sessions.core.model_port import InputUnit, UnitOutput
+from duplex_server.sessions.core.model_port import InputUnit, StreamSetup, UnitOutput
 from protocol.capabilities import CLIENT_EVENT, MODEL_NATIVE
 
 RATE_HZ = 24_000
@@ -94,13 +94,17 @@ class ScriptedModel:
     )
     sample_rate_hz = RATE_HZ
     unit_ms = UNIT_MS
+    primes_at_input = False  # it keeps time from the session's start
 
     @property
     def streaming(self) -> ScriptedModel:
         return self
 
-    def open(self, session_id: str) -> ScriptedSession:
+    def open(self, session_id: str, setup: StreamSetup) -> ScriptedSession:
         return ScriptedSession()
 
     def accepts_voice(self, voice: str) -> bool:
         return True
+
+    def instructions_refusal(self, instructions: str) -> str | None:
+        return None  # read as text, any length the session takes

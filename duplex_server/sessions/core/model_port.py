@@ -161,6 +161,20 @@ class UnitOutput(msgspec.Struct):
     stage_ms: dict[str, float] | None = None
 
 
+class StreamSetup(msgspec.Struct, frozen=True):
+    """What a native duplex model that is primed (``Streaming.primes_at_input``)
+    hears before the session's first unit: the session's ``instructions``
+    as its persona and its ``voice`` as a voice prompt, as they stood when
+    the session's input began (they are fixed from then on: gates.py)."""
+
+    instructions: str = ""
+    voice: str = "default"
+
+
+def stream_setup(config: EffectiveConfig) -> StreamSetup:
+    return StreamSetup(instructions=config.instructions, voice=config.voice)
+
+
 class UnitSession(Protocol):
     """One session's stream into a native duplex model (its state: caches,
     codec state). Steps are called one at a time, in unit order."""
@@ -181,8 +195,12 @@ class Streaming(Protocol):
 
     sample_rate_hz: int  # of the units it takes
     unit_ms: int  # its chunk_period_ms
+    # Its stream opens at the session's first input audio, primed with the
+    # session's StreamSetup; before that it hears nothing (no silence is
+    # clocked) and says nothing. False: it opens with the session.
+    primes_at_input: bool
 
-    def open(self, session_id: str) -> UnitSession: ...
+    def open(self, session_id: str, setup: StreamSetup) -> UnitSession: ...
 
 
 class SpeechScorer(Protocol):
@@ -289,4 +307,9 @@ class ModelPort(Protocol):
     def accepts_voice(self, voice: str) -> bool:
         """Whether the model can speak in ``voice``; asked when a session or a
         response names one, so an unknown voice is refused then, not mid-answer."""
+        ...
+
+    def instructions_refusal(self, instructions: str) -> str | None:
+        """Why the model cannot take ``instructions`` (None: it can); asked when
+        a session names them (Moshi primes them as tokens, at most so many)."""
         ...
