@@ -15,6 +15,7 @@ SDK's models (tests/openai_conformance.py, under every test)."""
 from __future__ import annotations
 
 import base64
+import json
 import time
 import urllib.error
 import urllib.request
@@ -113,6 +114,9 @@ async def test_a_spoken_conversation_on_the_wire(served, checkpoint):
     assert caps["supports_barge_in"] is False and caps["signal_sources"] == ["model_native"]
     assert caps["supports_model_native_turn_policy"] is True
     assert set(caps["immutable_after_open"]) == {"model", "voice", "instructions"}
+    with urllib.request.urlopen(served.http_url + "/v1/models", timeout=10) as reply:
+        listed = json.load(reply)["data"]
+    assert [(m["id"], m["capabilities"]) for m in listed] == [("moshi", caps)]
     persona = {"instructions": "be a kind pirate", "voice": "pirate"}
     await client.send({"type": "session.update", "session": persona})
     updated = (await client.recv_until("session.updated"))[-1]["session"]
