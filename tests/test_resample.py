@@ -161,7 +161,9 @@ class Listener:
     def __init__(self) -> None:
         self.units: list[InputUnit] = []
 
-    def open(self, session_id: str) -> Listener:
+    resume_units = 0
+
+    def open(self, session_id: str, history=()) -> Listener:
         return self
 
     async def step(self, unit: InputUnit) -> list[UnitOutput]:

@@ -9,7 +9,7 @@ own ``Item`` and ``EffectiveConfig``: the core may change its state freely.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -159,6 +159,18 @@ class UnitOutput(msgspec.Struct):
     text: str = ""
     function_call: FunctionCallPart | None = None
     stage_ms: dict[str, float] | None = None
+    # The model's own output tokens for the unit, as it would be fed them
+    # back (teacher forcing): set by a model whose state must survive a
+    # crash. The session logs them with the unit (a ``unit`` record).
+    tokens: tuple[int, ...] | None = None
+
+
+class SteppedUnit(msgspec.Struct, frozen=True):
+    """A unit the model stepped before, and the tokens it generated then:
+    what a model rebuilds its state from when a session is restored."""
+
+    unit: InputUnit
+    tokens: tuple[int, ...]
 
 
 class UnitSession(Protocol):
@@ -181,8 +193,14 @@ class Streaming(Protocol):
 
     sample_rate_hz: int  # of the units it takes
     unit_ms: int  # its chunk_period_ms
+    # How many of a session's latest stepped units rebuild its state (its
+    # context window); 0 for a model that logs no tokens.
+    resume_units: int
 
-    def open(self, session_id: str) -> UnitSession: ...
+    def open(self, session_id: str, history: Sequence[SteppedUnit] = ()) -> UnitSession:
+        """A session's stream; ``history`` (its latest stepped units, oldest
+        first, at most ``resume_units``) makes it continue where they left off."""
+        ...
 
 
 class SpeechScorer(Protocol):

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from duplex_server.sessions.core.model_port import ModelPort, ResponseRequest, UnitOutput
+from duplex_server.sessions.core.records import UnitBody
 
 
 class ModelFeed(Protocol):
@@ -35,6 +36,12 @@ class ModelFeed(Protocol):
 
     def keep_turn(self, item_id: str, pcm16: bytes) -> None:
         """A committed user turn's audio (at the item's rate), for answers."""
+        ...
+
+    def restore(self, units: list[UnitBody]) -> None:
+        """Before ``start`` of a session rebuilt from its log: the units its
+        model stepped (``unit`` records, oldest first), to rebuild the
+        model's state from."""
         ...
 
     def answer(self, request: ResponseRequest) -> None:
