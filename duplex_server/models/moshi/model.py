@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
 from duplex_server.engine.duplex.checkpoint import DTYPES, check_moshi_checkpoint
+from duplex_server.engine.duplex.tokens import FrameTokens
 from duplex_server.models.capabilities import built_in
 from duplex_server.models.moshi.floor import Floor
-from duplex_server.sessions.core.model_port import InputUnit, UnitOutput
+from duplex_server.sessions.core.model_port import InputUnit, SteppedUnit, UnitOutput
 from protocol.capabilities import CLIENT_EVENT, MODEL_NATIVE
 
 if TYPE_CHECKING:
@@ -33,15 +35,16 @@ def _pcm16(samples: np.ndarray) -> bytes:
 class MoshiSession:
     """One session's stream; ``step`` is called once per unit, in order."""
 
-    def __init__(self, service: DuplexService) -> None:
+    def __init__(self, service: DuplexService, history: Sequence[SteppedUnit] = ()) -> None:
         self._service = service
-        self._stream = service.open_stream()
+        # A restored session's row is rebuilt from its logged units (a
+        # teacher-forced prefill) when its first new frame joins the batch.
+        logged = [(_samples(s.unit), FrameTokens(s.tokens[0], s.tokens[1:])) for s in history]
+        self._stream = service.open_stream(logged or None)
         self._floor = Floor()
 
     async def step(self, unit: InputUnit) -> list[UnitOutput]:
-        if unit.sample_rate_hz != RATE_HZ or len(unit.pcm) != 2 * FRAME_SAMPLES:
-            raise ValueError(f"a moshi unit is {FRAME_SAMPLES} pcm16 samples at {RATE_HZ} Hz")
-        samples = np.frombuffer(unit.pcm, "<i2").astype(np.float32) / 32768.0
+        samples = _samples(unit)
         loop = asyncio.get_running_loop()
         result: asyncio.Future[RowFrame] = loop.create_future()
 
@@ -54,13 +57,15 @@ class MoshiSession:
 
     def _output(self, frame: RowFrame) -> UnitOutput:
         decision = self._floor.update(frame.samples)
+        tokens = (frame.tokens.text, *frame.tokens.audio)  # logged: what a resume feeds back
         if decision in ("listen", "end_of_turn"):
-            return UnitOutput(decision=decision)
+            return UnitOutput(decision=decision, tokens=tokens)
         return UnitOutput(
             decision=decision,
             audio=_pcm16(frame.samples),
             sample_rate_hz=RATE_HZ,
             text=self._service.token_text(frame.tokens.text),
+            tokens=tokens,
         )
 
     def interrupt(self) -> None:
@@ -68,6 +73,13 @@ class MoshiSession:
 
     def close(self) -> None:
         self._service.close_stream(self._stream)
+
+
+def _samples(unit: InputUnit) -> np.ndarray:
+    """A unit's pcm16 as the model's float input (-1..1)."""
+    if unit.sample_rate_hz != RATE_HZ or len(unit.pcm) != 2 * FRAME_SAMPLES:
+        raise ValueError(f"a moshi unit is {FRAME_SAMPLES} pcm16 samples at {RATE_HZ} Hz")
+    return np.frombuffer(unit.pcm, "<i2").astype(np.float32) / 32768.0
 
 
 def _settle(result: asyncio.Future[RowFrame], frame: RowFrame | BaseException) -> None:
@@ -103,6 +115,8 @@ class MoshiModel:
 
     def __init__(self, service: DuplexService) -> None:
         self.service = service
+        # A resume prefills at most the temporal transformer's window.
+        self.resume_units = service.checkpoint.window
 
     @property
     def streaming(self) -> MoshiModel:
@@ -112,8 +126,8 @@ class MoshiModel:
     def loaded(self) -> bool:
         return self.service.loaded
 
-    def open(self, session_id: str) -> MoshiSession:
-        return MoshiSession(self.service)
+    def open(self, session_id: str, history: Sequence[SteppedUnit] = ()) -> MoshiSession:
+        return MoshiSession(self.service, history)
 
     def accepts_voice(self, voice: str) -> bool:
         """Voice prompts (``--voices DIR``) are not wired yet: every name speaks
