@@ -119,12 +119,30 @@ class DuplexStepper:
         model generated then, in order, as a session logs them. The row is
         rebuilt by a teacher-forced prefill in a batch of its own (so the
         live rows do not move) and spliced into this batch; its next tick
-        continues as if it had never stopped.
+        continues as if it had never stopped. ``resume(h)`` is
+        ``adopt(rebuild(model, h))``: a server runs ``rebuild`` off the
+        tick thread and only the splice between ticks.
         """
-        alone = DuplexStepper(self.model, 1)
+        return self.adopt(DuplexStepper.rebuild(self.model, history))
+
+    @staticmethod
+    @torch.no_grad()
+    def rebuild(
+        model: MoshiForConditionalGeneration, history: list[tuple[np.ndarray, FrameTokens]]
+    ) -> DuplexStepper:
+        """A batch of one whose row 0 is the stream ``history`` left off,
+        rebuilt by a teacher-forced prefill; touches no other stepper."""
+        alone = DuplexStepper(model, 1)
         source = alone.join()
         for samples, tokens in history:
             alone.tick({source: samples}, forced={source: tokens})
+        return alone
+
+    @torch.no_grad()
+    def adopt(self, alone: DuplexStepper) -> int:
+        """Take a free row for ``alone``'s row 0 (from ``rebuild``) and splice
+        its state in: its caches, codec state and next column."""
+        source = 0
         row = self.join()
         self.step[row] = alone.step[source]
         self.text_in[row] = alone.text_in[source]
