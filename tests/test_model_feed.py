@@ -17,9 +17,11 @@ from duplex_server.sessions.core.model_port import (
     ModelChunk,
     ResponseRequest,
     SessionView,
+    SteppedUnit,
     StreamSetup,
     UnitOutput,
 )
+from duplex_server.sessions.core.records import UnitBody
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.model_feed import open_feed
 from duplex_server.sessions.runtime.turn_feed import RECENT_TURNS, TurnFeed
@@ -190,18 +192,45 @@ class Primed:
     sample_rate_hz = 24_000
     unit_ms = 80
     primes_at_input = True
+    resume_units = 0
 
     def __init__(self) -> None:
         self.opened: list[StreamSetup] = []
         self.units: list[InputUnit] = []
 
-    def open(self, session_id: str, setup: StreamSetup) -> Primed:
+    def open(self, session_id: str, setup: StreamSetup, history=()) -> Primed:
         self.opened.append(setup)
         return self
 
     async def step(self, unit: InputUnit) -> list[UnitOutput]:
         self.units.append(unit)
         return []
+
+    def interrupt(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Counter:
+    """A streaming model whose tokens for a unit are its index and its first sample,
+    and which remembers the history each stream was opened with."""
+
+    sample_rate_hz = 8_000
+    unit_ms = 20
+    resume_units = 3
+    primes_at_input = False
+
+    def __init__(self) -> None:
+        self.histories: list[list[SteppedUnit]] = []
+
+    def open(self, session_id: str, setup: StreamSetup, history=()) -> Counter:
+        self.histories.append(list(history))
+        return self
+
+    async def step(self, unit: InputUnit) -> list[UnitOutput]:
+        return [UnitOutput(decision="listen", tokens=(unit.index, unit.pcm[0]))]
 
     def interrupt(self) -> None:
         pass
@@ -235,3 +264,42 @@ async def test_a_restored_session_with_input_opens_its_primed_model_at_once():
     feed.start()
     await feed.close()
     assert model.opened == [setup]
+
+
+async def test_stepped_units_go_to_the_log_and_a_restore_hands_back_the_latest():
+    model = Counter()
+    posted: list[mb.UnitOutputs] = []
+    feed = UnitFeed(model, "sess_units01", posted.append, lambda: 7)
+    feed.start()
+    unit_bytes = 2 * 8_000 * 20 // 1000
+    feed.feed(bytes([5]) * unit_bytes * 2, 8_000)
+    while len(posted) < 2:
+        await asyncio.sleep(0.01)
+    await feed.close()
+    logged = [message.unit for message in posted[:2]]  # (a clocked pause may follow)
+    assert [(u.index, u.tokens, u.pcm[:1], u.silence) for u in logged] == [
+        (0, [0, 5], b"\x05", False),
+        (1, [1, 5], b"\x05", False),
+    ]
+    assert all(message.epoch == 7 for message in posted[:2])
+
+    # A restored session: the model gets the latest resume_units units, and
+    # new units are numbered after the last logged one.
+    silent = UnitBody(index=2, tokens=[2, 0], silence=True)
+    del posted[2:]
+    restored = UnitFeed(model, "sess_units01", posted.append, lambda: 7)
+    restored.restore([*logged, silent, UnitBody(index=3, tokens=[3, 9], pcm=b"\x09" * unit_bytes)])
+    restored.start()
+    history = model.histories[-1]
+    assert [(s.unit.index, s.tokens, s.unit.silence) for s in history] == [
+        (1, (1, 5), False),
+        (2, (2, 0), True),
+        (3, (3, 9), False),
+    ]
+    assert history[1].unit.pcm == bytes(unit_bytes)  # a silence unit is heard as zeros
+    restored.feed(bytes([4]) * unit_bytes, 8_000)
+    while len(posted) < 3:
+        await asyncio.sleep(0.01)
+    await restored.close()
+    first_new = posted[2].unit
+    assert first_new is not None and first_new.index == 4

@@ -23,7 +23,7 @@ from duplex_server.engine.duplex.prime import SILENCE_FRAMES
 from duplex_server.engine.duplex.service import Prompt, StreamClosed
 from duplex_server.engine.duplex.stepper import DuplexStepper, RowsFull
 from duplex_server.models import build_model
-from duplex_server.sessions.core.model_port import InputUnit, StreamSetup
+from duplex_server.sessions.core.model_port import InputUnit, SteppedUnit, StreamSetup
 from tests.tiny_moshi import FRAME_SAMPLES, NUM_CODEBOOKS, tiny_moshi
 
 UNITS = 6
@@ -50,6 +50,13 @@ def units(seed: int) -> list[InputUnit]:
         )
         for index in range(UNITS)
     ]
+
+
+async def steps(session, feed: list[InputUnit]):
+    try:
+        return [(await session.step(unit))[0] for unit in feed]
+    finally:
+        session.close()
 
 
 async def run_session(model, session_id: str, feed: list[InputUnit]):
@@ -98,6 +105,31 @@ async def test_sessions_are_stepped_together_and_each_hears_only_itself(model, c
             assert np.abs(mine - expected).max() <= 1  # float rounding of a batch of two
             assert output.text == model.service.token_text(frame.tokens.text)
     assert together[0][2].audio != together[1][2].audio
+
+
+async def test_a_session_reopened_with_its_history_continues_while_others_tick(model):
+    """A restored session's stream: opened with its logged units (input and
+    tokens), it is rebuilt off the tick thread while another session keeps
+    stepping, then continues with the tokens and voice of the uninterrupted
+    run; the other session is not disturbed."""
+    feed, other_feed = units(6), units(7)
+    first = await run_session(model, "first", feed)
+    other_alone = await run_session(model, "other-alone", other_feed)
+    assert all(output.tokens is not None for output in first)
+    logged = 3
+    history = [SteppedUnit(unit, first[i].tokens) for i, unit in enumerate(feed[:logged])]
+    other = model.streaming.open("other", StreamSetup())
+    resumed = model.streaming.open("resumed", StreamSetup(), history)
+    # each session steps on its own, as the feeds of two sessions do
+    other_out, continued = await asyncio.gather(
+        steps(other, other_feed), steps(resumed, feed[logged:])
+    )
+    assert [o.tokens for o in continued] == [o.tokens for o in first[logged:]]
+    for mine, theirs in zip(continued, first[logged:], strict=True):
+        got = np.frombuffer(mine.audio, "<i2").astype(np.int32)
+        expected = np.frombuffer(theirs.audio, "<i2").astype(np.int32)
+        assert got.shape == expected.shape and np.abs(got - expected).max() <= 1
+    assert [o.tokens for o in other_out] == [o.tokens for o in other_alone]
 
 
 async def test_a_session_beyond_the_rows_is_refused_at_its_first_unit(checkpoint):

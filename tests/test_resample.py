@@ -163,7 +163,9 @@ class Listener:
     def __init__(self) -> None:
         self.units: list[InputUnit] = []
 
-    def open(self, session_id: str, setup: object) -> Listener:
+    resume_units = 0
+
+    def open(self, session_id: str, setup: object, history=()) -> Listener:
         return self
 
     async def step(self, unit: InputUnit) -> list[UnitOutput]:

@@ -68,8 +68,9 @@ def tiny_mimi_config() -> dict[str, object]:
     }
 
 
-def tiny_moshi(directory: Path, seed: int = 0) -> Path:
-    """Build, randomise and save a tiny ``MoshiForConditionalGeneration`` (its Mimi inside)."""
+def tiny_moshi(directory: Path, seed: int = 0, window: int = 3000) -> Path:
+    """Build, randomise and save a tiny ``MoshiForConditionalGeneration`` (its Mimi
+    inside); ``window``: its temporal transformer's sliding window, in frames."""
     import torch
     from transformers import MoshiConfig, MoshiForConditionalGeneration
 
@@ -81,7 +82,7 @@ def tiny_moshi(directory: Path, seed: int = 0) -> Path:
         ffn_dim=64,
         num_codebooks=NUM_CODEBOOKS,
         max_position_embeddings=3000,
-        sliding_window=3000,
+        sliding_window=window,
         audio_encoder_config=tiny_mimi_config(),
         depth_decoder_config={
             "hidden_size": 32,

@@ -14,11 +14,15 @@ tick out would shorten that row's sliding attention window by the ticks it
 missed, which breaks the exact replay a resume relies on.
 
 Streams join the batch with their first frame and leave when closed, both
-between ticks; a stream that finds every row taken gets ``RowsFull``. A
-stream opened with a ``Prompt`` (its persona's text tokens, a voice of
-``--voices``) is primed as it joins: its prime frames run teacher-forced in
-a batch of its own (``DuplexStepper.join(prefix)``), so the live rows
-tick on meanwhile.
+between ticks; a stream that finds every row taken gets ``RowsFull``.
+
+A stream opened with a ``Prompt`` (its persona's text tokens, a voice of
+``--voices``) is primed before it joins, and one opened with a history (a
+session restored from its log) is rebuilt: both by a teacher-forced
+prefill (the prime frames, then the history) on a thread of its own (one
+at a time, in the order asked), so the live rows keep ticking meanwhile;
+only the splice of the row into the batch happens between two ticks. Until
+then the stream holds no row and the batch does not wait for it.
 """
 
 from __future__ import annotations
@@ -77,6 +81,8 @@ class _Stream:
     pending: deque[tuple[np.ndarray, Deliver]] = field(default_factory=deque)
     history: list[tuple[np.ndarray, FrameTokens]] | None = None  # to resume from
     prompt: Prompt = NO_PROMPT
+    rebuilding: bool = False  # its prefix and history are being prefilled off the tick thread
+    rebuilt: DuplexStepper | None = None  # ... and are, ready to splice in
     closed: bool = False
     reason: str = ""  # why it was closed, if not by its owner
 
@@ -156,6 +162,7 @@ class DuplexService:
         self._cond = threading.Condition()
         self._streams: dict[int, _Stream] = {}
         self._next_stream = 0
+        self._rebuilds: deque[_Stream] = deque()  # streams waiting for their prefill
         self._stopped = False
         self._loaded = threading.Event()
         self.load_error: str | None = None
@@ -236,7 +243,7 @@ class DuplexService:
                 reason = state.reason if state is not None and state.reason else "closed"
                 raise StreamClosed(f"stream {stream}: {reason}")
             state.pending.append((samples, deliver))
-            self._cond.notify()
+            self._cond.notify_all()
 
     def close_stream(self, stream: int) -> None:
         with self._cond:
@@ -245,12 +252,12 @@ class DuplexService:
                 del self._streams[stream]
             elif state is not None:
                 state.closed = True
-                self._cond.notify()
+                self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:
             self._stopped = True
-            self._cond.notify()
+            self._cond.notify_all()
         self._thread.join()
 
     # --- the tick thread ------------------------------------------------------
@@ -266,6 +273,9 @@ class DuplexService:
             self._fail_all(StreamClosed(self.load_error))
             return
         stepper = DuplexStepper(model, self.rows)
+        threading.Thread(
+            target=self._rebuild_streams, args=(model,), name="duplex-rebuild", daemon=True
+        ).start()
         self._loaded.set()
         logger.info("moshi: loaded %s (%d rows)", self.checkpoint.directory, self.rows)
         while (batch := self._next_batch(stepper)) is not None:
@@ -314,6 +324,9 @@ class DuplexService:
                     del self._streams[key]
                 self._fail(stream, StreamClosed(f"stream {key}: {stream.reason or 'closed'}"))
             elif stream.row is None and stream.pending:
+                if (stream.history or stream.prompt != NO_PROMPT) and stream.rebuilt is None:
+                    self._ask_rebuild(stream)
+                    continue
                 try:
                     stream.row = self._join(stepper, stream)
                 except (RowsFull, ValueError, StreamClosed) as exc:  # refused, never a dead tick
@@ -333,7 +346,41 @@ class DuplexService:
         self._voice_audio = {}
 
     def _join(self, stepper: DuplexStepper, stream: _Stream) -> int:
-        return stepper.resume(stream.history or [], self.prime_frames(stream.prompt))
+        rebuilt, stream.rebuilt, stream.history = stream.rebuilt, None, None
+        if rebuilt is not None:
+            return stepper.adopt(rebuilt)
+        return stepper.join()
+
+    def _ask_rebuild(self, stream: _Stream) -> None:
+        if not stream.rebuilding:
+            stream.rebuilding = True
+            self._rebuilds.append(stream)
+            self._cond.notify_all()
+
+    def _rebuild_streams(self, model: MoshiForConditionalGeneration) -> None:
+        """The rebuild thread: prefill each asked stream's prime frames and
+        history in turn."""
+        while True:
+            with self._cond:
+                while not self._rebuilds and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                stream = self._rebuilds.popleft()
+            if stream.closed:
+                continue
+            try:
+                prefix = self.prime_frames(stream.prompt)
+                rebuilt = DuplexStepper.rebuild(model, stream.history or [], prefix)
+            except (RuntimeError, ValueError, StreamClosed) as exc:  # out of memory, a bad prompt
+                logger.error("moshi: priming or rebuilding a stream failed: %s", exc)
+                with self._cond:
+                    stream.closed, stream.reason = True, f"its prefill failed: {exc}"
+                    self._cond.notify_all()
+                continue
+            with self._cond:
+                stream.rebuilt, stream.rebuilding = rebuilt, False
+                self._cond.notify_all()
 
     def _tick(self, stepper: DuplexStepper, batch: dict[int, tuple[np.ndarray, Deliver]]) -> None:
         started = time.perf_counter()

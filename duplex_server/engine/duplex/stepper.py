@@ -134,16 +134,98 @@ class DuplexStepper:
         model generated then, in order, as a session logs them. The row is
         rebuilt by a teacher-forced prefill in a batch of its own (so the
         live rows do not move) and spliced into this batch; its next tick
-        continues as if it had never stopped.
+        continues as if it had never stopped. ``resume(h)`` is
+        ``adopt(rebuild(model, h))``: a server runs ``rebuild`` off the
+        tick thread and only the splice between ticks.
         """
         if not history and not prefix:
             return self.join()
-        alone = DuplexStepper(self.model, 1)
+        return self.adopt(DuplexStepper.rebuild(self.model, history, prefix))
+
+    @staticmethod
+    @torch.no_grad()
+    def rebuild(
+        model: MoshiForConditionalGeneration,
+        history: Sequence[tuple[np.ndarray, FrameTokens]],
+        prefix: Sequence[PrimeFrame] = (),
+    ) -> DuplexStepper:
+        """A batch of one whose row 0 is the stream ``prefix`` (its prime
+        frames, tick by tick) and then ``history`` left off, rebuilt by a
+        teacher-forced prefill; touches no other stepper.
+
+        The temporal transformer takes the whole history in one forward
+        (the logged tokens give every column at once); the codec, whose
+        state is streamed, runs frame by frame. A history longer than the
+        temporal window is replayed tick by tick instead: one forward would
+        let its queries see past the window (Moshi's mask is plain causal;
+        only its cache slides).
+        """
+        alone = DuplexStepper(model, 1)
         source = alone.join()
         for prime in prefix:
             alone.prime_tick({source: prime})
-        for samples, tokens in history:
-            alone.tick({source: samples}, forced={source: tokens})
+        window = model.config.sliding_window
+        if window is not None and len(prefix) + len(history) > window:
+            for samples, tokens in history:
+                alone.tick({source: samples}, forced={source: tokens})
+        elif history:
+            alone._prefill(history)
+        return alone
+
+    def _prefill(self, history: Sequence[tuple[np.ndarray, FrameTokens]]) -> None:
+        """Row 0 of a batch of one (fresh, or past its prime frames) brought
+        to where ``history`` left off: what ``len(history)`` forced ticks
+        leave, in one temporal forward."""
+        device = self.model.device
+        past = self.timeline.length  # the prime frames' positions, already cached
+        logged = torch.tensor(
+            [[tokens.text, *tokens.audio] for _, tokens in history], dtype=torch.long, device=device
+        )
+        user = self._prefill_codec(history, logged[:, 1:])
+        # column t: the tokens generated at tick t - 1 (the begin-of-stream column first)
+        columns = torch.cat([torch.cat([self.text_in, self.audio_in[0]])[None], logged[:-1]])
+        late = torch.cat([self.user_late, user[:-1, 1:]])  # the user's codebooks 1.. a frame late
+        user_columns = torch.cat([user[:, :1], late], dim=1)
+        model, k = self.model, self.num_codebooks
+        embeds = model.decoder.model.embed_tokens(columns[:, 0])
+        for codebook in range(k):
+            embeds = embeds + model.embed_tokens[codebook](columns[:, 1 + codebook])
+            embeds = embeds + model.embed_tokens[k + codebook](user_columns[:, codebook])
+        frames = len(history)
+        model.decoder(
+            inputs_embeds=embeds[None],
+            attention_mask=torch.ones(1, past + frames, dtype=torch.long, device=device),
+            position_ids=torch.arange(past, past + frames, device=device)[None],
+            cache=self.cache,
+            use_cache=True,
+        )
+        self.timeline.length += frames
+        self.text_in = logged[-1:, 0].clone()
+        self.audio_in = logged[-1:, 1:].clone()
+        self.user_late = user[-1:, 1:].clone()
+        self.step[0] = past + frames
+
+    def _prefill_codec(
+        self, history: Sequence[tuple[np.ndarray, FrameTokens]], own: torch.Tensor
+    ) -> torch.Tensor:
+        """The codec's streaming state through ``history``, frame by frame as
+        ``tick`` leaves it; returns the user's codes of every frame."""
+        user = []
+        previous = self.audio_in[0]
+        for step, (samples, _) in enumerate(history, start=self.step[0]):
+            if step == 1:
+                self.decoder.reset(0)  # as tick: a row's codec output starts at its frame 1
+            user.append(self.encoder.encode(self._input_batch({0: samples}))[0])
+            frame_codes = torch.cat([previous[:1], own[step - self.step[0], 1:]])
+            self.decoder.decode(frame_codes.clamp(max=self.audio_start - 1)[None])
+            previous = own[step - self.step[0]]
+        return torch.stack(user)
+
+    @torch.no_grad()
+    def adopt(self, alone: DuplexStepper) -> int:
+        """Take a free row for ``alone``'s row 0 (from ``rebuild``) and splice
+        its state in: its caches, codec state and next column."""
+        source = 0
         row = self.join()
         self.step[row] = alone.step[source]
         self.text_in[row] = alone.text_in[source]

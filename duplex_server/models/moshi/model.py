@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -20,10 +20,16 @@ import numpy as np
 
 from duplex_server.engine.duplex.checkpoint import DTYPES, check_moshi_checkpoint
 from duplex_server.engine.duplex.prime import MAX_PROMPT_TOKENS
+from duplex_server.engine.duplex.tokens import FrameTokens
 from duplex_server.models.capabilities import built_in
 from duplex_server.models.moshi.floor import TALKING_RMS, Floor, rms, voiced_by_level
 from duplex_server.models.moshi.voices import load_voices
-from duplex_server.sessions.core.model_port import InputUnit, StreamSetup, UnitOutput
+from duplex_server.sessions.core.model_port import (
+    InputUnit,
+    SteppedUnit,
+    StreamSetup,
+    UnitOutput,
+)
 from protocol.capabilities import MODEL_NATIVE
 
 if TYPE_CHECKING:
@@ -51,15 +57,19 @@ def _pcm16(samples: np.ndarray) -> bytes:
 class MoshiSession:
     """One session's stream; ``step`` is called once per unit, in order."""
 
-    def __init__(self, service: DuplexService, prompt: Prompt) -> None:
+    def __init__(
+        self, service: DuplexService, prompt: Prompt, history: Sequence[SteppedUnit] = ()
+    ) -> None:
         self._service = service
-        self._stream = service.open_stream(prompt=prompt)
+        # Its row is primed with ``prompt`` and, for a restored session,
+        # rebuilt from its logged units (a teacher-forced prefill after the
+        # same prime frames) when its first new frame joins the batch.
+        logged = [(_samples(s.unit), FrameTokens(s.tokens[0], s.tokens[1:])) for s in history]
+        self._stream = service.open_stream(logged or None, prompt=prompt)
         self._floor = Floor()
 
     async def step(self, unit: InputUnit) -> list[UnitOutput]:
-        if unit.sample_rate_hz != RATE_HZ or len(unit.pcm) != 2 * FRAME_SAMPLES:
-            raise ValueError(f"a moshi unit is {FRAME_SAMPLES} pcm16 samples at {RATE_HZ} Hz")
-        samples = np.frombuffer(unit.pcm, "<i2").astype(np.float32) / 32768.0
+        samples = _samples(unit)
         loop = asyncio.get_running_loop()
         result: asyncio.Future[RowFrame] = loop.create_future()
 
@@ -74,13 +84,15 @@ class MoshiSession:
         silent = self._service.silent_text
         voiced = frame.tokens.text not in silent if silent else voiced_by_level(frame.samples)
         decision = self._floor.update(voiced and frame.step > 0, user_talking)
+        tokens = (frame.tokens.text, *frame.tokens.audio)  # logged: what a resume feeds back
         if decision in ("listen", "end_of_turn", "yield"):
-            return UnitOutput(decision=decision)
+            return UnitOutput(decision=decision, tokens=tokens)
         return UnitOutput(
             decision=decision,
             audio=_pcm16(frame.samples),
             sample_rate_hz=RATE_HZ,
             text=self._service.token_text(frame.tokens.text),
+            tokens=tokens,
         )
 
     def interrupt(self) -> None:
@@ -88,6 +100,13 @@ class MoshiSession:
 
     def close(self) -> None:
         self._service.close_stream(self._stream)
+
+
+def _samples(unit: InputUnit) -> np.ndarray:
+    """A unit's pcm16 as the model's float input (-1..1)."""
+    if unit.sample_rate_hz != RATE_HZ or len(unit.pcm) != 2 * FRAME_SAMPLES:
+        raise ValueError(f"a moshi unit is {FRAME_SAMPLES} pcm16 samples at {RATE_HZ} Hz")
+    return np.frombuffer(unit.pcm, "<i2").astype(np.float32) / 32768.0
 
 
 def _settle(result: asyncio.Future[RowFrame], frame: RowFrame | BaseException) -> None:
@@ -129,6 +148,8 @@ class MoshiModel:
 
     def __init__(self, service: DuplexService) -> None:
         self.service = service
+        # A resume prefills at most the temporal transformer's window.
+        self.resume_units = service.checkpoint.window
 
     @property
     def streaming(self) -> MoshiModel:
@@ -138,12 +159,14 @@ class MoshiModel:
     def loaded(self) -> bool:
         return self.service.loaded
 
-    def open(self, session_id: str, setup: StreamSetup) -> MoshiSession:
+    def open(
+        self, session_id: str, setup: StreamSetup, history: Sequence[SteppedUnit] = ()
+    ) -> MoshiSession:
         from duplex_server.engine.duplex.service import Prompt
 
         voice = setup.voice if setup.voice in self.service.voices else None
         tokens = self.service.prompt_tokens(setup.instructions)
-        return MoshiSession(self.service, Prompt(text_tokens=tokens, voice=voice))
+        return MoshiSession(self.service, Prompt(text_tokens=tokens, voice=voice), history)
 
     def accepts_voice(self, voice: str) -> bool:
         """A voice prompt of ``--voices DIR`` by name, or the checkpoint's own

@@ -9,7 +9,7 @@ own ``Item`` and ``EffectiveConfig``: the core may change its state freely.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -159,6 +159,18 @@ class UnitOutput(msgspec.Struct):
     text: str = ""
     function_call: FunctionCallPart | None = None
     stage_ms: dict[str, float] | None = None
+    # The model's own output tokens for the unit, as it would be fed them
+    # back (teacher forcing): set by a model whose state must survive a
+    # crash. The session logs them with the unit (a ``unit`` record).
+    tokens: tuple[int, ...] | None = None
+
+
+class SteppedUnit(msgspec.Struct, frozen=True):
+    """A unit the model stepped before, and the tokens it generated then:
+    what a model rebuilds its state from when a session is restored."""
+
+    unit: InputUnit
+    tokens: tuple[int, ...]
 
 
 class StreamSetup(msgspec.Struct, frozen=True):
@@ -199,8 +211,18 @@ class Streaming(Protocol):
     # session's StreamSetup; before that it hears nothing (no silence is
     # clocked) and says nothing. False: it opens with the session.
     primes_at_input: bool
+    # How many of a session's latest stepped units rebuild its state (its
+    # context window); 0 for a model that logs no tokens.
+    resume_units: int
 
-    def open(self, session_id: str, setup: StreamSetup) -> UnitSession: ...
+    def open(
+        self, session_id: str, setup: StreamSetup, history: Sequence[SteppedUnit] = ()
+    ) -> UnitSession:
+        """A session's stream, primed with ``setup`` where the model primes;
+        ``history`` (its latest stepped units, oldest first, at most
+        ``resume_units``) makes it continue where they left off (after the
+        same priming: the setup is fixed once the session has input)."""
+        ...
 
 
 class SpeechScorer(Protocol):

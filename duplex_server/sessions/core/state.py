@@ -29,6 +29,7 @@ from duplex_server.sessions.core.records import (
     Record,
     SignalBody,
     TextBody,
+    UnitBody,
 )
 from protocol.client_events import ResponseOverrides
 from protocol.server_events import PlaybackLedger
@@ -92,6 +93,7 @@ class SessionState(msgspec.Struct):
     response_count: int = 0
     item_count: int = 0
     listen_count: int = 0
+    units_stepped: int = 0  # units a native duplex model stepped (``unit`` records)
     # A committed user turn no answer or listen decision has taken up yet.
     turn_pending: bool = False
     turn_stage_ms: dict[str, float] = msgspec.field(default_factory=dict)  # the last turn's stages
@@ -202,6 +204,12 @@ def _audio(state: SessionState, body: AudioBody, seq: int) -> None:
 def _frame(state: SessionState, body: FrameBody, seq: int) -> None:
     """A video frame stays in the log (``inspect`` shows it) and folds to nothing:
     no part of the session reads frames."""
+
+
+def _unit(state: SessionState, body: UnitBody, seq: int) -> None:
+    """The model's own state is not the session's: only the count is folded
+    (the runtime reads the records back to rebuild the model)."""
+    state.units_stepped = body.index + 1
 
 
 def _text(state: SessionState, body: TextBody, seq: int) -> None:
@@ -439,6 +447,7 @@ _APPLY: dict[type, Callable[[SessionState, Any, int], None]] = {
     ConfigBody: _config,
     AudioBody: _audio,
     FrameBody: _frame,
+    UnitBody: _unit,
     TextBody: _text,
     CommitBody: _commit,
     ItemBody: _item,

@@ -82,6 +82,7 @@ from duplex_server.sessions.runtime.recovery import (
     journal_entries,
     media_bytes,
     recent_turn_audio,
+    stepped_units,
 )
 from duplex_server.sessions.runtime.retention import AudioRetention
 from duplex_server.sessions.runtime.turn_feed import RECENT_TURNS
@@ -293,6 +294,7 @@ class SessionActor:
         self.input_budget.used_bytes = media_bytes(records)
         for item_id, pcm in recent_turn_audio(self.state, records, RECENT_TURNS):
             self._feed.keep_turn(item_id, pcm)
+        self._feed.restore(stepped_units(records))
         batch = self.new_batch()
         if self.state.response is not None:
             finish_response(batch, "incomplete", "server_restart")
@@ -806,11 +808,16 @@ class SessionActor:
 
     async def _on_unit_outputs(self, message: mb.UnitOutputs) -> None:
         """What the model decided for the units it stepped; output of an
-        epoch fenced since (a cancel, a barge-in) is dropped unseen."""
-        if message.epoch != self.state.epoch or self.state.closed_reason is not None:
+        epoch fenced since (a cancel, a barge-in) is dropped unseen. The
+        unit itself is logged whatever the epoch: the model's state moved
+        on, and a restore must rebuild it as it is."""
+        if self.state.closed_reason is not None:
             return
         batch = self.new_batch()
-        project_unit_outputs(batch, message.outputs, self._stream_encoder)
+        if message.unit is not None:
+            batch.fact(message.unit, origin="engine")
+        if message.epoch == self.state.epoch:
+            project_unit_outputs(batch, message.outputs, self._stream_encoder)
         if batch.records:
             await self.commit_batch(batch)
 

@@ -21,6 +21,7 @@ from duplex_server.sessions.core.model_port import (
     StreamSetup,
     UnitOutput,
 )
+from duplex_server.sessions.core.records import UnitBody
 
 
 class ModelFeed(Protocol):
@@ -40,6 +41,12 @@ class ModelFeed(Protocol):
 
     def keep_turn(self, item_id: str, pcm16: bytes) -> None:
         """A committed user turn's audio (at the item's rate), for answers."""
+        ...
+
+    def restore(self, units: list[UnitBody]) -> None:
+        """Before ``start`` of a session rebuilt from its log: the units its
+        model stepped (``unit`` records, oldest first), to rebuild the
+        model's state from."""
         ...
 
     def answer(self, request: ResponseRequest) -> None:
