@@ -251,3 +251,18 @@ def test_prime_ticks_take_exactly_the_given_tokens(model):
         stepper.prime_tick({1: frame_})
     with pytest.raises(ValueError, match="one a codebook"):
         stepper.prime_tick({row: PrimeFrame(user=(1,), tokens=frame_.tokens)})
+
+
+def test_priming_in_one_forward_equals_priming_tick_by_tick(model, voices):
+    """``join(prefix)`` prefills the prime frames in one temporal forward;
+    the row it leaves is the one ``prime_tick`` frame by frame leaves."""
+    prefix = prompt(model)
+    ticked = DuplexStepper(model, rows=1)
+    row = ticked.join()
+    for prime in prefix:
+        ticked.prime_tick({row: prime})
+    forward = DuplexStepper(model, rows=1)
+    joined = forward.join(prefix)
+    expected = [ticked.tick({row: frame(voices[0], i)})[row] for i in range(6)]
+    got = [forward.tick({joined: frame(voices[0], i)})[joined] for i in range(6)]
+    assert_same_frames(got, expected)
