@@ -1,15 +1,18 @@
 """Resume of a native full-duplex Moshi session after kill -9, through the
-real server: ``duplex-server serve --model moshi:TINY --store sqlite`` is
-fed a fixed signal over a real WebSocket, killed mid-conversation,
+real server: ``duplex-server serve --model moshi:TINY --voices DIR --store
+sqlite`` serves a session primed with a persona and a voice prompt, fed a
+fixed signal over a real WebSocket; it is killed mid-conversation,
 restarted on the same database, and the session resumed and fed the rest
 of the signal.
 
 The log's ``unit`` records say exactly what the model heard (the client's
 frames, and the silence the server clocked while nobody spoke, the restart
-included) and what it generated. The proof: one uninterrupted run of the
-same checkpoint fed those units (a ``DuplexStepper`` in this process, the
-same batch shape as the server's) generates every logged token, before and
-after the crash, and the audio the resumed server sent equals its voice.
+included) and what it generated; the priming is the session's logged
+config. The proof: one uninterrupted run of the same checkpoint, primed
+with the same persona and voice and fed those units (a ``DuplexStepper``
+in this process, the same batch shape as the server's), generates every
+logged token, before and after the crash, and the audio the resumed server
+sent equals its voice.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import numpy as np
 import pytest
 import websockets
 
+from duplex_server.models import build_model
 from tests.e2e.serverproc import ServerProcess
+from tests.e2e.test_moshi_wire import write_wav
 from tests.tiny_moshi import FRAME_SAMPLES, tiny_moshi
 from tests.wsclient import WsClient
 
@@ -36,6 +41,7 @@ CRASH_AFTER_UNITS = 6  # logged units before the kill
 LOAD_TIMEOUT_S = 180.0
 UNITS_TIMEOUT_S = 180.0
 PCM16_TOLERANCE = 2  # float32 rows rebuilt in a batch of one round alike to within this
+PERSONA = {"instructions": "be a kind pirate", "voice": "pirate"}
 
 
 def log_lines(server: ServerProcess, session_id: str) -> list[dict]:
@@ -77,18 +83,36 @@ def signal() -> list[bytes]:
     return [pcm[at : at + 2 * FRAME_SAMPLES] for at in range(0, len(pcm), 2 * FRAME_SAMPLES)]
 
 
-def uninterrupted(checkpoint, logged: list[dict]) -> list:
-    """One run of the model over the logged units, never stopped."""
+def prime_frames(checkpoint, voices) -> list:
+    """The frames the server primes the session with, laid out by the same service code."""
+    from duplex_server.engine.duplex.service import Prompt
+
+    built = build_model(
+        f"moshi:{checkpoint}", dtype="float32", moshi_rows=1, moshi_voices=str(voices)
+    )
+    service = built.service  # type: ignore[attr-defined]
+    try:
+        assert service.wait_loaded(LOAD_TIMEOUT_S), service.load_error
+        tokens = service.prompt_tokens(PERSONA["instructions"])
+        return service.prime_frames(Prompt(text_tokens=tokens, voice=PERSONA["voice"]))
+    finally:
+        service.close()
+
+
+def uninterrupted(checkpoint, voices, logged: list[dict]) -> list:
+    """One run of the primed model over the logged units, never stopped."""
     import torch
     import transformers
 
     from duplex_server.engine.duplex.stepper import DuplexStepper
 
+    prefix = prime_frames(checkpoint, voices)
+    assert prefix  # the persona and the voice prompt are primed
     model = transformers.MoshiForConditionalGeneration.from_pretrained(
         checkpoint, dtype=torch.float32
     ).eval()
     stepper = DuplexStepper(model, ROWS)
-    row = stepper.join()
+    row = stepper.join(prefix)
     frames = []
     for unit in logged:
         body = unit["body"]
@@ -123,18 +147,30 @@ def checkpoint(tmp_path_factory):
     return tiny_moshi(tmp_path_factory.mktemp("moshi"))
 
 
-def moshi_server(db: str, checkpoint, port: int | None = None) -> ServerProcess:
+@pytest.fixture(scope="module")
+def voices(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("voices")
+    write_wav(directory / "pirate.wav", np.sin(2 * np.pi * 180 * np.arange(12_000) / 24_000) * 0.3)
+    return directory
+
+
+def moshi_server(db: str, checkpoint, voices, port: int | None = None) -> ServerProcess:
     return ServerProcess(
-        db, port=port, model=f"moshi:{checkpoint}", moshi_rows=ROWS, dtype="float32"
+        db,
+        port=port,
+        model=f"moshi:{checkpoint}",
+        voices=str(voices),
+        moshi_rows=ROWS,
+        dtype="float32",
     ).start(timeout_s=LOAD_TIMEOUT_S)
 
 
 async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_run(
-    tmp_path, checkpoint
+    tmp_path, checkpoint, voices
 ):
     frames = signal()
     db = f"sqlite:{tmp_path / 'moshi.db'}"
-    first = moshi_server(db, checkpoint)
+    first = moshi_server(db, checkpoint, voices)
     seen: list[dict] = []
     try:
         await wait_ready(first)
@@ -142,6 +178,8 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
         created = await client.expect("session.created")
         session_id, token = created["session"]["id"], created["resume_token"]
         assert created["session"]["capabilities"]["supports_session_resume"] is True
+        await client.send({"type": "session.update", "session": PERSONA})
+        await client.recv_until("session.updated")
         for pcm in frames[:BEFORE]:
             await client.append(pcm)
         await wait_units(first, session_id, CRASH_AFTER_UNITS)
@@ -153,7 +191,7 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
         first.stop()
     cursor = max((e.get("server_event_seq") or 0 for e in seen), default=0)
 
-    second = moshi_server(db, checkpoint, port=first.port)
+    second = moshi_server(db, checkpoint, voices, port=first.port)
     try:
         await wait_ready(second)
         restored = log_lines(second, session_id)
@@ -192,7 +230,7 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
     heard = {base64.b64decode(u["body"]["pcm"]) for u in after_crash if u["body"].get("pcm")}
     assert set(frames[BEFORE:]) <= heard
 
-    reference = uninterrupted(checkpoint, logged)
+    reference = uninterrupted(checkpoint, voices, logged)
     expected = [[f.tokens.text, *f.tokens.audio] for f in reference]
     assert [u["body"]["tokens"] for u in logged] == expected  # before and after the crash
 

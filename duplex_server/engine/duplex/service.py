@@ -16,11 +16,14 @@ missed, which breaks the exact replay a resume relies on.
 Streams join the batch with their first frame and leave when closed, both
 between ticks; a stream that finds every row taken gets ``RowsFull``.
 
-A stream opened with a history (a session restored from its log) is
-rebuilt by a teacher-forced prefill on a thread of its own (one rebuild at
-a time, in the order asked), so the live rows keep ticking meanwhile; only
-the splice of the rebuilt row into the batch happens between two ticks.
-Until then the stream holds no row and the batch does not wait for it.
+A stream opened with a ``Prompt`` (its persona's text tokens, a voice of
+``--voices``) is primed as it joins, and one opened with a history (a
+session restored from its log) is rebuilt after that priming by a
+teacher-forced prefill over its logged frames. Both run in a batch of one
+on a thread of their own (one at a time, in the order asked), so the live
+rows keep ticking meanwhile; only the splice of the row into the batch
+happens between two ticks. Until then the stream holds no row and the
+batch does not wait for it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,8 +40,10 @@ import torch
 from transformers import AutoTokenizer, MoshiForConditionalGeneration, PreTrainedTokenizerBase
 
 from duplex_server.engine.duplex.checkpoint import MoshiCheckpoint, MoshiCheckpointError
+from duplex_server.engine.duplex.prime import PromptCodes, prime_frames, system_text
+from duplex_server.engine.duplex.prompt_codec import encode_frames, prompt_codes
 from duplex_server.engine.duplex.stepper import DuplexStepper, RowFrame, RowsFull
-from duplex_server.engine.duplex.tokens import FrameTokens
+from duplex_server.engine.duplex.tokens import FrameTokens, PrimeFrame
 
 logger = logging.getLogger(__name__)
 
@@ -58,12 +63,27 @@ class StreamClosed(Exception):
     """The stream was closed (or the service shut down) before its frame ran."""
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """What a stream is primed with before its first frame: the text
+    prompt's tokens (empty: none) and a voice of the service (None: the
+    checkpoint's own voice)."""
+
+    text_tokens: tuple[int, ...] = ()
+    voice: str | None = None
+
+
+NO_PROMPT = Prompt()
+
+
 @dataclass
 class _Stream:
     row: int | None = None
     pending: deque[tuple[np.ndarray, Deliver]] = field(default_factory=deque)
     history: list[tuple[np.ndarray, FrameTokens]] | None = None  # to resume from
-    rebuilding: bool = False  # its history is being prefilled off the tick thread
+    prompt: Prompt = NO_PROMPT
+    prefix: list[PrimeFrame] = field(default_factory=list)  # its prompt's frames
+    rebuilding: bool = False  # being primed / prefilled off the tick thread
     rebuilt: DuplexStepper | None = None  # ... and is, ready to splice in
     closed: bool = False
     reason: str = ""  # why it was closed, if not by its owner
@@ -114,8 +134,30 @@ def load_tokenizer(checkpoint: MoshiCheckpoint) -> PreTrainedTokenizerBase | Non
 
 
 class DuplexService:
-    def __init__(self, checkpoint: MoshiCheckpoint, *, device: str, dtype: str, rows: int) -> None:
+    """``voices``: each voice prompt's samples (float, 24 kHz), by name; they
+    are Mimi-encoded once the model is loaded. The tokenizer loads at once
+    (a session's instructions are counted in its tokens when it names them)."""
+
+    def __init__(
+        self,
+        checkpoint: MoshiCheckpoint,
+        *,
+        device: str,
+        dtype: str,
+        rows: int,
+        voices: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
         check_device(device)
+        self.tokenizer = load_tokenizer(checkpoint)
+        if voices and (self.tokenizer is None or self.tokenizer.pad_token_id is None):
+            raise MoshiCheckpointError(
+                f"{checkpoint.directory}: voice prompts need the checkpoint's tokenizer "
+                "(its pad token is the text of a voice prompt's frames); it ships none with one"
+            )
+        self.voices = frozenset(voices or ())
+        self._voice_audio = dict(voices or {})
+        self._voice_codes: dict[str, list[tuple[int, ...]]] = {}
+        self._prompt_codes: PromptCodes | None = None
         self.checkpoint = checkpoint
         self.rows = rows
         self._device, self._dtype = device, dtype
@@ -128,7 +170,6 @@ class DuplexService:
         self.load_error: str | None = None
         self.tick_ms: deque[float] = deque(maxlen=TICKS_KEPT)
         self.overruns = 0  # ticks longer than the 80 ms frame they stand for
-        self._tokenizer: PreTrainedTokenizerBase | None = None
         self._thread = threading.Thread(target=self._run, name="duplex-model", daemon=True)
         self._thread.start()
 
@@ -141,18 +182,55 @@ class DuplexService:
 
     def token_text(self, token: int) -> str:
         """A text token as words ('' without a tokenizer, and for special tokens)."""
-        tokenizer = self._tokenizer
-        if tokenizer is None or token in tokenizer.all_special_ids:
+        tokenizer = self.tokenizer
+        if tokenizer is None or token in self.silent_text:
             return ""
         piece = tokenizer.convert_ids_to_tokens(token)
         return piece.replace("\u2581", " ") if isinstance(piece, str) else ""
 
-    def open_stream(self, history: list[tuple[np.ndarray, FrameTokens]] | None = None) -> int:
-        """A new stream; ``history`` (logged frames) makes it resume where those left off."""
+    @property
+    def silent_text(self) -> frozenset[int]:
+        """The text tokens the model emits while it says nothing (its pad
+        and the tokenizer's other special tokens); empty without a tokenizer."""
+        tokenizer = self.tokenizer
+        if tokenizer is None:
+            return frozenset()
+        pad = tokenizer.pad_token_id
+        return frozenset(tokenizer.all_special_ids) | ({pad} if pad is not None else set())
+
+    def prompt_tokens(self, instructions: str) -> tuple[int, ...]:
+        """The text prompt's tokens for ``instructions`` ('' : none).
+        ValueError when there is no tokenizer to read them with."""
+        if not instructions.strip():
+            return ()
+        if self.tokenizer is None or self.tokenizer.pad_token_id is None:
+            raise ValueError("this checkpoint ships no tokenizer with a pad token to prime with")
+        return tuple(self.tokenizer.encode(system_text(instructions), add_special_tokens=False))
+
+    def prime_frames(self, prompt: Prompt) -> list[PrimeFrame]:
+        """The frames a stream opened with ``prompt`` is primed with (once loaded)."""
+        if prompt == NO_PROMPT:
+            return []
+        if self._prompt_codes is None:
+            raise StreamClosed("the model is not loaded, or cannot be primed")
+        if prompt.voice is not None and prompt.voice not in self._voice_codes:
+            raise ValueError(f"no voice {prompt.voice!r}")
+        voice = self._voice_codes[prompt.voice] if prompt.voice is not None else []
+        return prime_frames(self._prompt_codes, prompt.text_tokens, voice)
+
+    def open_stream(
+        self,
+        history: list[tuple[np.ndarray, FrameTokens]] | None = None,
+        prompt: Prompt = NO_PROMPT,
+    ) -> int:
+        """A new stream, primed with ``prompt`` as it joins; ``history``
+        (logged frames, after that priming) makes it resume where those left off."""
+        if prompt.voice is not None and prompt.voice not in self.voices:
+            raise ValueError(f"no voice {prompt.voice!r} (--voices names {sorted(self.voices)})")
         with self._cond:
             stream = self._next_stream
             self._next_stream += 1
-            self._streams[stream] = _Stream(history=history)
+            self._streams[stream] = _Stream(history=history, prompt=prompt)
             return stream
 
     def submit(self, stream: int, samples: np.ndarray, deliver: Deliver) -> None:
@@ -189,7 +267,7 @@ class DuplexService:
     def _run(self) -> None:
         try:
             model = load_moshi(self.checkpoint, self._device, self._dtype)
-            self._tokenizer = load_tokenizer(self.checkpoint)
+            self._prepare_prompts(model)
         except (OSError, ValueError, RuntimeError) as exc:
             self.load_error = f"cannot load {self.checkpoint.directory}: {exc}"
             logger.error("moshi: %s", self.load_error)
@@ -248,14 +326,26 @@ class DuplexService:
                     del self._streams[key]
                 self._fail(stream, StreamClosed(f"stream {key}: {stream.reason or 'closed'}"))
             elif stream.row is None and stream.pending:
-                if stream.history and stream.rebuilt is None:
-                    self._ask_rebuild(stream)
-                    continue
                 try:
+                    if stream.rebuilt is None and (stream.history or stream.prompt != NO_PROMPT):
+                        self._ask_rebuild(stream)
+                        continue
                     stream.row = self._join(stepper, stream)
-                except RowsFull as exc:
+                except (RowsFull, ValueError, StreamClosed) as exc:  # refused, never a dead tick
                     stream.closed = True
                     self._fail(stream, exc)
+
+    def _prepare_prompts(self, model: MoshiForConditionalGeneration) -> None:
+        """The fixed prompt codes and each voice prompt's codes, from the
+        model's own Mimi; the voices' samples are let go."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
+        if pad is None:
+            return
+        self._prompt_codes = prompt_codes(model, pad)
+        self._voice_codes = {
+            name: encode_frames(model, samples) for name, samples in self._voice_audio.items()
+        }
+        self._voice_audio = {}
 
     def _join(self, stepper: DuplexStepper, stream: _Stream) -> int:
         rebuilt, stream.rebuilt, stream.history = stream.rebuilt, None, None
@@ -264,13 +354,16 @@ class DuplexService:
         return stepper.join()
 
     def _ask_rebuild(self, stream: _Stream) -> None:
+        """Queue the stream's priming and prefill (its prompt's frames are
+        laid out here: a prompt that cannot be served is refused at once)."""
         if not stream.rebuilding:
+            stream.prefix = self.prime_frames(stream.prompt)
             stream.rebuilding = True
             self._rebuilds.append(stream)
             self._cond.notify_all()
 
     def _rebuild_streams(self, model: MoshiForConditionalGeneration) -> None:
-        """The rebuild thread: prefill each asked stream's history in turn."""
+        """The rebuild thread: prime and prefill each asked stream in turn."""
         while True:
             with self._cond:
                 while not self._rebuilds and not self._stopped:
@@ -278,10 +371,10 @@ class DuplexService:
                 if self._stopped:
                     return
                 stream = self._rebuilds.popleft()
-            if stream.closed or stream.history is None:
+            if stream.closed:
                 continue
             try:
-                rebuilt = DuplexStepper.rebuild(model, stream.history)
+                rebuilt = DuplexStepper.rebuild(model, stream.history or [], stream.prefix)
             except RuntimeError as exc:  # the device failed (out of memory): this stream ends
                 logger.error("moshi: rebuilding a stream failed: %s", exc)
                 with self._cond:

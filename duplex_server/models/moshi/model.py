@@ -1,31 +1,48 @@
 """The ``moshi`` model on the streaming port: each session a stream of the
 frame-synchronous engine, one 80 ms unit in, one frame of the model's voice
-(and its text token) out, the floor read off that voice (``floor``)."""
+and its text token out, the floor read off its text (``floor``).
+
+A session's stream opens at its first input audio, primed with the
+session's ``instructions`` (a text persona) and ``voice`` (a voice prompt
+of ``--voices DIR``), as PersonaPlex conditions the model; both are fixed
+from then on (gates.py refuses a change).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
 from duplex_server.engine.duplex.checkpoint import DTYPES, check_moshi_checkpoint
+from duplex_server.engine.duplex.prime import MAX_PROMPT_TOKENS
 from duplex_server.engine.duplex.tokens import FrameTokens
 from duplex_server.models.capabilities import built_in
-from duplex_server.models.moshi.floor import Floor
-from duplex_server.sessions.core.model_port import InputUnit, SteppedUnit, UnitOutput
-from protocol.capabilities import CLIENT_EVENT, MODEL_NATIVE
+from duplex_server.models.moshi.floor import TALKING_RMS, Floor, rms, voiced_by_level
+from duplex_server.models.moshi.voices import load_voices
+from duplex_server.sessions.core.model_port import InputUnit, SteppedUnit, StreamSetup, UnitOutput
+from protocol.capabilities import MODEL_NATIVE
 
 if TYPE_CHECKING:
-    from duplex_server.engine.duplex.service import DuplexService
+    from duplex_server.engine.duplex.service import DuplexService, Prompt
     from duplex_server.engine.duplex.stepper import RowFrame
 
 RATE_HZ = 24_000
 UNIT_MS = 80
 FRAME_SAMPLES = RATE_HZ * UNIT_MS // 1000
+# The checkpoint's own voice: the session default and OpenAI's voice names
+# (stock clients send one), unless --voices has a file by that name.
+OWN_VOICE_NAMES = frozenset(
+    {"default", "alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin"}
+    | {"cedar"}
+)
+# Instructions longer than this are refused before they are tokenized
+# (a token is at least one character).
+MAX_INSTRUCTION_CHARS = MAX_PROMPT_TOKENS * 16
 
 
 def _pcm16(samples: np.ndarray) -> bytes:
@@ -35,12 +52,15 @@ def _pcm16(samples: np.ndarray) -> bytes:
 class MoshiSession:
     """One session's stream; ``step`` is called once per unit, in order."""
 
-    def __init__(self, service: DuplexService, history: Sequence[SteppedUnit] = ()) -> None:
+    def __init__(
+        self, service: DuplexService, prompt: Prompt, history: Sequence[SteppedUnit] = ()
+    ) -> None:
         self._service = service
-        # A restored session's row is rebuilt from its logged units (a
-        # teacher-forced prefill) when its first new frame joins the batch.
+        # A restored session's row is primed again with the same prompt and
+        # rebuilt from its logged units (a teacher-forced prefill) when its
+        # first new frame joins the batch.
         logged = [(_samples(s.unit), FrameTokens(s.tokens[0], s.tokens[1:])) for s in history]
-        self._stream = service.open_stream(logged or None)
+        self._stream = service.open_stream(logged or None, prompt=prompt)
         self._floor = Floor()
 
     async def step(self, unit: InputUnit) -> list[UnitOutput]:
@@ -53,12 +73,14 @@ class MoshiSession:
                 loop.call_soon_threadsafe(_settle, result, frame)
 
         self._service.submit(self._stream, samples, deliver)
-        return [self._output(await result)]
+        return [self._output(await result, rms(samples) > TALKING_RMS)]
 
-    def _output(self, frame: RowFrame) -> UnitOutput:
-        decision = self._floor.update(frame.samples)
+    def _output(self, frame: RowFrame, user_talking: bool) -> UnitOutput:
+        silent = self._service.silent_text
+        voiced = frame.tokens.text not in silent if silent else voiced_by_level(frame.samples)
+        decision = self._floor.update(voiced and frame.step > 0, user_talking)
         tokens = (frame.tokens.text, *frame.tokens.audio)  # logged: what a resume feeds back
-        if decision in ("listen", "end_of_turn"):
+        if decision in ("listen", "end_of_turn", "yield"):
             return UnitOutput(decision=decision, tokens=tokens)
         return UnitOutput(
             decision=decision,
@@ -96,22 +118,28 @@ class MoshiModel:
     turn_detection_types: tuple[str, ...] = ()
     listening = None  # it hears through its own stream; no VAD, no transcripts
     answering = None  # it never waits for a commit
-    # It takes and gives back the floor by itself, unit by unit; a client's
-    # cancel or barge-in still fences its answer. It hears audio only.
+    # It takes and gives back the floor by itself, unit by unit (a yield to
+    # the user's speech is its own): a client's commit or turn signal is not
+    # its cue, though a client's cancel still fences its answer. It hears
+    # audio only; its persona and voice are primed once, at the first input.
     capabilities = msgspec.structs.replace(
         built_in(
             "model_native_duplex",
             UNIT_MS,
-            signal_sources=[CLIENT_EVENT, MODEL_NATIVE],
+            signal_sources=[MODEL_NATIVE],
             native_turn_policy=True,
             required_input_modalities=["audio"],
             optional_input_modalities=[],
             text_only_turn=False,
         ),
         supports_client_commit=False,
+        supports_external_turn_signal=False,
+        supports_barge_in=False,
+        immutable_after_open=["model", "voice", "instructions"],
     )
     sample_rate_hz = RATE_HZ
     unit_ms = UNIT_MS
+    primes_at_input = True
 
     def __init__(self, service: DuplexService) -> None:
         self.service = service
@@ -126,24 +154,51 @@ class MoshiModel:
     def loaded(self) -> bool:
         return self.service.loaded
 
-    def open(self, session_id: str, history: Sequence[SteppedUnit] = ()) -> MoshiSession:
-        return MoshiSession(self.service, history)
+    def open(
+        self, session_id: str, setup: StreamSetup, history: Sequence[SteppedUnit] = ()
+    ) -> MoshiSession:
+        from duplex_server.engine.duplex.service import Prompt
+
+        voice = setup.voice if setup.voice in self.service.voices else None
+        tokens = self.service.prompt_tokens(setup.instructions)
+        return MoshiSession(self.service, Prompt(text_tokens=tokens, voice=voice), history)
 
     def accepts_voice(self, voice: str) -> bool:
-        """Voice prompts (``--voices DIR``) are not wired yet: every name speaks
-        in the checkpoint's own voice."""
-        return True
+        """A voice prompt of ``--voices DIR`` by name, or the checkpoint's own
+        voice (the default, and OpenAI's names where no file is so named)."""
+        return voice in self.service.voices or voice in OWN_VOICE_NAMES
+
+    def instructions_refusal(self, instructions: str) -> str | None:
+        if not instructions.strip():
+            return None
+        if len(instructions) > MAX_INSTRUCTION_CHARS:
+            return f"instructions over {MAX_INSTRUCTION_CHARS} characters cannot be primed"
+        try:
+            tokens = self.service.prompt_tokens(instructions)
+        except ValueError as exc:
+            return f"instructions cannot be primed: {exc}"
+        if len(tokens) > MAX_PROMPT_TOKENS:
+            return (
+                f"instructions are {len(tokens)} tokens as the model reads them; "
+                f"it is primed with at most {MAX_PROMPT_TOKENS}"
+            )
+        return None
 
 
-def build_moshi(path: str, *, device: str, dtype: str, rows: int) -> MoshiModel:
-    """Check ``path`` now (start-up fails on a directory that is not a Moshi
-    checkpoint); the weights load on the engine's thread."""
+def build_moshi(
+    path: str, *, device: str, dtype: str, rows: int, voices: str | None = None
+) -> MoshiModel:
+    """Check ``path`` (and ``voices``) now: start-up fails on a directory that
+    is not a Moshi checkpoint, or voice prompts that cannot be served; the
+    weights load on the engine's thread."""
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if rows < 1:
         raise ValueError("the moshi engine needs at least one row (--max-sessions)")
     checkpoint = check_moshi_checkpoint(path)
+    prompts: Mapping[str, np.ndarray] = load_voices(voices) if voices is not None else {}
     # Imported here: torch and transformers load only when this model is asked for.
     from duplex_server.engine.duplex.service import DuplexService
 
-    return MoshiModel(DuplexService(checkpoint, device=device, dtype=dtype, rows=rows))
+    service = DuplexService(checkpoint, device=device, dtype=dtype, rows=rows, voices=prompts)
+    return MoshiModel(service)

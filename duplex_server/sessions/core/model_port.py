@@ -173,6 +173,20 @@ class SteppedUnit(msgspec.Struct, frozen=True):
     tokens: tuple[int, ...]
 
 
+class StreamSetup(msgspec.Struct, frozen=True):
+    """What a native duplex model that is primed (``Streaming.primes_at_input``)
+    hears before the session's first unit: the session's ``instructions``
+    as its persona and its ``voice`` as a voice prompt, as they stood when
+    the session's input began (they are fixed from then on: gates.py)."""
+
+    instructions: str = ""
+    voice: str = "default"
+
+
+def stream_setup(config: EffectiveConfig) -> StreamSetup:
+    return StreamSetup(instructions=config.instructions, voice=config.voice)
+
+
 class UnitSession(Protocol):
     """One session's stream into a native duplex model (its state: caches,
     codec state). Steps are called one at a time, in unit order."""
@@ -196,10 +210,17 @@ class Streaming(Protocol):
     # How many of a session's latest stepped units rebuild its state (its
     # context window); 0 for a model that logs no tokens.
     resume_units: int
+    # Its stream opens at the session's first input audio, primed with the
+    # session's StreamSetup; before that it hears nothing (no silence is
+    # clocked) and says nothing. False: it opens with the session.
+    primes_at_input: bool
 
-    def open(self, session_id: str, history: Sequence[SteppedUnit] = ()) -> UnitSession:
-        """A session's stream; ``history`` (its latest stepped units, oldest
-        first, at most ``resume_units``) makes it continue where they left off."""
+    def open(
+        self, session_id: str, setup: StreamSetup, history: Sequence[SteppedUnit] = ()
+    ) -> UnitSession:
+        """A session's stream, primed with ``setup``; ``history`` (its latest
+        stepped units, oldest first, at most ``resume_units``) makes it
+        continue where they left off (after the same priming)."""
         ...
 
 
@@ -307,4 +328,9 @@ class ModelPort(Protocol):
     def accepts_voice(self, voice: str) -> bool:
         """Whether the model can speak in ``voice``; asked when a session or a
         response names one, so an unknown voice is refused then, not mid-answer."""
+        ...
+
+    def instructions_refusal(self, instructions: str) -> str | None:
+        """Why the model cannot take ``instructions`` (None: it can); asked when
+        a session names them (Moshi primes them as tokens, at most so many)."""
         ...

@@ -98,6 +98,9 @@ class SessionState(msgspec.Struct):
     turn_pending: bool = False
     turn_stage_ms: dict[str, float] = msgspec.field(default_factory=dict)  # the last turn's stages
     user_speaking: bool = False  # server VAD: between speech_started and speech_stopped
+    # Input audio has been logged: a primed native model has heard its setup
+    # (instructions, voice), which an update may no longer change.
+    input_started: bool = False
     lease: Lease = msgspec.field(default_factory=Lease)
     # event_id -> (seq, digest) of the record it landed as, oldest first.
     recent_event_ids: dict[str, tuple[int, str | None]] = msgspec.field(default_factory=dict)
@@ -182,6 +185,7 @@ def _config(state: SessionState, body: ConfigBody, seq: int) -> None:
 
 
 def _audio(state: SessionState, body: AudioBody, seq: int) -> None:
+    state.input_started = True
     buf = state.input
     if not buf.chunks:
         buf.first_seq = seq

@@ -36,8 +36,10 @@ from duplex_server.sessions.core.heard import HeardCommand, TurnEnded
 from duplex_server.sessions.core.model_port import (
     ModelPort,
     ResponseRequest,
+    StreamSetup,
     history_view,
     session_view,
+    stream_setup,
 )
 from duplex_server.sessions.core.pipeline import Command, duplicate_event, refuse_retry, step
 from duplex_server.sessions.core.records import (
@@ -144,6 +146,19 @@ def _epoch_reader(actor: weakref.ref[SessionActor]) -> Callable[[], int]:
     return epoch
 
 
+def _setup_reader(actor: weakref.ref[SessionActor]) -> Callable[[], StreamSetup | None]:
+    """What a primed native model hears first: the session's setup, once it
+    has input (None before), read through a weak reference as the epoch is."""
+
+    def setup() -> StreamSetup | None:
+        live = actor()
+        if live is None:
+            raise RuntimeError("the session's actor is gone; its feed should be too")
+        return stream_setup(live.state.config) if live.state.input_started else None
+
+    return setup
+
+
 class SessionActor:
     def __init__(
         self,
@@ -174,7 +189,8 @@ class SessionActor:
         # freed by reference counting at once. A cycle would wait for the
         # cyclic GC, whose thresholds ``serve`` raises far out of the way.
         post = self._mailbox.put_nowait
-        self._feed = open_feed(model, session_id, post, _epoch_reader(weakref.ref(self)))
+        me = weakref.ref(self)
+        self._feed = open_feed(model, session_id, post, _epoch_reader(me), _setup_reader(me))
         self._task: asyncio.Task[None] | None = None  # held: the loop keeps only weak refs
         self.last_activity = time.monotonic()
         self.closed = asyncio.Event()

@@ -15,7 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from duplex_server.sessions.core.model_port import ModelPort, ResponseRequest, UnitOutput
+from duplex_server.sessions.core.model_port import (
+    ModelPort,
+    ResponseRequest,
+    StreamSetup,
+    UnitOutput,
+)
 from duplex_server.sessions.core.records import UnitBody
 
 
@@ -96,9 +101,11 @@ def open_feed(
     session_id: str,
     post: Callable[[object], None],
     epoch: Callable[[], int],
+    setup: Callable[[], StreamSetup | None] = StreamSetup,
 ) -> ModelFeed:
     """The feed for ``model``'s way of taking input; ``post`` queues on the
-    session's mailbox, ``epoch`` reads the session's current epoch."""
+    session's mailbox, ``epoch`` reads the session's current epoch, ``setup``
+    what a primed model hears first (None while the session has no input)."""
     # Imported here: each feed imports this module for its protocol.
     from duplex_server.sessions.runtime.turn_feed import TurnFeed
     from duplex_server.sessions.runtime.unit_feed import UnitFeed
@@ -106,7 +113,7 @@ def open_feed(
     if model.streaming is not None and model.answering is not None:
         raise ValueError(f"model {model.name!r} offers both ports; a model takes input one way")
     if model.streaming is not None:
-        return UnitFeed(model.streaming, session_id, post, epoch)
+        return UnitFeed(model.streaming, session_id, post, epoch, setup)
     if model.answering is not None:
         return TurnFeed(model.answering, post)
     raise ValueError(f"model {model.name!r} takes input neither by unit nor by turn")

@@ -11,6 +11,12 @@ actor. What the model decided comes back through the mailbox as
 epoch it was stepped under, so the actor drops output of an answer that was
 fenced meanwhile.
 
+A primed model (``primes_at_input``: Moshi, with its persona and voice
+prompt) is opened at the session's first input audio, with the session's
+setup as it stands then, or at once for a session restored with input
+already in its log; other models open when the session starts. Until the
+model is open, nothing is clocked.
+
 While the client sends nothing, the clock keeps time: after a unit's worth
 of quiet (and a little slack for network jitter) it feeds a silence unit,
 and one per unit after that, so the model hears the pause as it happens;
@@ -39,6 +45,7 @@ from duplex_server.sessions.core.model_port import (
     ResponseRequest,
     SteppedUnit,
     Streaming,
+    StreamSetup,
     UnitOutput,
     UnitSession,
 )
@@ -63,8 +70,11 @@ class UnitFeed:
         session_id: str,
         post: Callable[[object], None],
         epoch: Callable[[], int],
+        setup: Callable[[], StreamSetup | None] = StreamSetup,
     ) -> None:
+        """``setup`` reads the session's setup (None while it has no input)."""
         self._model = model
+        self._setup = setup
         self._session_id = session_id
         self._session: UnitSession | None = None  # opened when the actor starts serving
         self._framer = UnitFramer(model.sample_rate_hz, model.unit_ms)
@@ -98,8 +108,14 @@ class UnitFeed:
         return SteppedUnit(unit=unit, tokens=tuple(body.tokens))
 
     def start(self) -> None:
+        setup = self._setup()
+        if self._model.primes_at_input and setup is None:
+            return  # opened by the session's first input audio
+        self._open(setup or StreamSetup())
+
+    def _open(self, setup: StreamSetup) -> None:
         history, self._history = self._history, []
-        session = self._session = self._model.open(self._session_id, history)
+        session = self._session = self._model.open(self._session_id, setup, history)
         loop = asyncio.get_running_loop()
         self._last_input = loop.time()
         self._tasks = [loop.create_task(self._step_units(session)), loop.create_task(self._clock())]
@@ -112,6 +128,8 @@ class UnitFeed:
         """Audio the session just logged, at the client's rate."""
         if self._failed:
             return
+        if self._session is None:
+            self._open(self._setup() or StreamSetup())
         self._last_input = asyncio.get_running_loop().time()
         if self._resampler is None or self._resampler.src_hz != sample_rate_hz:
             tail = self._resampler.flush() if self._resampler is not None else b""
