@@ -23,6 +23,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -66,14 +67,26 @@ async def wait_ready(server: ServerProcess) -> None:
     raise AssertionError(f"the model never loaded:\n{server.log_text()}")
 
 
-async def wait_units(server: ServerProcess, session_id: str, count: int) -> list[dict]:
+async def wait_units(
+    server: ServerProcess, session_id: str, done: Callable[[list[dict]], bool]
+) -> list[dict]:
+    """The session's log once ``done`` says its units are all there."""
     deadline = time.monotonic() + UNITS_TIMEOUT_S
     while time.monotonic() < deadline:
         lines = await asyncio.to_thread(log_lines, server, session_id)
-        if len(units(lines)) >= count:
+        if done(lines):
             return lines
         await asyncio.sleep(0.1)
-    raise AssertionError(f"fewer than {count} units logged:\n{server.log_text()}")
+    raise AssertionError(f"the units never came:\n{server.log_text()}")
+
+
+def heard(lines: list[dict], after_seq: int) -> list[bytes]:
+    """The input of every unit logged after ``after_seq`` that was not clocked silence."""
+    return [
+        base64.b64decode(u["body"]["pcm"])
+        for u in units(lines)
+        if u["seq"] > after_seq and u["body"].get("pcm")
+    ]
 
 
 def signal() -> list[bytes]:
@@ -182,7 +195,7 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
         await client.recv_until("session.updated")
         for pcm in frames[:BEFORE]:
             await client.append(pcm)
-        await wait_units(first, session_id, CRASH_AFTER_UNITS)
+        await wait_units(first, session_id, lambda lines: len(units(lines)) >= CRASH_AFTER_UNITS)
         first.kill9()  # mid-conversation: frames still queued, the model speaking
         with pytest.raises(websockets.ConnectionClosed):
             while True:
@@ -214,7 +227,12 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
         resumed = await again.expect("session.resumed")
         for pcm in frames[BEFORE:]:
             await again.append(pcm)
-        lines = await wait_units(second, session_id, len(before_crash) + AFTER + 2)
+        # every frame sent after the resume stepped
+        lines = await wait_units(
+            second,
+            session_id,
+            lambda lines: heard(lines, takeover)[-AFTER:] == frames[BEFORE:],
+        )
         spoken = audio_by_unit(lines, takeover)
         last = max((seq for seq, _ in spoken.values()), default=cursor)
         received = await receive_through(again, last)
@@ -225,10 +243,9 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
     assert [u["body"]["index"] for u in logged] == list(range(len(logged)))  # no gap, no repeat
     after_crash = [u for u in logged if u["seq"] > takeover]
     assert len(after_crash) >= AFTER
-    # Everything the model heard after the restart is in the log: the client's
-    # frames (sent after the resume) and silence clocked before it.
-    heard = {base64.b64decode(u["body"]["pcm"]) for u in after_crash if u["body"].get("pcm")}
-    assert set(frames[BEFORE:]) <= heard
+    # What the model heard after the restart is in the log: silence clocked
+    # before the resume, then the client's frames in order (and the clock's).
+    assert heard(lines, takeover)[-AFTER:] == frames[BEFORE:]
 
     reference = uninterrupted(checkpoint, voices, logged)
     expected = [[f.tokens.text, *f.tokens.audio] for f in reference]
