@@ -211,18 +211,24 @@ class DuplexStepper:
         own: torch.Tensor,
         first_step: int,
     ) -> torch.Tensor:
-        """The codec's streaming state through ``history``, frame by frame as
-        ``tick`` leaves it; returns the user's codes of every frame."""
-        user = []
-        previous = self.audio_in[0]
-        for step, (samples, _) in enumerate(history):
-            if first_step + step == 1:
-                self.decoder.reset(0)  # as tick: a row's codec output starts at its frame 1
-            user.append(self.encoder.encode(self._input_batch({0: samples}))[0])
-            frame_codes = torch.cat([previous[:1], own[step, 1:]])
-            self.decoder.decode(frame_codes.clamp(max=self.audio_start - 1)[None])
-            previous = own[step]
-        return torch.stack(user)
+        """The codec's streaming state through ``history`` in one encode and
+        (at most) two decodes, as ``tick`` leaves it frame by frame; returns
+        the user's codes of every frame."""
+        frames = len(history)
+        samples = np.concatenate([frame for frame, _ in history])
+        batch = torch.from_numpy(samples)[None].to(self.model.device, self.model.dtype)
+        user = self.encoder.encode_frames(batch)[0].T
+        # frame t's codes: codebook 0 from column t, codebooks 1.. from column t + 1
+        first = torch.cat([self.audio_in[0, :1], own[:-1, 0]])
+        codes = torch.cat([first[:, None], own[:, 1:]], dim=1).clamp(max=self.audio_start - 1)
+        restart = 1 - first_step  # as tick: a row's codec output starts at its frame 1
+        cut = restart if 0 < restart < frames else 0
+        if cut:
+            self.decoder.decode_frames(codes[:cut].T[None])
+        if 0 <= restart < frames:
+            self.decoder.reset(0)
+        self.decoder.decode_frames(codes[cut:].T[None])
+        return user
 
     @torch.no_grad()
     def adopt(self, alone: DuplexStepper) -> int:
