@@ -154,8 +154,9 @@ class DuplexStepper:
         prefill; touches no other stepper.
 
         The temporal transformer takes the whole history in one forward
-        (the logged tokens give every column at once); the codec, whose
-        state is streamed, runs frame by frame. A history longer than the
+        (the logged tokens give every column at once), the codec all its
+        frames in one encode and one decode (two across a row's first
+        frame, where ``tick`` restarts the decoder). A history longer than the
         temporal window is replayed tick by tick instead: one forward would
         let its queries see past the window (Moshi's mask is plain causal;
         only its cache slides).
