@@ -224,6 +224,8 @@ async def test_bad_input_is_refused_and_the_session_serves_on(served, checkpoint
     # turn commands a model that keeps its own floor does not take
     await refused(client, {"type": "input_audio_buffer.commit"}, "capability_unsupported")
     await refused(client, {"type": "barge_in"}, "capability_unsupported")
+    # nothing is ever committed: a request for an answer has no input to answer
+    await refused(client, {"type": "response.create"}, "response_create_without_input")
     # audio at another rate it resamples, and still converses
     sixteen = np.frombuffer(speech_pcm16(checkpoint, 6), "<i2")[::3].tobytes()
     for at in range(0, len(sixteen), 2 * 1280):

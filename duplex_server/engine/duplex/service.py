@@ -378,7 +378,7 @@ class DuplexService:
             except RuntimeError as exc:  # the device failed (out of memory): this stream ends
                 logger.error("moshi: rebuilding a stream failed: %s", exc)
                 with self._cond:
-                    stream.closed, stream.reason = True, f"its rebuild failed: {exc}"
+                    stream.closed, stream.reason = True, f"its prefill failed: {exc}"
                     self._cond.notify_all()
                 continue
             with self._cond:
