@@ -185,34 +185,6 @@ def test_model_audio_is_encoded_in_bounded_pieces():
     assert bounded(small) == [small]
 
 
-class Primed:
-    """A streaming model primed at the session's first input: records what
-    it was opened with and the units it heard."""
-
-    sample_rate_hz = 24_000
-    unit_ms = 80
-    primes_at_input = True
-    resume_units = 0
-
-    def __init__(self) -> None:
-        self.opened: list[StreamSetup] = []
-        self.units: list[InputUnit] = []
-
-    def open(self, session_id: str, setup: StreamSetup, history=()) -> Primed:
-        self.opened.append(setup)
-        return self
-
-    async def step(self, unit: InputUnit) -> list[UnitOutput]:
-        self.units.append(unit)
-        return []
-
-    def interrupt(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 class Counter:
     """A streaming model whose tokens for a unit are its index and its first sample,
     and which remembers the history each stream was opened with."""
@@ -239,31 +211,32 @@ class Counter:
         pass
 
 
-async def test_a_primed_model_opens_at_the_first_input_with_the_setup_then():
-    """Before any input nothing is opened and no silence is clocked; the
-    first audio opens the stream with the session's setup as it stands."""
-    model = Primed()
-    setup: list[StreamSetup | None] = [None]
-    feed = UnitFeed(model, "sess_primed01", lambda message: None, lambda: 0, lambda: setup[0])
-    feed.start()
-    await asyncio.sleep(0.3)  # several unit periods: a clock would have fed silence
-    assert model.opened == [] and model.units == []
-    setup[0] = StreamSetup(instructions="be kind", voice="pirate")
-    feed.feed(b"\x10\x00" * 1920, 24_000)
-    while not model.units:  # stepped on the feed's own task
-        await asyncio.sleep(0.01)
-    await feed.close()
-    assert model.opened == [StreamSetup(instructions="be kind", voice="pirate")]
-    assert model.units[0].index == 0 and not model.units[0].silence
+class Primed:
+    """A streaming model primed at the session's first input: records what
+    it was opened with and the units it heard."""
 
+    sample_rate_hz = 24_000
+    unit_ms = 80
+    primes_at_input = True
+    resume_units = 0
 
-async def test_a_restored_session_with_input_opens_its_primed_model_at_once():
-    model = Primed()
-    setup = StreamSetup(instructions="be kind")
-    feed = UnitFeed(model, "sess_primed02", lambda message: None, lambda: 0, lambda: setup)
-    feed.start()
-    await feed.close()
-    assert model.opened == [setup]
+    def __init__(self) -> None:
+        self.opened: list[StreamSetup] = []
+        self.units: list[InputUnit] = []
+
+    def open(self, session_id: str, setup: StreamSetup, history=()) -> Primed:
+        self.opened.append(setup)
+        return self
+
+    async def step(self, unit: InputUnit) -> list[UnitOutput]:
+        self.units.append(unit)
+        return []
+
+    def interrupt(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 async def test_stepped_units_go_to_the_log_and_a_restore_hands_back_the_latest():
@@ -303,3 +276,30 @@ async def test_stepped_units_go_to_the_log_and_a_restore_hands_back_the_latest()
     await restored.close()
     first_new = posted[2].unit
     assert first_new is not None and first_new.index == 4
+
+
+async def test_a_primed_model_opens_at_the_first_input_with_the_setup_then():
+    """Before any input nothing is opened and no silence is clocked; the
+    first audio opens the stream with the session's setup as it stands."""
+    model = Primed()
+    setup: list[StreamSetup | None] = [None]
+    feed = UnitFeed(model, "sess_primed01", lambda message: None, lambda: 0, lambda: setup[0])
+    feed.start()
+    await asyncio.sleep(0.3)  # several unit periods: a clock would have fed silence
+    assert model.opened == [] and model.units == []
+    setup[0] = StreamSetup(instructions="be kind", voice="pirate")
+    feed.feed(b"\x10\x00" * 1920, 24_000)
+    while not model.units:  # stepped on the feed's own task
+        await asyncio.sleep(0.01)
+    await feed.close()
+    assert model.opened == [StreamSetup(instructions="be kind", voice="pirate")]
+    assert model.units[0].index == 0 and not model.units[0].silence
+
+
+async def test_a_restored_session_with_input_opens_its_primed_model_at_once():
+    model = Primed()
+    setup = StreamSetup(instructions="be kind")
+    feed = UnitFeed(model, "sess_primed02", lambda message: None, lambda: 0, lambda: setup)
+    feed.start()
+    await feed.close()
+    assert model.opened == [setup]

@@ -253,9 +253,9 @@ def test_prime_ticks_take_exactly_the_given_tokens(model):
         stepper.prime_tick({row: PrimeFrame(user=(1,), tokens=frame_.tokens)})
 
 
-def test_priming_in_one_forward_equals_priming_tick_by_tick(model, voices):
-    """``join(prefix)`` prefills the prime frames in one temporal forward;
-    the row it leaves is the one ``prime_tick`` frame by frame leaves."""
+def test_joining_with_a_prefix_equals_priming_tick_by_tick(model, voices):
+    """``join(prefix)`` (a rebuild in a batch of its own, then adopted)
+    leaves the row that ``prime_tick`` frame by frame leaves."""
     prefix = prompt(model)
     ticked = DuplexStepper(model, rows=1)
     row = ticked.join()

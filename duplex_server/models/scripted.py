@@ -96,8 +96,8 @@ class ScriptedModel:
     )
     sample_rate_hz = RATE_HZ
     unit_ms = UNIT_MS
-    primes_at_input = False  # it keeps time from the session's start
     resume_units = 0  # it logs no tokens: a restored session starts it afresh
+    primes_at_input = False  # it keeps time from the session's start
 
     @property
     def streaming(self) -> ScriptedModel:

@@ -1,17 +1,18 @@
 """Resume of a native full-duplex Moshi session after kill -9, through the
-real server: ``duplex-server serve --model moshi:TINY --store sqlite`` is
-fed a fixed signal over a real WebSocket, killed mid-conversation,
+real server: ``duplex-server serve --model moshi:TINY --voices DIR --store
+sqlite`` serves a session primed with a persona and a voice prompt, fed a
+fixed signal over a real WebSocket; it is killed mid-conversation,
 restarted on the same database, and the session resumed and fed the rest
 of the signal.
 
 The log's ``unit`` records say exactly what the model heard (the client's
 frames, and the silence the server clocked while nobody spoke, the restart
-included) and what it generated. The proof: one uninterrupted run of the
-same checkpoint fed those units (a ``DuplexStepper`` in this process, the
-same batch shape as the server's) generates every logged token, before and
-after the crash, and the audio the resumed server sent equals its voice.
-A session primed with a persona and a voice prompt is rebuilt after the
-same prime frames (re-derived from its config), so it continues alike.
+included) and what it generated; the priming is the session's logged
+config. The proof: one uninterrupted run of the same checkpoint, primed
+with the same persona and voice and fed those units (a ``DuplexStepper``
+in this process, the same batch shape as the server's), generates every
+logged token, before and after the crash, and the audio the resumed server
+sent equals its voice.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import json
 import time
 import urllib.error
 import urllib.request
-import wave
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 import websockets
 
+from duplex_server.models import build_model
 from tests.e2e.serverproc import ServerProcess
+from tests.e2e.test_moshi_wire import write_wav
 from tests.tiny_moshi import FRAME_SAMPLES, tiny_moshi
 from tests.wsclient import WsClient
 
@@ -39,6 +42,7 @@ CRASH_AFTER_UNITS = 6  # logged units before the kill
 LOAD_TIMEOUT_S = 180.0
 UNITS_TIMEOUT_S = 180.0
 PCM16_TOLERANCE = 2  # float32 rows rebuilt in a batch of one round alike to within this
+PERSONA = {"instructions": "be a kind pirate", "voice": "pirate"}
 
 
 def log_lines(server: ServerProcess, session_id: str) -> list[dict]:
@@ -63,14 +67,26 @@ async def wait_ready(server: ServerProcess) -> None:
     raise AssertionError(f"the model never loaded:\n{server.log_text()}")
 
 
-async def wait_units(server: ServerProcess, session_id: str, count: int) -> list[dict]:
+async def wait_units(
+    server: ServerProcess, session_id: str, done: Callable[[list[dict]], bool]
+) -> list[dict]:
+    """The session's log once ``done`` says its units are all there."""
     deadline = time.monotonic() + UNITS_TIMEOUT_S
     while time.monotonic() < deadline:
         lines = await asyncio.to_thread(log_lines, server, session_id)
-        if len(units(lines)) >= count:
+        if done(lines):
             return lines
         await asyncio.sleep(0.1)
-    raise AssertionError(f"fewer than {count} units logged:\n{server.log_text()}")
+    raise AssertionError(f"the units never came:\n{server.log_text()}")
+
+
+def heard(lines: list[dict], after_seq: int) -> list[bytes]:
+    """The input of every unit logged after ``after_seq`` that was not clocked silence."""
+    return [
+        base64.b64decode(u["body"]["pcm"])
+        for u in units(lines)
+        if u["seq"] > after_seq and u["body"].get("pcm")
+    ]
 
 
 def signal() -> list[bytes]:
@@ -80,37 +96,36 @@ def signal() -> list[bytes]:
     return [pcm[at : at + 2 * FRAME_SAMPLES] for at in range(0, len(pcm), 2 * FRAME_SAMPLES)]
 
 
-INSTRUCTIONS = "be a kind pirate"
+def prime_frames(checkpoint, voices) -> list:
+    """The frames the server primes the session with, laid out by the same service code."""
+    from duplex_server.engine.duplex.service import Prompt
+
+    built = build_model(
+        f"moshi:{checkpoint}", dtype="float32", moshi_rows=1, moshi_voices=str(voices)
+    )
+    service = built.service  # type: ignore[attr-defined]
+    try:
+        assert service.wait_loaded(LOAD_TIMEOUT_S), service.load_error
+        tokens = service.prompt_tokens(PERSONA["instructions"])
+        return service.prime_frames(Prompt(text_tokens=tokens, voice=PERSONA["voice"]))
+    finally:
+        service.close()
 
 
-def prefix_of(model, checkpoint, voices) -> list:
-    """The prime frames of INSTRUCTIONS and the ``pirate`` voice, computed here
-    from the checkpoint's tokenizer and Mimi as PersonaPlex lays them out."""
-    import transformers
-
-    from duplex_server.engine.duplex.prime import prime_frames, system_text
-    from duplex_server.engine.duplex.prompt_codec import encode_frames, prompt_codes
-    from duplex_server.models.moshi.voices import load_voices
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
-    tokens = tokenizer.encode(system_text(INSTRUCTIONS), add_special_tokens=False)
-    voice = encode_frames(model, load_voices(str(voices))["pirate"])
-    return prime_frames(prompt_codes(model, tokenizer.pad_token_id), tokens, voice)
-
-
-def uninterrupted(checkpoint, logged: list[dict], voices=None) -> list:
-    """One run of the model over the logged units, never stopped (primed
-    first when ``voices`` is given)."""
+def uninterrupted(checkpoint, voices, logged: list[dict]) -> list:
+    """One run of the primed model over the logged units, never stopped."""
     import torch
     import transformers
 
     from duplex_server.engine.duplex.stepper import DuplexStepper
 
+    prefix = prime_frames(checkpoint, voices)
+    assert prefix  # the persona and the voice prompt are primed
     model = transformers.MoshiForConditionalGeneration.from_pretrained(
         checkpoint, dtype=torch.float32
     ).eval()
     stepper = DuplexStepper(model, ROWS)
-    row = stepper.join(prefix_of(model, checkpoint, voices) if voices is not None else ())
+    row = stepper.join(prefix)
     frames = []
     for unit in logged:
         body = unit["body"]
@@ -148,12 +163,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def voices(tmp_path_factory):
     directory = tmp_path_factory.mktemp("voices")
-    with wave.open(str(directory / "pirate.wav"), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(24_000)
-        tone = np.sin(2 * np.pi * 180 * np.arange(24_000) / 24_000) * 0.3
-        out.writeframes((tone * 32767).astype("<i2").tobytes())
+    write_wav(directory / "pirate.wav", np.sin(2 * np.pi * 180 * np.arange(12_000) / 24_000) * 0.3)
     return directory
 
 
@@ -162,19 +172,17 @@ def moshi_server(db: str, checkpoint, voices, port: int | None = None) -> Server
         db,
         port=port,
         model=f"moshi:{checkpoint}",
+        voices=str(voices),
         moshi_rows=ROWS,
         dtype="float32",
-        voices=None if voices is None else str(voices),
     ).start(timeout_s=LOAD_TIMEOUT_S)
 
 
-@pytest.mark.parametrize("primed", [False, True], ids=["plain", "primed"])
 async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_run(
-    tmp_path, checkpoint, voices, primed
+    tmp_path, checkpoint, voices
 ):
     frames = signal()
     db = f"sqlite:{tmp_path / 'moshi.db'}"
-    voices = voices if primed else None
     first = moshi_server(db, checkpoint, voices)
     seen: list[dict] = []
     try:
@@ -183,13 +191,11 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
         created = await client.expect("session.created")
         session_id, token = created["session"]["id"], created["resume_token"]
         assert created["session"]["capabilities"]["supports_session_resume"] is True
-        if primed:
-            persona = {"instructions": INSTRUCTIONS, "voice": "pirate"}
-            await client.send({"type": "session.update", "session": persona})
-            await client.recv_until("session.updated")
+        await client.send({"type": "session.update", "session": PERSONA})
+        await client.recv_until("session.updated")
         for pcm in frames[:BEFORE]:
             await client.append(pcm)
-        await wait_units(first, session_id, CRASH_AFTER_UNITS)
+        await wait_units(first, session_id, lambda lines: len(units(lines)) >= CRASH_AFTER_UNITS)
         first.kill9()  # mid-conversation: frames still queued, the model speaking
         with pytest.raises(websockets.ConnectionClosed):
             while True:
@@ -221,7 +227,12 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
         resumed = await again.expect("session.resumed")
         for pcm in frames[BEFORE:]:
             await again.append(pcm)
-        lines = await wait_units(second, session_id, len(before_crash) + AFTER + 2)
+        # every frame sent after the resume stepped
+        lines = await wait_units(
+            second,
+            session_id,
+            lambda lines: heard(lines, takeover)[-AFTER:] == frames[BEFORE:],
+        )
         spoken = audio_by_unit(lines, takeover)
         last = max((seq for seq, _ in spoken.values()), default=cursor)
         received = await receive_through(again, last)
@@ -232,12 +243,11 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
     assert [u["body"]["index"] for u in logged] == list(range(len(logged)))  # no gap, no repeat
     after_crash = [u for u in logged if u["seq"] > takeover]
     assert len(after_crash) >= AFTER
-    # Everything the model heard after the restart is in the log: the client's
-    # frames (sent after the resume) and silence clocked before it.
-    heard = {base64.b64decode(u["body"]["pcm"]) for u in after_crash if u["body"].get("pcm")}
-    assert set(frames[BEFORE:]) <= heard
+    # What the model heard after the restart is in the log: silence clocked
+    # before the resume, then the client's frames in order (and the clock's).
+    assert heard(lines, takeover)[-AFTER:] == frames[BEFORE:]
 
-    reference = uninterrupted(checkpoint, logged, voices)
+    reference = uninterrupted(checkpoint, voices, logged)
     expected = [[f.tokens.text, *f.tokens.audio] for f in reference]
     assert [u["body"]["tokens"] for u in logged] == expected  # before and after the crash
 

@@ -17,12 +17,13 @@ Streams join the batch with their first frame and leave when closed, both
 between ticks; a stream that finds every row taken gets ``RowsFull``.
 
 A stream opened with a ``Prompt`` (its persona's text tokens, a voice of
-``--voices``) is primed before it joins, and one opened with a history (a
-session restored from its log) is rebuilt: both by a teacher-forced
-prefill (the prime frames, then the history) on a thread of its own (one
-at a time, in the order asked), so the live rows keep ticking meanwhile;
-only the splice of the row into the batch happens between two ticks. Until
-then the stream holds no row and the batch does not wait for it.
+``--voices``) is primed as it joins, and one opened with a history (a
+session restored from its log) is rebuilt after that priming by a
+teacher-forced prefill over its logged frames. Both run in a batch of one
+on a thread of their own (one at a time, in the order asked), so the live
+rows keep ticking meanwhile; only the splice of the row into the batch
+happens between two ticks. Until then the stream holds no row and the
+batch does not wait for it.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ class _Stream:
     pending: deque[tuple[np.ndarray, Deliver]] = field(default_factory=deque)
     history: list[tuple[np.ndarray, FrameTokens]] | None = None  # to resume from
     prompt: Prompt = NO_PROMPT
-    rebuilding: bool = False  # its prefix and history are being prefilled off the tick thread
-    rebuilt: DuplexStepper | None = None  # ... and are, ready to splice in
+    prefix: list[PrimeFrame] = field(default_factory=list)  # its prompt's frames
+    rebuilding: bool = False  # being primed / prefilled off the tick thread
+    rebuilt: DuplexStepper | None = None  # ... and is, ready to splice in
     closed: bool = False
     reason: str = ""  # why it was closed, if not by its owner
 
@@ -324,10 +326,10 @@ class DuplexService:
                     del self._streams[key]
                 self._fail(stream, StreamClosed(f"stream {key}: {stream.reason or 'closed'}"))
             elif stream.row is None and stream.pending:
-                if (stream.history or stream.prompt != NO_PROMPT) and stream.rebuilt is None:
-                    self._ask_rebuild(stream)
-                    continue
                 try:
+                    if stream.rebuilt is None and (stream.history or stream.prompt != NO_PROMPT):
+                        self._ask_rebuild(stream)
+                        continue
                     stream.row = self._join(stepper, stream)
                 except (RowsFull, ValueError, StreamClosed) as exc:  # refused, never a dead tick
                     stream.closed = True
@@ -352,14 +354,16 @@ class DuplexService:
         return stepper.join()
 
     def _ask_rebuild(self, stream: _Stream) -> None:
+        """Queue the stream's priming and prefill (its prompt's frames are
+        laid out here: a prompt that cannot be served is refused at once)."""
         if not stream.rebuilding:
+            stream.prefix = self.prime_frames(stream.prompt)
             stream.rebuilding = True
             self._rebuilds.append(stream)
             self._cond.notify_all()
 
     def _rebuild_streams(self, model: MoshiForConditionalGeneration) -> None:
-        """The rebuild thread: prefill each asked stream's prime frames and
-        history in turn."""
+        """The rebuild thread: prime and prefill each asked stream in turn."""
         while True:
             with self._cond:
                 while not self._rebuilds and not self._stopped:
@@ -370,10 +374,9 @@ class DuplexService:
             if stream.closed:
                 continue
             try:
-                prefix = self.prime_frames(stream.prompt)
-                rebuilt = DuplexStepper.rebuild(model, stream.history or [], prefix)
-            except (RuntimeError, ValueError, StreamClosed) as exc:  # out of memory, a bad prompt
-                logger.error("moshi: priming or rebuilding a stream failed: %s", exc)
+                rebuilt = DuplexStepper.rebuild(model, stream.history or [], stream.prefix)
+            except RuntimeError as exc:  # the device failed (out of memory): this stream ends
+                logger.error("moshi: rebuilding a stream failed: %s", exc)
                 with self._cond:
                     stream.closed, stream.reason = True, f"its prefill failed: {exc}"
                     self._cond.notify_all()

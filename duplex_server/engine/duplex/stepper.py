@@ -149,42 +149,41 @@ class DuplexStepper:
         history: Sequence[tuple[np.ndarray, FrameTokens]],
         prefix: Sequence[PrimeFrame] = (),
     ) -> DuplexStepper:
-        """A batch of one whose row 0 is the stream ``prefix`` (its prime
-        frames) and then ``history`` left off, rebuilt by a teacher-forced
+        """A batch of one whose row 0 is the stream its ``prefix`` (prime
+        frames) and ``history`` left off, rebuilt by a teacher-forced
         prefill; touches no other stepper.
 
-        The temporal transformer takes the prime frames and the history in
-        one forward (their tokens give every column at once); the codec,
-        whose state is streamed, runs frame by frame. Past the temporal
-        window they are replayed tick by tick instead: one forward would let
-        its queries see past the window (Moshi's mask is plain causal; only
-        its cache slides).
+        The temporal transformer takes the whole history in one forward
+        (the logged tokens give every column at once), the codec all its
+        frames in one encode and one decode (two across a row's first
+        frame, where ``tick`` restarts the decoder). A history longer than the
+        temporal window is replayed tick by tick instead: one forward would
+        let its queries see past the window (Moshi's mask is plain causal;
+        only its cache slides).
         """
         alone = DuplexStepper(model, 1)
         source = alone.join()
+        for prime in prefix:
+            alone.prime_tick({source: prime})
         window = model.config.sliding_window
         if window is not None and len(prefix) + len(history) > window:
-            for prime in prefix:
-                alone.prime_tick({source: prime})
             for samples, tokens in history:
                 alone.tick({source: samples}, forced={source: tokens})
-        elif prefix or history:
-            alone._prefill(prefix, history)
+        elif history:
+            alone._prefill(history)
         return alone
 
-    def _prefill(
-        self, prefix: Sequence[PrimeFrame], history: Sequence[tuple[np.ndarray, FrameTokens]]
-    ) -> None:
-        """Row 0 of a fresh batch of one brought to where ``prefix`` and then
-        ``history`` left off: what as many forced ticks leave, in one
-        temporal forward."""
+    def _prefill(self, history: Sequence[tuple[np.ndarray, FrameTokens]]) -> None:
+        """Row 0 of a batch of one (fresh, or primed) brought to where
+        ``history`` left off: what ``len(history)`` forced ticks leave, in
+        one temporal forward."""
         device = self.model.device
-        forced = [frame.tokens for frame in prefix] + [tokens for _, tokens in history]
+        past, first_step = self.timeline.length, self.step[0]
         logged = torch.tensor(
-            [[tokens.text, *tokens.audio] for tokens in forced], dtype=torch.long, device=device
+            [[tokens.text, *tokens.audio] for _, tokens in history], dtype=torch.long, device=device
         )
-        user = self._prefill_codec(prefix, history, logged[:, 1:])
-        # column t: the tokens generated at tick t - 1 (the begin-of-stream column first)
+        user = self._prefill_codec(history, logged[:, 1:], first_step)
+        # column t: the tokens generated at tick t - 1 (first: the row's current column)
         columns = torch.cat([torch.cat([self.text_in, self.audio_in[0]])[None], logged[:-1]])
         late = torch.cat([self.user_late, user[:-1, 1:]])  # the user's codebooks 1.. a frame late
         user_columns = torch.cat([user[:, :1], late], dim=1)
@@ -193,11 +192,11 @@ class DuplexStepper:
         for codebook in range(k):
             embeds = embeds + model.embed_tokens[codebook](columns[:, 1 + codebook])
             embeds = embeds + model.embed_tokens[k + codebook](user_columns[:, codebook])
-        frames = len(forced)
+        frames = len(history)
         model.decoder(
             inputs_embeds=embeds[None],
-            attention_mask=torch.ones(1, frames, dtype=torch.long, device=device),
-            position_ids=torch.arange(frames, device=device)[None],
+            attention_mask=torch.ones(1, past + frames, dtype=torch.long, device=device),
+            position_ids=torch.arange(past, past + frames, device=device)[None],
             cache=self.cache,
             use_cache=True,
         )
@@ -205,33 +204,32 @@ class DuplexStepper:
         self.text_in = logged[-1:, 0].clone()
         self.audio_in = logged[-1:, 1:].clone()
         self.user_late = user[-1:, 1:].clone()
-        self.step[0] = frames
+        self.step[0] = first_step + frames
 
     def _prefill_codec(
         self,
-        prefix: Sequence[PrimeFrame],
         history: Sequence[tuple[np.ndarray, FrameTokens]],
         own: torch.Tensor,
+        first_step: int,
     ) -> torch.Tensor:
-        """The codec's streaming state through the prime frames (their user
-        codes given, the encoder not run, as ``prime_tick``) and ``history``
-        (encoded), frame by frame as the ticks leave it; returns the user's
-        codes of every frame."""
-        given = [torch.tensor(frame.user, dtype=torch.long) for frame in prefix]
-        inputs: list[torch.Tensor | np.ndarray] = [*given, *(samples for samples, _ in history)]
-        user = []
-        previous = self.audio_in[0]
-        for step, frame in enumerate(inputs):
-            if step == 1:
-                self.decoder.reset(0)  # as tick: a row's codec output starts at its frame 1
-            if isinstance(frame, torch.Tensor):
-                user.append(frame.to(self.model.device))
-            else:
-                user.append(self.encoder.encode(self._input_batch({0: frame}))[0])
-            frame_codes = torch.cat([previous[:1], own[step, 1:]])
-            self.decoder.decode(frame_codes.clamp(max=self.audio_start - 1)[None])
-            previous = own[step]
-        return torch.stack(user)
+        """The codec's streaming state through ``history`` in one encode and
+        (at most) two decodes, as ``tick`` leaves it frame by frame; returns
+        the user's codes of every frame."""
+        frames = len(history)
+        samples = np.concatenate([frame for frame, _ in history])
+        batch = torch.from_numpy(samples)[None].to(self.model.device, self.model.dtype)
+        user = self.encoder.encode_frames(batch)[0].T
+        # frame t's codes: codebook 0 from column t, codebooks 1.. from column t + 1
+        first = torch.cat([self.audio_in[0, :1], own[:-1, 0]])
+        codes = torch.cat([first[:, None], own[:, 1:]], dim=1).clamp(max=self.audio_start - 1)
+        restart = 1 - first_step  # as tick: a row's codec output starts at its frame 1
+        cut = restart if 0 < restart < frames else 0
+        if cut:
+            self.decoder.decode_frames(codes[:cut].T[None])
+        if 0 <= restart < frames:
+            self.decoder.reset(0)
+        self.decoder.decode_frames(codes[cut:].T[None])
+        return user
 
     @torch.no_grad()
     def adopt(self, alone: DuplexStepper) -> int:

@@ -24,12 +24,7 @@ from duplex_server.engine.duplex.tokens import FrameTokens
 from duplex_server.models.capabilities import built_in
 from duplex_server.models.moshi.floor import TALKING_RMS, Floor, rms, voiced_by_level
 from duplex_server.models.moshi.voices import load_voices
-from duplex_server.sessions.core.model_port import (
-    InputUnit,
-    SteppedUnit,
-    StreamSetup,
-    UnitOutput,
-)
+from duplex_server.sessions.core.model_port import InputUnit, SteppedUnit, StreamSetup, UnitOutput
 from protocol.capabilities import MODEL_NATIVE
 
 if TYPE_CHECKING:
@@ -61,9 +56,9 @@ class MoshiSession:
         self, service: DuplexService, prompt: Prompt, history: Sequence[SteppedUnit] = ()
     ) -> None:
         self._service = service
-        # Its row is primed with ``prompt`` and, for a restored session,
-        # rebuilt from its logged units (a teacher-forced prefill after the
-        # same prime frames) when its first new frame joins the batch.
+        # A restored session's row is primed again with the same prompt and
+        # rebuilt from its logged units (a teacher-forced prefill) when its
+        # first new frame joins the batch.
         logged = [(_samples(s.unit), FrameTokens(s.tokens[0], s.tokens[1:])) for s in history]
         self._stream = service.open_stream(logged or None, prompt=prompt)
         self._floor = Floor()

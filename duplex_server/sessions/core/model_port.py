@@ -207,21 +207,20 @@ class Streaming(Protocol):
 
     sample_rate_hz: int  # of the units it takes
     unit_ms: int  # its chunk_period_ms
+    # How many of a session's latest stepped units rebuild its state (its
+    # context window); 0 for a model that logs no tokens.
+    resume_units: int
     # Its stream opens at the session's first input audio, primed with the
     # session's StreamSetup; before that it hears nothing (no silence is
     # clocked) and says nothing. False: it opens with the session.
     primes_at_input: bool
-    # How many of a session's latest stepped units rebuild its state (its
-    # context window); 0 for a model that logs no tokens.
-    resume_units: int
 
     def open(
         self, session_id: str, setup: StreamSetup, history: Sequence[SteppedUnit] = ()
     ) -> UnitSession:
-        """A session's stream, primed with ``setup`` where the model primes;
-        ``history`` (its latest stepped units, oldest first, at most
-        ``resume_units``) makes it continue where they left off (after the
-        same priming: the setup is fixed once the session has input)."""
+        """A session's stream, primed with ``setup``; ``history`` (its latest
+        stepped units, oldest first, at most ``resume_units``) makes it
+        continue where they left off (after the same priming)."""
         ...
 
 
