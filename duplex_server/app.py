@@ -101,6 +101,7 @@ def create_app(config: ServerConfig) -> Starlette:
         device=config.device,
         dtype=config.dtype,
         moshi_rows=config.moshi_rows,
+        moshi_voices=config.voices,
     )
     manager = SessionManager(
         log,

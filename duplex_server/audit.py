@@ -41,6 +41,9 @@ def _summary(body: r.AnyBody) -> str:
             + (" (compacted)" if not b.pcm else "")
         ),
         r.FrameBody: lambda b: f"frame {len(b.data)} bytes at {b.audio_ms:.0f} ms",
+        r.UnitBody: lambda b: (
+            f"#{b.index} tokens={b.tokens}" + (" silence" if b.silence else f" {len(b.pcm)} bytes")
+        ),
         r.TextBody: lambda b: repr(b.text[:80]),
         r.CommitBody: lambda b: f"{b.item_id or '(silence)'} respond={b.response_create}",
         r.ItemBody: lambda b: f"{b.op} {b.item_id}",

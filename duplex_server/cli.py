@@ -103,6 +103,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "rows); a session finding them all taken gets an error at its first audio",
     )
     p.add_argument(
+        "--voices",
+        default=DEFAULTS.voices,
+        metavar="DIR",
+        help="--model moshi:PATH: a directory of voice prompts (audio files, each a voice "
+        "named by its file stem) a session's `voice` may name; read at start-up",
+    )
+    p.add_argument(
         "--asr",
         default=DEFAULTS.asr,
         help="cascade speech recognition: 'auto' (Whisper tiny.en on CTranslate2 when the "

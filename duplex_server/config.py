@@ -102,4 +102,5 @@ class ServerConfig:
     device: str = "cpu"
     dtype: str = "auto"
     moshi_rows: int = 8
+    voices: str | None = None  # --model moshi:PATH: a directory of voice prompts
     llm_enforce_eager: bool = False  # vLLM: skip torch.compile (starts faster, decodes slower)

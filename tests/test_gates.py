@@ -70,6 +70,9 @@ class Lacking:
     def accepts_voice(self, voice: str) -> bool:
         return True
 
+    def instructions_refusal(self, instructions: str) -> str | None:
+        return None
+
 
 LACKING = Lacking()
 

@@ -119,3 +119,24 @@ def test_a_row_that_starts_late_streams_as_if_alone(mimi, speech, codes):
     assert torch.equal(torch.stack(late_codes, dim=-1), alone)
     alone_samples = mimi.decode(codes[1:2]).audio_values[0, 0]
     torch.testing.assert_close(torch.cat(late_samples), alone_samples, rtol=0, atol=1e-9)
+
+
+@torch.no_grad()
+def test_a_stream_continued_many_frames_at_once_equals_frame_by_frame(mimi, speech, codes):
+    """A rebuild's prefill: after some frames one by one, the rest in one
+    call each way, and the state after it streams on alike."""
+    encoder = MimiStreamEncoder(mimi, rows=1, num_codebooks=NUM_CODEBOOKS)
+    decoder = MimiStreamDecoder(mimi, rows=1)
+    head, tail = 3, FRAMES - 4
+    encoded = [encoder.encode(frame(speech[:1], i)) for i in range(head)]
+    decoded = [decoder.decode(codes[:1, :, i]) for i in range(head)]
+    encoded.append(encoder.encode_frames(speech[:1, head * FRAME_SAMPLES : tail * FRAME_SAMPLES]))
+    decoded.append(decoder.decode_frames(codes[:1, :, head:tail]))
+    for i in range(tail, FRAMES):  # and on, frame by frame
+        encoded.append(encoder.encode(frame(speech[:1], i))[..., None])
+        decoded.append(decoder.decode(codes[:1, :, i]))
+    encoded[:head] = [codes_[..., None] for codes_ in encoded[:head]]
+    full_codes = mimi.encode(speech[:1, None], num_quantizers=NUM_CODEBOOKS).audio_codes
+    assert torch.equal(torch.cat(encoded, dim=-1), full_codes)
+    full = mimi.decode(codes[:1]).audio_values[:, 0]
+    torch.testing.assert_close(torch.cat(decoded, dim=-1), full, rtol=0, atol=1e-9)

@@ -1,6 +1,7 @@
-"""The one model feed the actor drives: which feed a model gets, and the
+"""The one model feed the actor drives: which feed a model gets, the
 turn-model adapter's contract (recent turns handed over with each request,
-output as unit outputs with one notice per burst, failures and stops)."""
+output as unit outputs with one notice per burst, failures and stops), and
+when a primed streaming model is opened."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ import pytest
 from duplex_server.models import build_model
 from duplex_server.sessions.core.model_port import (
     HistoryItem,
+    InputUnit,
     ModelChunk,
     ResponseRequest,
     SessionView,
+    SteppedUnit,
+    StreamSetup,
     UnitOutput,
 )
+from duplex_server.sessions.core.records import UnitBody
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.model_feed import open_feed
 from duplex_server.sessions.runtime.turn_feed import RECENT_TURNS, TurnFeed
@@ -178,3 +183,123 @@ def test_model_audio_is_encoded_in_bounded_pieces():
     assert [p.decision for p in speaking] == ["speak", None, None]
     small = UnitOutput(audio=b"\x00\x00" * 10)
     assert bounded(small) == [small]
+
+
+class Counter:
+    """A streaming model whose tokens for a unit are its index and its first sample,
+    and which remembers the history each stream was opened with."""
+
+    sample_rate_hz = 8_000
+    unit_ms = 20
+    resume_units = 3
+    primes_at_input = False
+
+    def __init__(self) -> None:
+        self.histories: list[list[SteppedUnit]] = []
+
+    def open(self, session_id: str, setup: StreamSetup, history=()) -> Counter:
+        self.histories.append(list(history))
+        return self
+
+    async def step(self, unit: InputUnit) -> list[UnitOutput]:
+        return [UnitOutput(decision="listen", tokens=(unit.index, unit.pcm[0]))]
+
+    def interrupt(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Primed:
+    """A streaming model primed at the session's first input: records what
+    it was opened with and the units it heard."""
+
+    sample_rate_hz = 24_000
+    unit_ms = 80
+    primes_at_input = True
+    resume_units = 0
+
+    def __init__(self) -> None:
+        self.opened: list[StreamSetup] = []
+        self.units: list[InputUnit] = []
+
+    def open(self, session_id: str, setup: StreamSetup, history=()) -> Primed:
+        self.opened.append(setup)
+        return self
+
+    async def step(self, unit: InputUnit) -> list[UnitOutput]:
+        self.units.append(unit)
+        return []
+
+    def interrupt(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+async def test_stepped_units_go_to_the_log_and_a_restore_hands_back_the_latest():
+    model = Counter()
+    posted: list[mb.UnitOutputs] = []
+    feed = UnitFeed(model, "sess_units01", posted.append, lambda: 7)
+    feed.start()
+    unit_bytes = 2 * 8_000 * 20 // 1000
+    feed.feed(bytes([5]) * unit_bytes * 2, 8_000)
+    while len(posted) < 2:
+        await asyncio.sleep(0.01)
+    await feed.close()
+    logged = [message.unit for message in posted[:2]]  # (a clocked pause may follow)
+    assert [(u.index, u.tokens, u.pcm[:1], u.silence) for u in logged] == [
+        (0, [0, 5], b"\x05", False),
+        (1, [1, 5], b"\x05", False),
+    ]
+    assert all(message.epoch == 7 for message in posted[:2])
+
+    # A restored session: the model gets the latest resume_units units, and
+    # new units are numbered after the last logged one.
+    silent = UnitBody(index=2, tokens=[2, 0], silence=True)
+    del posted[2:]
+    restored = UnitFeed(model, "sess_units01", posted.append, lambda: 7)
+    restored.restore([*logged, silent, UnitBody(index=3, tokens=[3, 9], pcm=b"\x09" * unit_bytes)])
+    restored.start()
+    history = model.histories[-1]
+    assert [(s.unit.index, s.tokens, s.unit.silence) for s in history] == [
+        (1, (1, 5), False),
+        (2, (2, 0), True),
+        (3, (3, 9), False),
+    ]
+    assert history[1].unit.pcm == bytes(unit_bytes)  # a silence unit is heard as zeros
+    restored.feed(bytes([4]) * unit_bytes, 8_000)
+    while len(posted) < 3:
+        await asyncio.sleep(0.01)
+    await restored.close()
+    first_new = posted[2].unit
+    assert first_new is not None and first_new.index == 4
+
+
+async def test_a_primed_model_opens_at_the_first_input_with_the_setup_then():
+    """Before any input nothing is opened and no silence is clocked; the
+    first audio opens the stream with the session's setup as it stands."""
+    model = Primed()
+    setup: list[StreamSetup | None] = [None]
+    feed = UnitFeed(model, "sess_primed01", lambda message: None, lambda: 0, lambda: setup[0])
+    feed.start()
+    await asyncio.sleep(0.3)  # several unit periods: a clock would have fed silence
+    assert model.opened == [] and model.units == []
+    setup[0] = StreamSetup(instructions="be kind", voice="pirate")
+    feed.feed(b"\x10\x00" * 1920, 24_000)
+    while not model.units:  # stepped on the feed's own task
+        await asyncio.sleep(0.01)
+    await feed.close()
+    assert model.opened == [StreamSetup(instructions="be kind", voice="pirate")]
+    assert model.units[0].index == 0 and not model.units[0].silence
+
+
+async def test_a_restored_session_with_input_opens_its_primed_model_at_once():
+    model = Primed()
+    setup = StreamSetup(instructions="be kind")
+    feed = UnitFeed(model, "sess_primed02", lambda message: None, lambda: 0, lambda: setup)
+    feed.start()
+    await feed.close()
+    assert model.opened == [setup]

@@ -1,8 +1,9 @@
 """``--model moshi:PATH`` through the real server: a tiny random checkpoint
 loads behind ``/ready``, and a session fed audio (no commit) gets the
 model's own answer opened and streamed on the wire, unit by unit. (The
-random model never falls quiet, so its turn does not end here; the full
-wire sequence is a later part of the issue.)"""
+random model rarely falls quiet, so its turn need not end here; the whole
+wire sequence of a conversation, with a checkpoint whose text is set by
+hand, is tests/e2e/test_moshi_wire.py.)"""
 
 from __future__ import annotations
 

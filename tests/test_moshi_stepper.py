@@ -1,8 +1,9 @@
 """The frame-synchronous batched step of a tiny random Moshi: batched rows
 equal each row alone, a late joiner and a reused row equal a fresh stream,
 the per-frame tokens are what transformers' own teacher-forced forward
-predicts, and a row rebuilt from its logged frames continues exactly as
-the uninterrupted run."""
+predicts, a row rebuilt from its logged frames continues exactly as
+the uninterrupted run, and a row primed with a persona and a voice prompt
+joins a busy batch as it would start alone."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 import torch
 import transformers
 
-from duplex_server.engine.duplex import FrameTokens
+from duplex_server.engine.duplex import FrameTokens, PrimeFrame
+from duplex_server.engine.duplex.prime import prime_frames
+from duplex_server.engine.duplex.prompt_codec import encode_frames, prompt_codes
 from duplex_server.engine.duplex.stepper import DuplexStepper, RowsFull
 from tests.tiny_moshi import AUDIO_VOCAB, FRAME_SAMPLES, NUM_CODEBOOKS, TEXT_VOCAB, tiny_moshi
 
@@ -192,3 +195,74 @@ def test_an_emptied_batch_starts_afresh(model, voices, solo):
     assert_same_frames(
         [stepper.tick({row: frame(voices[0], i)})[row] for i in range(4)], solo[0][:4]
     )
+
+
+def prompt(model) -> list[PrimeFrame]:
+    """A persona and a voice prompt as the service would prime them: the
+    fixed frames' codes from the model's own Mimi, a voice prompt of noise."""
+    codes = prompt_codes(model, pad_text=3)
+    voice = encode_frames(model, (np.random.default_rng(3).standard_normal(5000) * 0.2))
+    return prime_frames(codes, [5, 6, 7], voice)
+
+
+def test_a_primed_row_joins_a_busy_batch_as_it_would_start_alone(model, voices, solo):
+    """Priming runs the prompt's frames teacher-forced in a batch of its own
+    and splices the row in: the live row does not move, and the primed row's
+    frames equal those of the same prompt and input run alone."""
+    prefix = prompt(model)
+    alone = DuplexStepper(model, rows=1)
+    row = alone.join(prefix)
+    assert alone.step[row] == len(prefix)
+    primed_alone = [alone.tick({row: frame(voices[0], i)})[row] for i in range(6)]
+    # the persona changes what the model says
+    assert [f.tokens for f in primed_alone] != [f.tokens for f in solo[0][:6]]
+    stepper = DuplexStepper(model, rows=2)
+    other = stepper.join()
+    for index in range(3):
+        stepper.tick({other: frame(voices[1], index)})
+    primed = stepper.join(prefix)
+    got, theirs = [], []
+    for index in range(6):
+        out = stepper.tick({other: frame(voices[1], 3 + index), primed: frame(voices[0], index)})
+        got.append(out[primed])
+        theirs.append(out[other])
+    assert_same_frames(got, primed_alone)
+    assert_same_frames(theirs, solo[1][3:9])
+
+
+def test_a_primed_row_resumes_with_its_prefix_replayed(model, voices):
+    prefix = prompt(model)
+    stepper = DuplexStepper(model, rows=1)
+    row = stepper.join(prefix)
+    run = [stepper.tick({row: frame(voices[0], i)})[row] for i in range(8)]
+    history = [(frame(voices[0], i), run[i].tokens) for i in range(5)]
+    restarted = DuplexStepper(model, rows=1)
+    row = restarted.resume(history, prefix)
+    continued = [restarted.tick({row: frame(voices[0], i)})[row] for i in (5, 6, 7)]
+    assert_same_frames(continued, run[5:])
+
+
+def test_prime_ticks_take_exactly_the_given_tokens(model):
+    stepper = DuplexStepper(model, rows=2)
+    row = stepper.join()
+    frame_ = PrimeFrame(user=(1, 2, 3, 4), tokens=FrameTokens(5, (6, 7, 8, 9)))
+    assert stepper.prime_tick({row: frame_})[row].tokens == frame_.tokens
+    with pytest.raises(ValueError, match="exactly the live rows"):
+        stepper.prime_tick({1: frame_})
+    with pytest.raises(ValueError, match="one a codebook"):
+        stepper.prime_tick({row: PrimeFrame(user=(1,), tokens=frame_.tokens)})
+
+
+def test_joining_with_a_prefix_equals_priming_tick_by_tick(model, voices):
+    """``join(prefix)`` (a rebuild in a batch of its own, then adopted)
+    leaves the row that ``prime_tick`` frame by frame leaves."""
+    prefix = prompt(model)
+    ticked = DuplexStepper(model, rows=1)
+    row = ticked.join()
+    for prime in prefix:
+        ticked.prime_tick({row: prime})
+    forward = DuplexStepper(model, rows=1)
+    joined = forward.join(prefix)
+    expected = [ticked.tick({row: frame(voices[0], i)})[row] for i in range(6)]
+    got = [forward.tick({joined: frame(voices[0], i)})[joined] for i in range(6)]
+    assert_same_frames(got, expected)

@@ -2,7 +2,8 @@
 one call each model makes to declare what is its own.
 
 The server gives every model: resume (a session is rebuilt from its log; a
-native model restarts from the logged input), barge-in and turn.signal
+native model that logs its tokens is rebuilt from its logged units, one
+that does not restarts afresh), barge-in and turn.signal
 (the epoch fence stops the answer where it is; a native model is told to
 yield), truncation and the playback ledger (the session's history, not the
 model, is cut and acknowledged), client commits (the buffer becomes a user

@@ -120,6 +120,9 @@ class EchoModel:
         """It speaks with the user's own voice: any name is as good as another."""
         return True
 
+    def instructions_refusal(self, instructions: str) -> str | None:
+        return None  # read as text, any length the session takes
+
     def stream(self, request: ResponseRequest) -> AsyncIterator[ModelChunk]:
         item = _last_user_item(request.history)
         pcm = request.audio.get(item.id, b"") if item else b""

@@ -11,10 +11,12 @@ count and the floor: nothing a restarted session cannot start afresh.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from duplex_server.models.capabilities import built_in
-from duplex_server.sessions.core.model_port import InputUnit, UnitOutput
+from duplex_server.sessions.core.model_port import InputUnit, SteppedUnit, StreamSetup, UnitOutput
 from protocol.capabilities import CLIENT_EVENT, MODEL_NATIVE
 
 RATE_HZ = 24_000
@@ -94,13 +96,21 @@ class ScriptedModel:
     )
     sample_rate_hz = RATE_HZ
     unit_ms = UNIT_MS
+    resume_units = 0  # it logs no tokens: a restored session starts it afresh
+    primes_at_input = False  # it keeps time from the session's start
 
     @property
     def streaming(self) -> ScriptedModel:
         return self
 
-    def open(self, session_id: str) -> ScriptedSession:
+    def open(
+        self, session_id: str, setup: StreamSetup, history: Sequence[SteppedUnit] = ()
+    ) -> ScriptedSession:
+        """Its state is the floor of the moment, not its past: ``history`` is not needed."""
         return ScriptedSession()
 
     def accepts_voice(self, voice: str) -> bool:
         return True
+
+    def instructions_refusal(self, instructions: str) -> str | None:
+        return None  # read as text, any length the session takes

@@ -8,6 +8,6 @@ torch modules (``timeline``, ``mimi_stream``, ``stepper``) are imported only
 by the model that serves such a checkpoint.
 """
 
-from duplex_server.engine.duplex.tokens import FrameTokens
+from duplex_server.engine.duplex.tokens import FrameTokens, PrimeFrame
 
-__all__ = ["FrameTokens"]
+__all__ = ["FrameTokens", "PrimeFrame"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 DEVICES_HELP = "'cpu', 'cuda' or 'cuda:N'"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+MOSHI_WINDOW = 3000  # MoshiConfig's default sliding window: 4 minutes of frames
 
 
 class MoshiCheckpointError(ValueError):
@@ -21,6 +22,7 @@ class MoshiCheckpoint:
     directory: Path
     num_codebooks: int
     sampling_rate: int
+    window: int  # frames the temporal transformer attends to (its sliding window)
 
 
 def check_moshi_checkpoint(path: str) -> MoshiCheckpoint:
@@ -64,4 +66,10 @@ def _check_parts(where: str, directory: Path, config: dict[str, object]) -> Mosh
     rate = codec.get("sampling_rate", 24_000)
     if rate != 24_000:
         raise MoshiCheckpointError(f"{where}: Mimi at {rate} Hz; this server serves 24 kHz")
-    return MoshiCheckpoint(directory, codebooks, rate)
+    # No sliding window: it attends as far as its positions reach.
+    temporal = config.get("sliding_window", MOSHI_WINDOW) or config.get(
+        "max_position_embeddings", MOSHI_WINDOW
+    )
+    if not isinstance(temporal, int) or temporal < 1:
+        raise MoshiCheckpointError(f"{where}: its sliding_window ({temporal!r}) is not a length")
+    return MoshiCheckpoint(directory, codebooks, rate, temporal)

@@ -100,7 +100,13 @@ class MimiStreamEncoder:
 
     def encode(self, samples: torch.Tensor) -> torch.Tensor:
         """(rows, 1920) samples -> (rows, num_codebooks) codes."""
-        mask, positions = self.timeline.step_inputs()
+        return self.encode_frames(samples)[:, :, 0]
+
+    def encode_frames(self, samples: torch.Tensor) -> torch.Tensor:
+        """(rows, frames * 1920) samples -> (rows, num_codebooks, frames) codes:
+        the stream's next frames in one call (a prefill), as frame by frame."""
+        frames = samples.shape[-1] // self.mimi.config.frame_size
+        mask, positions = self.timeline.step_inputs(frames)
         out = self.mimi.encode(
             samples[:, None, :].to(self.mimi.dtype),
             num_quantizers=self.num_codebooks,
@@ -110,8 +116,8 @@ class MimiStreamEncoder:
             attention_mask=mask,
             position_ids=positions,
         )
-        self.timeline.advance()
-        return out.audio_codes[:, :, 0]
+        self.timeline.advance(frames)
+        return out.audio_codes
 
 
 class MimiStreamDecoder:
@@ -149,11 +155,17 @@ class MimiStreamDecoder:
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """(rows, num_codebooks) codes -> (rows, samples per frame)."""
+        return self.decode_frames(codes[:, :, None])
+
+    def decode_frames(self, codes: torch.Tensor) -> torch.Tensor:
+        """(rows, num_codebooks, frames) codes -> (rows, frames * samples per
+        frame): the stream's next frames in one call (a prefill)."""
         decoder = self.half
-        hidden = self.mimi.quantizer.decode(codes[:, :, None])
+        frames = codes.shape[-1]
+        hidden = self.mimi.quantizer.decode(codes)
         if decoder.upsample is not None:
             hidden = self._transpose(decoder.upsample, hidden)
-        mask, positions = self.timeline.step_inputs()
+        mask, positions = self.timeline.step_inputs(frames)
         hidden = decoder.decoder_transformer(
             hidden.transpose(1, 2),
             attention_mask=mask,
@@ -161,7 +173,7 @@ class MimiStreamDecoder:
             cache=self.cache,
             use_cache=True,
         ).last_hidden_state.transpose(1, 2)
-        self.timeline.advance()
+        self.timeline.advance(frames)
         for layer in decoder.decoder_seanet.layers:
             hidden = self._layer(layer, hidden)
         return hidden[:, 0, :]

@@ -15,6 +15,15 @@ missed, which breaks the exact replay a resume relies on.
 
 Streams join the batch with their first frame and leave when closed, both
 between ticks; a stream that finds every row taken gets ``RowsFull``.
+
+A stream opened with a ``Prompt`` (its persona's text tokens, a voice of
+``--voices``) is primed as it joins, and one opened with a history (a
+session restored from its log) is rebuilt after that priming by a
+teacher-forced prefill over its logged frames. Both run in a batch of one
+on a thread of their own (one at a time, in the order asked), so the live
+rows keep ticking meanwhile; only the splice of the row into the batch
+happens between two ticks. Until then the stream holds no row and the
+batch does not wait for it.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,8 +40,10 @@ import torch
 from transformers import AutoTokenizer, MoshiForConditionalGeneration, PreTrainedTokenizerBase
 
 from duplex_server.engine.duplex.checkpoint import MoshiCheckpoint, MoshiCheckpointError
+from duplex_server.engine.duplex.prime import PromptCodes, prime_frames, system_text
+from duplex_server.engine.duplex.prompt_codec import encode_frames, prompt_codes
 from duplex_server.engine.duplex.stepper import DuplexStepper, RowFrame, RowsFull
-from duplex_server.engine.duplex.tokens import FrameTokens
+from duplex_server.engine.duplex.tokens import FrameTokens, PrimeFrame
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +63,28 @@ class StreamClosed(Exception):
     """The stream was closed (or the service shut down) before its frame ran."""
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """What a stream is primed with before its first frame: the text
+    prompt's tokens (empty: none) and a voice of the service (None: the
+    checkpoint's own voice)."""
+
+    text_tokens: tuple[int, ...] = ()
+    voice: str | None = None
+
+
+NO_PROMPT = Prompt()
+
+
 @dataclass
 class _Stream:
     row: int | None = None
     pending: deque[tuple[np.ndarray, Deliver]] = field(default_factory=deque)
     history: list[tuple[np.ndarray, FrameTokens]] | None = None  # to resume from
+    prompt: Prompt = NO_PROMPT
+    prefix: list[PrimeFrame] = field(default_factory=list)  # its prompt's frames
+    rebuilding: bool = False  # being primed / prefilled off the tick thread
+    rebuilt: DuplexStepper | None = None  # ... and is, ready to splice in
     closed: bool = False
     reason: str = ""  # why it was closed, if not by its owner
 
@@ -106,20 +134,42 @@ def load_tokenizer(checkpoint: MoshiCheckpoint) -> PreTrainedTokenizerBase | Non
 
 
 class DuplexService:
-    def __init__(self, checkpoint: MoshiCheckpoint, *, device: str, dtype: str, rows: int) -> None:
+    """``voices``: each voice prompt's samples (float, 24 kHz), by name; they
+    are Mimi-encoded once the model is loaded. The tokenizer loads at once
+    (a session's instructions are counted in its tokens when it names them)."""
+
+    def __init__(
+        self,
+        checkpoint: MoshiCheckpoint,
+        *,
+        device: str,
+        dtype: str,
+        rows: int,
+        voices: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
         check_device(device)
+        self.tokenizer = load_tokenizer(checkpoint)
+        if voices and (self.tokenizer is None or self.tokenizer.pad_token_id is None):
+            raise MoshiCheckpointError(
+                f"{checkpoint.directory}: voice prompts need the checkpoint's tokenizer "
+                "(its pad token is the text of a voice prompt's frames); it ships none with one"
+            )
+        self.voices = frozenset(voices or ())
+        self._voice_audio = dict(voices or {})
+        self._voice_codes: dict[str, list[tuple[int, ...]]] = {}
+        self._prompt_codes: PromptCodes | None = None
         self.checkpoint = checkpoint
         self.rows = rows
         self._device, self._dtype = device, dtype
         self._cond = threading.Condition()
         self._streams: dict[int, _Stream] = {}
         self._next_stream = 0
+        self._rebuilds: deque[_Stream] = deque()  # streams waiting for their prefill
         self._stopped = False
         self._loaded = threading.Event()
         self.load_error: str | None = None
         self.tick_ms: deque[float] = deque(maxlen=TICKS_KEPT)
         self.overruns = 0  # ticks longer than the 80 ms frame they stand for
-        self._tokenizer: PreTrainedTokenizerBase | None = None
         self._thread = threading.Thread(target=self._run, name="duplex-model", daemon=True)
         self._thread.start()
 
@@ -132,18 +182,55 @@ class DuplexService:
 
     def token_text(self, token: int) -> str:
         """A text token as words ('' without a tokenizer, and for special tokens)."""
-        tokenizer = self._tokenizer
-        if tokenizer is None or token in tokenizer.all_special_ids:
+        tokenizer = self.tokenizer
+        if tokenizer is None or token in self.silent_text:
             return ""
         piece = tokenizer.convert_ids_to_tokens(token)
         return piece.replace("\u2581", " ") if isinstance(piece, str) else ""
 
-    def open_stream(self, history: list[tuple[np.ndarray, FrameTokens]] | None = None) -> int:
-        """A new stream; ``history`` (logged frames) makes it resume where those left off."""
+    @property
+    def silent_text(self) -> frozenset[int]:
+        """The text tokens the model emits while it says nothing (its pad
+        and the tokenizer's other special tokens); empty without a tokenizer."""
+        tokenizer = self.tokenizer
+        if tokenizer is None:
+            return frozenset()
+        pad = tokenizer.pad_token_id
+        return frozenset(tokenizer.all_special_ids) | ({pad} if pad is not None else set())
+
+    def prompt_tokens(self, instructions: str) -> tuple[int, ...]:
+        """The text prompt's tokens for ``instructions`` ('' : none).
+        ValueError when there is no tokenizer to read them with."""
+        if not instructions.strip():
+            return ()
+        if self.tokenizer is None or self.tokenizer.pad_token_id is None:
+            raise ValueError("this checkpoint ships no tokenizer with a pad token to prime with")
+        return tuple(self.tokenizer.encode(system_text(instructions), add_special_tokens=False))
+
+    def prime_frames(self, prompt: Prompt) -> list[PrimeFrame]:
+        """The frames a stream opened with ``prompt`` is primed with (once loaded)."""
+        if prompt == NO_PROMPT:
+            return []
+        if self._prompt_codes is None:
+            raise StreamClosed("the model is not loaded, or cannot be primed")
+        if prompt.voice is not None and prompt.voice not in self._voice_codes:
+            raise ValueError(f"no voice {prompt.voice!r}")
+        voice = self._voice_codes[prompt.voice] if prompt.voice is not None else []
+        return prime_frames(self._prompt_codes, prompt.text_tokens, voice)
+
+    def open_stream(
+        self,
+        history: list[tuple[np.ndarray, FrameTokens]] | None = None,
+        prompt: Prompt = NO_PROMPT,
+    ) -> int:
+        """A new stream, primed with ``prompt`` as it joins; ``history``
+        (logged frames, after that priming) makes it resume where those left off."""
+        if prompt.voice is not None and prompt.voice not in self.voices:
+            raise ValueError(f"no voice {prompt.voice!r} (--voices names {sorted(self.voices)})")
         with self._cond:
             stream = self._next_stream
             self._next_stream += 1
-            self._streams[stream] = _Stream(history=history)
+            self._streams[stream] = _Stream(history=history, prompt=prompt)
             return stream
 
     def submit(self, stream: int, samples: np.ndarray, deliver: Deliver) -> None:
@@ -158,7 +245,7 @@ class DuplexService:
                 reason = state.reason if state is not None and state.reason else "closed"
                 raise StreamClosed(f"stream {stream}: {reason}")
             state.pending.append((samples, deliver))
-            self._cond.notify()
+            self._cond.notify_all()
 
     def close_stream(self, stream: int) -> None:
         with self._cond:
@@ -167,12 +254,12 @@ class DuplexService:
                 del self._streams[stream]
             elif state is not None:
                 state.closed = True
-                self._cond.notify()
+                self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:
             self._stopped = True
-            self._cond.notify()
+            self._cond.notify_all()
         self._thread.join()
 
     # --- the tick thread ------------------------------------------------------
@@ -180,7 +267,7 @@ class DuplexService:
     def _run(self) -> None:
         try:
             model = load_moshi(self.checkpoint, self._device, self._dtype)
-            self._tokenizer = load_tokenizer(self.checkpoint)
+            self._prepare_prompts(model)
         except (OSError, ValueError, RuntimeError) as exc:
             self.load_error = f"cannot load {self.checkpoint.directory}: {exc}"
             logger.error("moshi: %s", self.load_error)
@@ -188,6 +275,9 @@ class DuplexService:
             self._fail_all(StreamClosed(self.load_error))
             return
         stepper = DuplexStepper(model, self.rows)
+        threading.Thread(
+            target=self._rebuild_streams, args=(model,), name="duplex-rebuild", daemon=True
+        ).start()
         self._loaded.set()
         logger.info("moshi: loaded %s (%d rows)", self.checkpoint.directory, self.rows)
         while (batch := self._next_batch(stepper)) is not None:
@@ -237,15 +327,63 @@ class DuplexService:
                 self._fail(stream, StreamClosed(f"stream {key}: {stream.reason or 'closed'}"))
             elif stream.row is None and stream.pending:
                 try:
+                    if stream.rebuilt is None and (stream.history or stream.prompt != NO_PROMPT):
+                        self._ask_rebuild(stream)
+                        continue
                     stream.row = self._join(stepper, stream)
-                except RowsFull as exc:
+                except (RowsFull, ValueError, StreamClosed) as exc:  # refused, never a dead tick
                     stream.closed = True
                     self._fail(stream, exc)
 
+    def _prepare_prompts(self, model: MoshiForConditionalGeneration) -> None:
+        """The fixed prompt codes and each voice prompt's codes, from the
+        model's own Mimi; the voices' samples are let go."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
+        if pad is None:
+            return
+        self._prompt_codes = prompt_codes(model, pad)
+        self._voice_codes = {
+            name: encode_frames(model, samples) for name, samples in self._voice_audio.items()
+        }
+        self._voice_audio = {}
+
     def _join(self, stepper: DuplexStepper, stream: _Stream) -> int:
-        if stream.history:
-            return stepper.resume(stream.history)
+        rebuilt, stream.rebuilt, stream.history = stream.rebuilt, None, None
+        if rebuilt is not None:
+            return stepper.adopt(rebuilt)
         return stepper.join()
+
+    def _ask_rebuild(self, stream: _Stream) -> None:
+        """Queue the stream's priming and prefill (its prompt's frames are
+        laid out here: a prompt that cannot be served is refused at once)."""
+        if not stream.rebuilding:
+            stream.prefix = self.prime_frames(stream.prompt)
+            stream.rebuilding = True
+            self._rebuilds.append(stream)
+            self._cond.notify_all()
+
+    def _rebuild_streams(self, model: MoshiForConditionalGeneration) -> None:
+        """The rebuild thread: prime and prefill each asked stream in turn."""
+        while True:
+            with self._cond:
+                while not self._rebuilds and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                stream = self._rebuilds.popleft()
+            if stream.closed:
+                continue
+            try:
+                rebuilt = DuplexStepper.rebuild(model, stream.history or [], stream.prefix)
+            except RuntimeError as exc:  # the device failed (out of memory): this stream ends
+                logger.error("moshi: rebuilding a stream failed: %s", exc)
+                with self._cond:
+                    stream.closed, stream.reason = True, f"its prefill failed: {exc}"
+                    self._cond.notify_all()
+                continue
+            with self._cond:
+                stream.rebuilt, stream.rebuilding = rebuilt, False
+                self._cond.notify_all()
 
     def _tick(self, stepper: DuplexStepper, batch: dict[int, tuple[np.ndarray, Deliver]]) -> None:
         started = time.perf_counter()

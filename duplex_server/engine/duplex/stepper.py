@@ -19,6 +19,12 @@ therefore complete at tick ``t`` (codebook 0 from the previous column), and
 a row's first frame (whose codebook 0 is the begin-of-stream token) has no
 audio: it is silence.
 
+A row may be primed before its first real frame (a persona and a voice
+prompt, as PersonaPlex conditions its model): ``join(prefix)`` runs the
+prompt's ``PrimeFrame``s teacher-forced in a batch of its own and splices
+the row in, so the live rows do not wait for it; ``resume`` replays the
+same prefix before the logged frames.
+
 Rows join and leave between ticks. A joining row's transformer positions
 restart behind a mask (``RowTimeline``) and its codec state is reset, so
 it computes what it would alone; a freed row is reused by the next join.
@@ -29,6 +35,7 @@ restarted replica rebuilding a row from its logged frames) testable.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +45,7 @@ from transformers import DynamicCache, MoshiForConditionalGeneration
 from duplex_server.engine.duplex.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
 from duplex_server.engine.duplex.splice import splice_row
 from duplex_server.engine.duplex.timeline import RowTimeline
-from duplex_server.engine.duplex.tokens import FrameTokens
+from duplex_server.engine.duplex.tokens import FrameTokens, PrimeFrame
 
 
 class RowsFull(Exception):
@@ -90,12 +97,15 @@ class DuplexStepper:
         # ... and the user's codebooks 1.. of the previous frame (one frame late)
         self.user_late = torch.full_like(self.audio_in[:, 1:], self.audio_start)
 
-    def join(self) -> int:
-        """Take a free row for a new stream; its state starts fresh at the next tick.
+    def join(self, prefix: Sequence[PrimeFrame] = ()) -> int:
+        """Take a free row for a new stream; its state starts fresh at the next tick,
+        or (with a ``prefix``) as it is after those prime frames.
 
         The first join into an empty batch starts the whole batch afresh, so
         the shared timeline (and its caches) stop growing once nobody is left.
         """
+        if prefix:
+            return self.resume([], prefix)
         if not any(self.live) and self.timeline.length:
             self._fresh_state()
         try:
@@ -112,19 +122,120 @@ class DuplexStepper:
         return row
 
     @torch.no_grad()
-    def resume(self, history: list[tuple[np.ndarray, FrameTokens]]) -> int:
-        """Take a free row for a stream that already ran ``len(history)`` frames.
+    def resume(
+        self,
+        history: Sequence[tuple[np.ndarray, FrameTokens]],
+        prefix: Sequence[PrimeFrame] = (),
+    ) -> int:
+        """Take a free row for a stream that already ran its ``prefix`` (the
+        prime frames it was joined with) and then ``len(history)`` frames.
 
         ``history`` is each past frame's input samples and the tokens the
         model generated then, in order, as a session logs them. The row is
         rebuilt by a teacher-forced prefill in a batch of its own (so the
         live rows do not move) and spliced into this batch; its next tick
-        continues as if it had never stopped.
+        continues as if it had never stopped. ``resume(h)`` is
+        ``adopt(rebuild(model, h))``: a server runs ``rebuild`` off the
+        tick thread and only the splice between ticks.
         """
-        alone = DuplexStepper(self.model, 1)
+        if not history and not prefix:
+            return self.join()
+        return self.adopt(DuplexStepper.rebuild(self.model, history, prefix))
+
+    @staticmethod
+    @torch.no_grad()
+    def rebuild(
+        model: MoshiForConditionalGeneration,
+        history: Sequence[tuple[np.ndarray, FrameTokens]],
+        prefix: Sequence[PrimeFrame] = (),
+    ) -> DuplexStepper:
+        """A batch of one whose row 0 is the stream its ``prefix`` (prime
+        frames) and ``history`` left off, rebuilt by a teacher-forced
+        prefill; touches no other stepper.
+
+        The temporal transformer takes the whole history in one forward
+        (the logged tokens give every column at once), the codec all its
+        frames in one encode and one decode (two across a row's first
+        frame, where ``tick`` restarts the decoder). A history longer than the
+        temporal window is replayed tick by tick instead: one forward would
+        let its queries see past the window (Moshi's mask is plain causal;
+        only its cache slides).
+        """
+        alone = DuplexStepper(model, 1)
         source = alone.join()
-        for samples, tokens in history:
-            alone.tick({source: samples}, forced={source: tokens})
+        for prime in prefix:
+            alone.prime_tick({source: prime})
+        window = model.config.sliding_window
+        if window is not None and len(prefix) + len(history) > window:
+            for samples, tokens in history:
+                alone.tick({source: samples}, forced={source: tokens})
+        elif history:
+            alone._prefill(history)
+        return alone
+
+    def _prefill(self, history: Sequence[tuple[np.ndarray, FrameTokens]]) -> None:
+        """Row 0 of a batch of one (fresh, or primed) brought to where
+        ``history`` left off: what ``len(history)`` forced ticks leave, in
+        one temporal forward."""
+        device = self.model.device
+        past, first_step = self.timeline.length, self.step[0]
+        logged = torch.tensor(
+            [[tokens.text, *tokens.audio] for _, tokens in history], dtype=torch.long, device=device
+        )
+        user = self._prefill_codec(history, logged[:, 1:], first_step)
+        # column t: the tokens generated at tick t - 1 (first: the row's current column)
+        columns = torch.cat([torch.cat([self.text_in, self.audio_in[0]])[None], logged[:-1]])
+        late = torch.cat([self.user_late, user[:-1, 1:]])  # the user's codebooks 1.. a frame late
+        user_columns = torch.cat([user[:, :1], late], dim=1)
+        model, k = self.model, self.num_codebooks
+        embeds = model.decoder.model.embed_tokens(columns[:, 0])
+        for codebook in range(k):
+            embeds = embeds + model.embed_tokens[codebook](columns[:, 1 + codebook])
+            embeds = embeds + model.embed_tokens[k + codebook](user_columns[:, codebook])
+        frames = len(history)
+        model.decoder(
+            inputs_embeds=embeds[None],
+            attention_mask=torch.ones(1, past + frames, dtype=torch.long, device=device),
+            position_ids=torch.arange(past, past + frames, device=device)[None],
+            cache=self.cache,
+            use_cache=True,
+        )
+        self.timeline.length += frames
+        self.text_in = logged[-1:, 0].clone()
+        self.audio_in = logged[-1:, 1:].clone()
+        self.user_late = user[-1:, 1:].clone()
+        self.step[0] = first_step + frames
+
+    def _prefill_codec(
+        self,
+        history: Sequence[tuple[np.ndarray, FrameTokens]],
+        own: torch.Tensor,
+        first_step: int,
+    ) -> torch.Tensor:
+        """The codec's streaming state through ``history`` in one encode and
+        (at most) two decodes, as ``tick`` leaves it frame by frame; returns
+        the user's codes of every frame."""
+        frames = len(history)
+        samples = np.concatenate([frame for frame, _ in history])
+        batch = torch.from_numpy(samples)[None].to(self.model.device, self.model.dtype)
+        user = self.encoder.encode_frames(batch)[0].T
+        # frame t's codes: codebook 0 from column t, codebooks 1.. from column t + 1
+        first = torch.cat([self.audio_in[0, :1], own[:-1, 0]])
+        codes = torch.cat([first[:, None], own[:, 1:]], dim=1).clamp(max=self.audio_start - 1)
+        restart = 1 - first_step  # as tick: a row's codec output starts at its frame 1
+        cut = restart if 0 < restart < frames else 0
+        if cut:
+            self.decoder.decode_frames(codes[:cut].T[None])
+        if 0 <= restart < frames:
+            self.decoder.reset(0)
+        self.decoder.decode_frames(codes[cut:].T[None])
+        return user
+
+    @torch.no_grad()
+    def adopt(self, alone: DuplexStepper) -> int:
+        """Take a free row for ``alone``'s row 0 (from ``rebuild``) and splice
+        its state in: its caches, codec state and next column."""
+        source = 0
         row = self.join()
         self.step[row] = alone.step[source]
         self.text_in[row] = alone.text_in[source]
@@ -153,10 +264,31 @@ class DuplexStepper:
         """
         forced = forced or {}
         self._check_inputs(samples, forced)
+        user = self.encoder.encode(self._input_batch(samples))
+        return self._advance(user, forced)
+
+    @torch.no_grad()
+    def prime_tick(self, frames: dict[int, PrimeFrame]) -> dict[int, RowFrame]:
+        """Advance every live row by one frame of its system prompt: the
+        user's codes are given (the rows' encoders are not run) and the
+        model's column is forced. Every live row must be priming."""
+        live = {row for row, is_live in enumerate(self.live) if is_live}
+        if set(frames) != live:
+            raise ValueError(f"a prime tick needs a frame for exactly the live rows {sorted(live)}")
+        user = torch.full_like(self.audio_in, self.audio_start)
+        for row, frame in frames.items():
+            if len(frame.user) != self.num_codebooks:
+                raise ValueError(f"row {row}: a prime frame's user codes are not one a codebook")
+            user[row] = torch.tensor(frame.user, dtype=torch.long)
+        forced = {row: frame.tokens for row, frame in frames.items()}
+        self._check_forced(forced)
+        return self._advance(user, forced)
+
+    def _advance(self, user: torch.Tensor, forced: dict[int, FrameTokens]) -> dict[int, RowFrame]:
+        """Everything of a tick after the user's codes are known."""
         for row, step in enumerate(self.step):
             if self.live[row] and step == 1:
                 self.decoder.reset(row)  # a row's codec output starts at its frame 1
-        user = self.encoder.encode(self._input_batch(samples))
         user_column = torch.cat([user[:, :1], self.user_late], dim=1)
         self.user_late = user[:, 1:].clone()
         hidden, text_logits = self._temporal_step(user_column)
@@ -178,6 +310,10 @@ class DuplexStepper:
         for row, frame in samples.items():
             if frame.shape != (self.frame_samples,):
                 raise ValueError(f"row {row}: expected {self.frame_samples} samples")
+        self._check_forced(forced)
+
+    def _check_forced(self, forced: dict[int, FrameTokens]) -> None:
+        live = {row for row, is_live in enumerate(self.live) if is_live}
         for row, tokens in forced.items():
             if row not in live or len(tokens.audio) != self.num_codebooks:
                 raise ValueError(f"row {row}: forced tokens for a row that is not live or short")
@@ -215,7 +351,7 @@ class DuplexStepper:
         self, hidden: torch.Tensor, text: torch.Tensor, forced: dict[int, FrameTokens]
     ) -> torch.Tensor:
         """The frame's codebooks one by one, each fed the one before (or the forced one)."""
-        codes = torch.empty_like(self.audio_in)
+        codes = torch.zeros_like(self.audio_in)  # rows neither live nor forced: a valid code
         for row, tokens in forced.items():
             codes[row] = torch.tensor(tokens.audio, dtype=torch.long)
         if all(self.live[row] == (row in forced) for row in range(self.rows)):

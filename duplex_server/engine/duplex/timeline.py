@@ -25,14 +25,15 @@ class RowTimeline:
         """The row's stream begins at the next tick; earlier positions are masked."""
         self.start[row] = self.length
 
-    def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The attention mask (rows, length + n) and position ids (rows, n) of the next tick."""
-        n = self.tokens_per_tick
+    def step_inputs(self, ticks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention mask (rows, length + n) and position ids (rows, n) of
+        the next ``ticks`` ticks, taken at once (a prefill)."""
+        n = self.tokens_per_tick * ticks
         device = self.start.device
         columns = torch.arange(self.length + n, device=device)
         mask = (columns[None, :] >= self.start[:, None]).long()
         positions = columns[None, self.length :] - self.start[:, None]
         return mask, positions
 
-    def advance(self) -> None:
-        self.length += self.tokens_per_tick
+    def advance(self, ticks: int = 1) -> None:
+        self.length += self.tokens_per_tick * ticks

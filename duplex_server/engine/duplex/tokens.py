@@ -1,6 +1,7 @@
 """What a native duplex model decides in one tick, as plain integers: the
 record a session logs so that a restarted replica can rebuild the model's
-state by a teacher-forced prefill."""
+state by a teacher-forced prefill, and the frames a session is primed with
+(its persona and voice prompt) before the first frame of its user."""
 
 from __future__ import annotations
 
@@ -20,3 +21,19 @@ class FrameTokens:
 
     text: int
     audio: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PrimeFrame:
+    """One tick of a session's system prompt, every token given.
+
+    ``user`` is what the user's stream holds in that frame (its codebooks,
+    frame-aligned: the stepper delays codebooks 1.. itself, as it does for
+    encoded input); ``tokens`` the model's own column the tick is forced to
+    take (laid out as :class:`FrameTokens`). No audio goes through the
+    user's codec: a primed row's encoder starts fresh at its first real
+    frame. A resumed session replays its prime frames before its logged ones.
+    """
+
+    user: tuple[int, ...]
+    tokens: FrameTokens

@@ -205,6 +205,9 @@ class CascadeModel:
         """OpenAI's voice names and the synthesiser's own (eSpeak ``en-us+f3``)."""
         return self.listening.tts.knows_voice(VOICES.get(voice, voice))
 
+    def instructions_refusal(self, instructions: str) -> str | None:
+        return None  # read as text, any length the session takes
+
     def stream(self, request: ResponseRequest) -> AsyncIterator[ModelChunk]:
         config = request.config
         payload = SpeakPayload(

@@ -1,11 +1,18 @@
-"""Who holds the floor, read off a native duplex model's own voice.
+"""Who holds the floor, read off a native duplex model's own output.
 
-Moshi speaks every frame (silence included) and has no floor token, so the
-session's turn events come from its output: the first frame loud enough
-takes the floor (``speak``), and ``quiet_frames`` quiet frames in a row give
-it back (``end_of_turn``). While it listens, its (near-silent) frames are
-not sent. A fence (cancel, barge-in) makes it listen again; the model's own
-stream goes on untouched.
+Moshi speaks every frame and has no floor token, but its text stream says
+when it talks: a word piece at each word, its pad token (or another special
+token) in between and while it says nothing. The first frame with a word
+takes the floor (``speak``); ``QUIET_FRAMES`` frames in a row without one
+give it back (``end_of_turn``): long enough to span a word's own audio
+after its token and a pause between words. If the user is talking while
+the model has gone quiet for ``YIELD_FRAMES`` frames, the model gave way to
+them (``yield``): barge-in is the model's own decision, read off its output.
+A checkpoint without a tokenizer has no known pad token; its floor is read
+off its voice level instead (``voiced_by_level``). While the model listens,
+its frames are not sent. A fence (cancel, barge-in) takes the floor from
+it: the model's own stream goes on untouched, so what it was saying is not
+sent, and it takes the floor again only after ``YIELD_FRAMES`` quiet frames.
 """
 
 from __future__ import annotations
@@ -16,30 +23,57 @@ import numpy as np
 
 from duplex_server.sessions.core.model_port import UnitDecision
 
-# RMS of the model's float samples above which it is talking (about -40 dBFS).
+QUIET_FRAMES = 10  # 800 ms without a word ends the model's turn
+YIELD_FRAMES = 3  # 240 ms of the model's quiet under the user's speech is a yield
+# RMS of float samples above which a voice is sounding (about -40 dBFS) ...
 SPEAKING_RMS = 0.01
-QUIET_FRAMES = 6  # 480 ms of its own silence ends its turn
+# ... and above which the user is talking (about -30 dBFS).
+TALKING_RMS = 0.03
+
+
+def rms(samples: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(samples)))) if samples.size else 0.0
+
+
+def voiced_by_level(samples: np.ndarray) -> bool:
+    return rms(samples) > SPEAKING_RMS
 
 
 @dataclass
 class Floor:
     speaking: bool = False
-    quiet: int = 0  # quiet frames in a row while speaking
-    quiet_frames: int = QUIET_FRAMES
+    quiet: int = 0  # frames in a row without a word, while speaking
+    overlapped: int = 0  # of those, in a row, with the user talking
+    fenced: int = 0  # after a fence: quiet frames still to wait before it may speak
 
-    def update(self, samples: np.ndarray) -> UnitDecision | None:
-        """This frame's decision: 'speak', 'end_of_turn', 'listen', or None (keeps speaking)."""
-        loud = samples.size > 0 and float(np.sqrt(np.mean(np.square(samples)))) > SPEAKING_RMS
+    def update(self, voiced: bool, user_talking: bool) -> UnitDecision | None:
+        """This frame's decision: 'speak', 'end_of_turn', 'yield', 'listen',
+        or None (it keeps speaking)."""
+        if self.fenced:
+            self.fenced = YIELD_FRAMES if voiced else self.fenced - 1
+            return "listen"
         if not self.speaking:
-            if not loud:
+            if not voiced:
                 return "listen"
-            self.speaking, self.quiet = True, 0
+            self.speaking, self.quiet, self.overlapped = True, 0, 0
             return "speak"
-        self.quiet = 0 if loud else self.quiet + 1
-        if self.quiet >= self.quiet_frames:
-            self.speaking, self.quiet = False, 0
+        if voiced:
+            self.quiet, self.overlapped = 0, 0
+            return None
+        self.quiet += 1
+        self.overlapped = self.overlapped + 1 if user_talking else 0
+        if self.overlapped >= YIELD_FRAMES:
+            self._listen()
+            return "yield"
+        if self.quiet >= QUIET_FRAMES:
+            self._listen()
             return "end_of_turn"
         return None
 
     def interrupt(self) -> None:
-        self.speaking, self.quiet = False, 0
+        """The session fenced the model's answer."""
+        self._listen()
+        self.fenced = YIELD_FRAMES
+
+    def _listen(self) -> None:
+        self.speaking, self.quiet, self.overlapped = False, 0, 0

@@ -1,29 +1,48 @@
 """The ``moshi`` model on the streaming port: each session a stream of the
 frame-synchronous engine, one 80 ms unit in, one frame of the model's voice
-(and its text token) out, the floor read off that voice (``floor``)."""
+and its text token out, the floor read off its text (``floor``).
+
+A session's stream opens at its first input audio, primed with the
+session's ``instructions`` (a text persona) and ``voice`` (a voice prompt
+of ``--voices DIR``), as PersonaPlex conditions the model; both are fixed
+from then on (gates.py refuses a change).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
 from duplex_server.engine.duplex.checkpoint import DTYPES, check_moshi_checkpoint
+from duplex_server.engine.duplex.prime import MAX_PROMPT_TOKENS
+from duplex_server.engine.duplex.tokens import FrameTokens
 from duplex_server.models.capabilities import built_in
-from duplex_server.models.moshi.floor import Floor
-from duplex_server.sessions.core.model_port import InputUnit, UnitOutput
-from protocol.capabilities import CLIENT_EVENT, MODEL_NATIVE
+from duplex_server.models.moshi.floor import TALKING_RMS, Floor, rms, voiced_by_level
+from duplex_server.models.moshi.voices import load_voices
+from duplex_server.sessions.core.model_port import InputUnit, SteppedUnit, StreamSetup, UnitOutput
+from protocol.capabilities import MODEL_NATIVE
 
 if TYPE_CHECKING:
-    from duplex_server.engine.duplex.service import DuplexService
+    from duplex_server.engine.duplex.service import DuplexService, Prompt
     from duplex_server.engine.duplex.stepper import RowFrame
 
 RATE_HZ = 24_000
 UNIT_MS = 80
 FRAME_SAMPLES = RATE_HZ * UNIT_MS // 1000
+# The checkpoint's own voice: the session default and OpenAI's voice names
+# (stock clients send one), unless --voices has a file by that name.
+OWN_VOICE_NAMES = frozenset(
+    {"default", "alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin"}
+    | {"cedar"}
+)
+# Instructions longer than this are refused before they are tokenized
+# (a token is at least one character).
+MAX_INSTRUCTION_CHARS = MAX_PROMPT_TOKENS * 16
 
 
 def _pcm16(samples: np.ndarray) -> bytes:
@@ -33,15 +52,19 @@ def _pcm16(samples: np.ndarray) -> bytes:
 class MoshiSession:
     """One session's stream; ``step`` is called once per unit, in order."""
 
-    def __init__(self, service: DuplexService) -> None:
+    def __init__(
+        self, service: DuplexService, prompt: Prompt, history: Sequence[SteppedUnit] = ()
+    ) -> None:
         self._service = service
-        self._stream = service.open_stream()
+        # A restored session's row is primed again with the same prompt and
+        # rebuilt from its logged units (a teacher-forced prefill) when its
+        # first new frame joins the batch.
+        logged = [(_samples(s.unit), FrameTokens(s.tokens[0], s.tokens[1:])) for s in history]
+        self._stream = service.open_stream(logged or None, prompt=prompt)
         self._floor = Floor()
 
     async def step(self, unit: InputUnit) -> list[UnitOutput]:
-        if unit.sample_rate_hz != RATE_HZ or len(unit.pcm) != 2 * FRAME_SAMPLES:
-            raise ValueError(f"a moshi unit is {FRAME_SAMPLES} pcm16 samples at {RATE_HZ} Hz")
-        samples = np.frombuffer(unit.pcm, "<i2").astype(np.float32) / 32768.0
+        samples = _samples(unit)
         loop = asyncio.get_running_loop()
         result: asyncio.Future[RowFrame] = loop.create_future()
 
@@ -50,17 +73,21 @@ class MoshiSession:
                 loop.call_soon_threadsafe(_settle, result, frame)
 
         self._service.submit(self._stream, samples, deliver)
-        return [self._output(await result)]
+        return [self._output(await result, rms(samples) > TALKING_RMS)]
 
-    def _output(self, frame: RowFrame) -> UnitOutput:
-        decision = self._floor.update(frame.samples)
-        if decision in ("listen", "end_of_turn"):
-            return UnitOutput(decision=decision)
+    def _output(self, frame: RowFrame, user_talking: bool) -> UnitOutput:
+        silent = self._service.silent_text
+        voiced = frame.tokens.text not in silent if silent else voiced_by_level(frame.samples)
+        decision = self._floor.update(voiced and frame.step > 0, user_talking)
+        tokens = (frame.tokens.text, *frame.tokens.audio)  # logged: what a resume feeds back
+        if decision in ("listen", "end_of_turn", "yield"):
+            return UnitOutput(decision=decision, tokens=tokens)
         return UnitOutput(
             decision=decision,
             audio=_pcm16(frame.samples),
             sample_rate_hz=RATE_HZ,
             text=self._service.token_text(frame.tokens.text),
+            tokens=tokens,
         )
 
     def interrupt(self) -> None:
@@ -68,6 +95,13 @@ class MoshiSession:
 
     def close(self) -> None:
         self._service.close_stream(self._stream)
+
+
+def _samples(unit: InputUnit) -> np.ndarray:
+    """A unit's pcm16 as the model's float input (-1..1)."""
+    if unit.sample_rate_hz != RATE_HZ or len(unit.pcm) != 2 * FRAME_SAMPLES:
+        raise ValueError(f"a moshi unit is {FRAME_SAMPLES} pcm16 samples at {RATE_HZ} Hz")
+    return np.frombuffer(unit.pcm, "<i2").astype(np.float32) / 32768.0
 
 
 def _settle(result: asyncio.Future[RowFrame], frame: RowFrame | BaseException) -> None:
@@ -84,25 +118,33 @@ class MoshiModel:
     turn_detection_types: tuple[str, ...] = ()
     listening = None  # it hears through its own stream; no VAD, no transcripts
     answering = None  # it never waits for a commit
-    # It takes and gives back the floor by itself, unit by unit; a client's
-    # cancel or barge-in still fences its answer. It hears audio only.
+    # It takes and gives back the floor by itself, unit by unit (a yield to
+    # the user's speech is its own): a client's commit or turn signal is not
+    # its cue, though a client's cancel still fences its answer. It hears
+    # audio only; its persona and voice are primed once, at the first input.
     capabilities = msgspec.structs.replace(
         built_in(
             "model_native_duplex",
             UNIT_MS,
-            signal_sources=[CLIENT_EVENT, MODEL_NATIVE],
+            signal_sources=[MODEL_NATIVE],
             native_turn_policy=True,
             required_input_modalities=["audio"],
             optional_input_modalities=[],
             text_only_turn=False,
         ),
         supports_client_commit=False,
+        supports_external_turn_signal=False,
+        supports_barge_in=False,
+        immutable_after_open=["model", "voice", "instructions"],
     )
     sample_rate_hz = RATE_HZ
     unit_ms = UNIT_MS
+    primes_at_input = True
 
     def __init__(self, service: DuplexService) -> None:
         self.service = service
+        # A resume prefills at most the temporal transformer's window.
+        self.resume_units = service.checkpoint.window
 
     @property
     def streaming(self) -> MoshiModel:
@@ -112,24 +154,51 @@ class MoshiModel:
     def loaded(self) -> bool:
         return self.service.loaded
 
-    def open(self, session_id: str) -> MoshiSession:
-        return MoshiSession(self.service)
+    def open(
+        self, session_id: str, setup: StreamSetup, history: Sequence[SteppedUnit] = ()
+    ) -> MoshiSession:
+        from duplex_server.engine.duplex.service import Prompt
+
+        voice = setup.voice if setup.voice in self.service.voices else None
+        tokens = self.service.prompt_tokens(setup.instructions)
+        return MoshiSession(self.service, Prompt(text_tokens=tokens, voice=voice), history)
 
     def accepts_voice(self, voice: str) -> bool:
-        """Voice prompts (``--voices DIR``) are not wired yet: every name speaks
-        in the checkpoint's own voice."""
-        return True
+        """A voice prompt of ``--voices DIR`` by name, or the checkpoint's own
+        voice (the default, and OpenAI's names where no file is so named)."""
+        return voice in self.service.voices or voice in OWN_VOICE_NAMES
+
+    def instructions_refusal(self, instructions: str) -> str | None:
+        if not instructions.strip():
+            return None
+        if len(instructions) > MAX_INSTRUCTION_CHARS:
+            return f"instructions over {MAX_INSTRUCTION_CHARS} characters cannot be primed"
+        try:
+            tokens = self.service.prompt_tokens(instructions)
+        except ValueError as exc:
+            return f"instructions cannot be primed: {exc}"
+        if len(tokens) > MAX_PROMPT_TOKENS:
+            return (
+                f"instructions are {len(tokens)} tokens as the model reads them; "
+                f"it is primed with at most {MAX_PROMPT_TOKENS}"
+            )
+        return None
 
 
-def build_moshi(path: str, *, device: str, dtype: str, rows: int) -> MoshiModel:
-    """Check ``path`` now (start-up fails on a directory that is not a Moshi
-    checkpoint); the weights load on the engine's thread."""
+def build_moshi(
+    path: str, *, device: str, dtype: str, rows: int, voices: str | None = None
+) -> MoshiModel:
+    """Check ``path`` (and ``voices``) now: start-up fails on a directory that
+    is not a Moshi checkpoint, or voice prompts that cannot be served; the
+    weights load on the engine's thread."""
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if rows < 1:
         raise ValueError("the moshi engine needs at least one row (--max-sessions)")
     checkpoint = check_moshi_checkpoint(path)
+    prompts: Mapping[str, np.ndarray] = load_voices(voices) if voices is not None else {}
     # Imported here: torch and transformers load only when this model is asked for.
     from duplex_server.engine.duplex.service import DuplexService
 
-    return MoshiModel(DuplexService(checkpoint, device=device, dtype=dtype, rows=rows))
+    service = DuplexService(checkpoint, device=device, dtype=dtype, rows=rows, voices=prompts)
+    return MoshiModel(service)

@@ -171,9 +171,14 @@ def check_response_overrides(
 
 def check_session_patch(patch: SessionUpdate, model: ModelPort, event_id: str | None) -> None:
     """What a session.update (or the opening patch) may not do, beyond the
-    config merge's own checks: name a voice the model cannot speak, or ask
-    its recogniser for a language or a prompt it cannot take."""
+    config merge's own checks: name a voice the model cannot speak, give
+    instructions it cannot take, or ask its recogniser for a language or a
+    prompt it cannot take."""
     check_voice(patch.voice, "session.voice", model, event_id)
+    if isinstance(patch.instructions, str) and (
+        why := model.instructions_refusal(patch.instructions)
+    ):
+        raise ProtocolError("invalid_value", why, param="session.instructions", event_id=event_id)
     if patch.audio is not UNSET and patch.audio.output is not UNSET:
         check_voice(patch.audio.output.voice, "session.audio.output.voice", model, event_id)
     param = "session.input_audio_transcription"

@@ -128,17 +128,27 @@ def _audio_started(state: SessionState) -> bool:
 
 
 def _voice_changed_after_audio(state: SessionState, patch: SessionUpdate) -> str | None:
+    """A voice is fixed once the assistant has spoken, or once the session
+    has input (a model that declares voice fixed and primes its voice
+    prompt, Moshi, has heard it by then)."""
     named: list[tuple[object, str]] = [(patch.voice, "session.voice")]
     if patch.audio is not UNSET and patch.audio.output is not UNSET:
         named.append((patch.audio.output.voice, "session.audio.output.voice"))
+    fixed = state.input_started or _audio_started(state)
     for voice, param in named:
-        if isinstance(voice, str) and voice != state.config.voice and _audio_started(state):
+        if isinstance(voice, str) and voice != state.config.voice and fixed:
             return param
     return None
 
 
 def _instructions_changed(state: SessionState, patch: SessionUpdate) -> str | None:
-    if isinstance(patch.instructions, str) and patch.instructions != state.config.instructions:
+    """Instructions are fixed once the session has input: a model that
+    declares them fixed reads them once, before its first unit (Moshi's
+    persona prompt); until then an update may still set them."""
+    changed = (
+        isinstance(patch.instructions, str) and patch.instructions != state.config.instructions
+    )
+    if changed and state.input_started:
         return "session.instructions"
     return None
 

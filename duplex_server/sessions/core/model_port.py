@@ -9,7 +9,7 @@ own ``Item`` and ``EffectiveConfig``: the core may change its state freely.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -159,6 +159,32 @@ class UnitOutput(msgspec.Struct):
     text: str = ""
     function_call: FunctionCallPart | None = None
     stage_ms: dict[str, float] | None = None
+    # The model's own output tokens for the unit, as it would be fed them
+    # back (teacher forcing): set by a model whose state must survive a
+    # crash. The session logs them with the unit (a ``unit`` record).
+    tokens: tuple[int, ...] | None = None
+
+
+class SteppedUnit(msgspec.Struct, frozen=True):
+    """A unit the model stepped before, and the tokens it generated then:
+    what a model rebuilds its state from when a session is restored."""
+
+    unit: InputUnit
+    tokens: tuple[int, ...]
+
+
+class StreamSetup(msgspec.Struct, frozen=True):
+    """What a native duplex model that is primed (``Streaming.primes_at_input``)
+    hears before the session's first unit: the session's ``instructions``
+    as its persona and its ``voice`` as a voice prompt, as they stood when
+    the session's input began (they are fixed from then on: gates.py)."""
+
+    instructions: str = ""
+    voice: str = "default"
+
+
+def stream_setup(config: EffectiveConfig) -> StreamSetup:
+    return StreamSetup(instructions=config.instructions, voice=config.voice)
 
 
 class UnitSession(Protocol):
@@ -181,8 +207,21 @@ class Streaming(Protocol):
 
     sample_rate_hz: int  # of the units it takes
     unit_ms: int  # its chunk_period_ms
+    # How many of a session's latest stepped units rebuild its state (its
+    # context window); 0 for a model that logs no tokens.
+    resume_units: int
+    # Its stream opens at the session's first input audio, primed with the
+    # session's StreamSetup; before that it hears nothing (no silence is
+    # clocked) and says nothing. False: it opens with the session.
+    primes_at_input: bool
 
-    def open(self, session_id: str) -> UnitSession: ...
+    def open(
+        self, session_id: str, setup: StreamSetup, history: Sequence[SteppedUnit] = ()
+    ) -> UnitSession:
+        """A session's stream, primed with ``setup``; ``history`` (its latest
+        stepped units, oldest first, at most ``resume_units``) makes it
+        continue where they left off (after the same priming)."""
+        ...
 
 
 class SpeechScorer(Protocol):
@@ -289,4 +328,9 @@ class ModelPort(Protocol):
     def accepts_voice(self, voice: str) -> bool:
         """Whether the model can speak in ``voice``; asked when a session or a
         response names one, so an unknown voice is refused then, not mid-answer."""
+        ...
+
+    def instructions_refusal(self, instructions: str) -> str | None:
+        """Why the model cannot take ``instructions`` (None: it can); asked when
+        a session names them (Moshi primes them as tokens, at most so many)."""
         ...

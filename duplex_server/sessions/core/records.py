@@ -56,6 +56,28 @@ class FrameBody(Body, tag="frame"):
     audio_ms: float
 
 
+class UnitBody(Body, tag="unit"):
+    """One unit a native full-duplex model stepped, and the tokens it
+    generated from it: its state (KV cache, codec state) is a cache of these
+    records, rebuilt after a crash or takeover by a teacher-forced prefill.
+
+    ``pcm`` is exactly what the model heard (pcm16 at its own rate, after
+    the session's resampling and framing, pauses clocked by the server
+    included); empty for a clocked unit of pure silence (zeros). The input,
+    not the codec's codes of it, because the codec's streaming state (its
+    convolutions' tails, its transformer's cache) is a function of the
+    samples (docs/DECISIONS.md, "the duplex model's frames in the log").
+    ``tokens`` are the model's own output for the unit as it feeds them
+    back (Moshi: the text token, then one code per codebook). Its size is
+    bounded by one unit (80 ms at 24 kHz: 3,840 bytes).
+    """
+
+    index: int  # on the model's input timeline, from 0
+    tokens: list[int]
+    pcm: bytes = b""
+    silence: bool = False
+
+
 class TextBody(Body, tag="text"):
     text: str
 
@@ -256,6 +278,7 @@ AnyBody = Union[
     ConfigBody,
     AudioBody,
     FrameBody,
+    UnitBody,
     TextBody,
     CommitBody,
     ItemBody,

@@ -29,6 +29,7 @@ from duplex_server.sessions.core.records import (
     Record,
     SignalBody,
     TextBody,
+    UnitBody,
 )
 from protocol.client_events import ResponseOverrides
 from protocol.server_events import PlaybackLedger
@@ -92,10 +93,14 @@ class SessionState(msgspec.Struct):
     response_count: int = 0
     item_count: int = 0
     listen_count: int = 0
+    units_stepped: int = 0  # units a native duplex model stepped (``unit`` records)
     # A committed user turn no answer or listen decision has taken up yet.
     turn_pending: bool = False
     turn_stage_ms: dict[str, float] = msgspec.field(default_factory=dict)  # the last turn's stages
     user_speaking: bool = False  # server VAD: between speech_started and speech_stopped
+    # Input audio has been logged: a primed native model has heard its setup
+    # (instructions, voice), which an update may no longer change.
+    input_started: bool = False
     lease: Lease = msgspec.field(default_factory=Lease)
     # event_id -> (seq, digest) of the record it landed as, oldest first.
     recent_event_ids: dict[str, tuple[int, str | None]] = msgspec.field(default_factory=dict)
@@ -180,6 +185,7 @@ def _config(state: SessionState, body: ConfigBody, seq: int) -> None:
 
 
 def _audio(state: SessionState, body: AudioBody, seq: int) -> None:
+    state.input_started = True
     buf = state.input
     if not buf.chunks:
         buf.first_seq = seq
@@ -198,6 +204,12 @@ def _audio(state: SessionState, body: AudioBody, seq: int) -> None:
 def _frame(state: SessionState, body: FrameBody, seq: int) -> None:
     """A video frame stays in the log (``inspect`` shows it) and folds to nothing:
     no part of the session reads frames."""
+
+
+def _unit(state: SessionState, body: UnitBody, seq: int) -> None:
+    """The model's own state is not the session's: only the count is folded
+    (the runtime reads the records back to rebuild the model)."""
+    state.units_stepped = body.index + 1
 
 
 def _text(state: SessionState, body: TextBody, seq: int) -> None:
@@ -435,6 +447,7 @@ _APPLY: dict[type, Callable[[SessionState, Any, int], None]] = {
     ConfigBody: _config,
     AudioBody: _audio,
     FrameBody: _frame,
+    UnitBody: _unit,
     TextBody: _text,
     CommitBody: _commit,
     ItemBody: _item,

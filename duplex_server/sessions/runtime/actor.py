@@ -36,8 +36,10 @@ from duplex_server.sessions.core.heard import HeardCommand, TurnEnded
 from duplex_server.sessions.core.model_port import (
     ModelPort,
     ResponseRequest,
+    StreamSetup,
     history_view,
     session_view,
+    stream_setup,
 )
 from duplex_server.sessions.core.pipeline import Command, duplicate_event, refuse_retry, step
 from duplex_server.sessions.core.records import (
@@ -80,6 +82,7 @@ from duplex_server.sessions.runtime.recovery import (
     journal_entries,
     media_bytes,
     recent_turn_audio,
+    stepped_units,
 )
 from duplex_server.sessions.runtime.retention import AudioRetention
 from duplex_server.sessions.runtime.turn_feed import RECENT_TURNS
@@ -143,6 +146,19 @@ def _epoch_reader(actor: weakref.ref[SessionActor]) -> Callable[[], int]:
     return epoch
 
 
+def _setup_reader(actor: weakref.ref[SessionActor]) -> Callable[[], StreamSetup | None]:
+    """What a primed native model hears first: the session's setup, once it
+    has input (None before), read through a weak reference as the epoch is."""
+
+    def setup() -> StreamSetup | None:
+        live = actor()
+        if live is None:
+            raise RuntimeError("the session's actor is gone; its feed should be too")
+        return stream_setup(live.state.config) if live.state.input_started else None
+
+    return setup
+
+
 class SessionActor:
     def __init__(
         self,
@@ -173,7 +189,8 @@ class SessionActor:
         # freed by reference counting at once. A cycle would wait for the
         # cyclic GC, whose thresholds ``serve`` raises far out of the way.
         post = self._mailbox.put_nowait
-        self._feed = open_feed(model, session_id, post, _epoch_reader(weakref.ref(self)))
+        me = weakref.ref(self)
+        self._feed = open_feed(model, session_id, post, _epoch_reader(me), _setup_reader(me))
         self._task: asyncio.Task[None] | None = None  # held: the loop keeps only weak refs
         self.last_activity = time.monotonic()
         self.closed = asyncio.Event()
@@ -277,6 +294,7 @@ class SessionActor:
         self.input_budget.used_bytes = media_bytes(records)
         for item_id, pcm in recent_turn_audio(self.state, records, RECENT_TURNS):
             self._feed.keep_turn(item_id, pcm)
+        self._feed.restore(stepped_units(records))
         batch = self.new_batch()
         if self.state.response is not None:
             finish_response(batch, "incomplete", "server_restart")
@@ -790,11 +808,16 @@ class SessionActor:
 
     async def _on_unit_outputs(self, message: mb.UnitOutputs) -> None:
         """What the model decided for the units it stepped; output of an
-        epoch fenced since (a cancel, a barge-in) is dropped unseen."""
-        if message.epoch != self.state.epoch or self.state.closed_reason is not None:
+        epoch fenced since (a cancel, a barge-in) is dropped unseen. The
+        unit itself is logged whatever the epoch: the model's state moved
+        on, and a restore must rebuild it as it is."""
+        if self.state.closed_reason is not None:
             return
         batch = self.new_batch()
-        project_unit_outputs(batch, message.outputs, self._stream_encoder)
+        if message.unit is not None:
+            batch.fact(message.unit, origin="engine")
+        if message.epoch == self.state.epoch:
+            project_unit_outputs(batch, message.outputs, self._stream_encoder)
         if batch.records:
             await self.commit_batch(batch)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from duplex_server.sessions.core.model_port import UnitOutput
-from duplex_server.sessions.core.records import CloseReason
+from duplex_server.sessions.core.records import CloseReason, UnitBody
 from duplex_server.sessions.log.store import LeaseStatus
 from duplex_server.sessions.runtime.attachment import Attachment
 from protocol.client_events import ClientEvent, SessionResume
@@ -113,10 +113,13 @@ class Partial:
 @dataclass
 class UnitOutputs:
     """A native duplex model's decisions and output for the units it just
-    stepped, under the epoch they were stepped in."""
+    stepped, under the epoch they were stepped in, and the unit itself with
+    the model's tokens (``unit``: logged whatever the epoch, since the
+    model's state moved on either way)."""
 
     outputs: list[UnitOutput]
     epoch: int
+    unit: UnitBody | None = None
 
 
 @dataclass

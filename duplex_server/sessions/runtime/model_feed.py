@@ -15,7 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from duplex_server.sessions.core.model_port import ModelPort, ResponseRequest, UnitOutput
+from duplex_server.sessions.core.model_port import (
+    ModelPort,
+    ResponseRequest,
+    StreamSetup,
+    UnitOutput,
+)
+from duplex_server.sessions.core.records import UnitBody
 
 
 class ModelFeed(Protocol):
@@ -35,6 +41,12 @@ class ModelFeed(Protocol):
 
     def keep_turn(self, item_id: str, pcm16: bytes) -> None:
         """A committed user turn's audio (at the item's rate), for answers."""
+        ...
+
+    def restore(self, units: list[UnitBody]) -> None:
+        """Before ``start`` of a session rebuilt from its log: the units its
+        model stepped (``unit`` records, oldest first), to rebuild the
+        model's state from."""
         ...
 
     def answer(self, request: ResponseRequest) -> None:
@@ -89,9 +101,11 @@ def open_feed(
     session_id: str,
     post: Callable[[object], None],
     epoch: Callable[[], int],
+    setup: Callable[[], StreamSetup | None] = StreamSetup,
 ) -> ModelFeed:
     """The feed for ``model``'s way of taking input; ``post`` queues on the
-    session's mailbox, ``epoch`` reads the session's current epoch."""
+    session's mailbox, ``epoch`` reads the session's current epoch, ``setup``
+    what a primed model hears first (None while the session has no input)."""
     # Imported here: each feed imports this module for its protocol.
     from duplex_server.sessions.runtime.turn_feed import TurnFeed
     from duplex_server.sessions.runtime.unit_feed import UnitFeed
@@ -99,7 +113,7 @@ def open_feed(
     if model.streaming is not None and model.answering is not None:
         raise ValueError(f"model {model.name!r} offers both ports; a model takes input one way")
     if model.streaming is not None:
-        return UnitFeed(model.streaming, session_id, post, epoch)
+        return UnitFeed(model.streaming, session_id, post, epoch, setup)
     if model.answering is not None:
         return TurnFeed(model.answering, post)
     raise ValueError(f"model {model.name!r} takes input neither by unit nor by turn")

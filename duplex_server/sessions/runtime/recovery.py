@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from duplex_server.sessions.core.records import AudioBody, FrameBody, ItemBody, OutBody, Record
+from duplex_server.sessions.core.records import (
+    AudioBody,
+    FrameBody,
+    ItemBody,
+    OutBody,
+    Record,
+    UnitBody,
+)
 from duplex_server.sessions.core.state import SessionState
 
 
@@ -12,6 +19,11 @@ def journal_entries(records: list[Record]) -> list[tuple[int, bytes]]:
         for r in records
         if isinstance(r.body, OutBody) and not r.body.trimmed
     ]
+
+
+def stepped_units(records: list[Record]) -> list[UnitBody]:
+    """The units a native duplex model stepped, oldest first (``unit`` records)."""
+    return [r.body for r in records if isinstance(r.body, UnitBody)]
 
 
 def recent_turn_audio(

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import msgspec
 
 from duplex_server.sessions.core.model_port import Answering, ResponseRequest, UnitOutput
+from duplex_server.sessions.core.records import UnitBody
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.model_feed import bounded
 
@@ -56,6 +57,9 @@ class TurnFeed:
         self._turns[item_id] = pcm16
         while len(self._turns) > RECENT_TURNS:
             self._turns.popitem(last=False)
+
+    def restore(self, units: list[UnitBody]) -> None:
+        """A turn model keeps no state between turns: nothing to rebuild."""
 
     def answer(self, request: ResponseRequest) -> None:
         request = msgspec.structs.replace(request, audio=dict(self._turns))

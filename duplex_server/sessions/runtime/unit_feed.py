@@ -11,11 +11,25 @@ actor. What the model decided comes back through the mailbox as
 epoch it was stepped under, so the actor drops output of an answer that was
 fenced meanwhile.
 
+A primed model (``primes_at_input``: Moshi, with its persona and voice
+prompt) is opened at the session's first input audio, with the session's
+setup as it stands then, or at once for a session restored with input
+already in its log; other models open when the session starts. Until the
+model is open, nothing is clocked.
+
 While the client sends nothing, the clock keeps time: after a unit's worth
 of quiet (and a little slack for network jitter) it feeds a silence unit,
 and one per unit after that, so the model hears the pause as it happens;
 the resampler's held-back tail goes ahead of it, and the next speech starts
 a fresh stream (as does a change of the client's rate).
+
+Each stepped unit goes back to the actor with the tokens the model
+generated from it, to be logged as a ``unit`` record; a session restored
+from its log hands its latest such records to the model when it opens its
+stream (``restore``), so the model continues where the log left off.
+Input that was logged as ``audio`` but not yet stepped when the process
+died is not stepped after the restore: the model's timeline continues from
+its last logged unit.
 """
 
 from __future__ import annotations
@@ -29,10 +43,13 @@ from duplex_server.audio import StreamResampler
 from duplex_server.sessions.core.model_port import (
     InputUnit,
     ResponseRequest,
+    SteppedUnit,
     Streaming,
+    StreamSetup,
     UnitOutput,
     UnitSession,
 )
+from duplex_server.sessions.core.records import UnitBody
 from duplex_server.sessions.core.units import UnitFramer
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.model_feed import bounded
@@ -53,8 +70,11 @@ class UnitFeed:
         session_id: str,
         post: Callable[[object], None],
         epoch: Callable[[], int],
+        setup: Callable[[], StreamSetup | None] = StreamSetup,
     ) -> None:
+        """``setup`` reads the session's setup (None while it has no input)."""
         self._model = model
+        self._setup = setup
         self._session_id = session_id
         self._session: UnitSession | None = None  # opened when the actor starts serving
         self._framer = UnitFramer(model.sample_rate_hz, model.unit_ms)
@@ -66,9 +86,36 @@ class UnitFeed:
         self._last_input = 0.0
         self._tasks: list[asyncio.Task[None]] = []
         self._failed = False  # the model raised: nothing is stepped any more
+        self._history: list[SteppedUnit] = []  # a restored session's latest units
+
+    def restore(self, units: list[UnitBody]) -> None:
+        """Keep the latest ``resume_units`` logged units for the model's
+        rebuild; new units continue their numbering."""
+        keep = self._model.resume_units
+        latest = units[-keep:] if keep else []
+        self._history = [self._stepped(body) for body in latest]
+        if units:
+            self._framer.next_index = units[-1].index + 1
+
+    def _stepped(self, body: UnitBody) -> SteppedUnit:
+        pcm = bytes(self._framer.unit_bytes) if body.silence else body.pcm
+        unit = InputUnit(
+            index=body.index,
+            pcm=pcm,
+            sample_rate_hz=self._framer.sample_rate_hz,
+            silence=body.silence,
+        )
+        return SteppedUnit(unit=unit, tokens=tuple(body.tokens))
 
     def start(self) -> None:
-        session = self._session = self._model.open(self._session_id)
+        setup = self._setup()
+        if self._model.primes_at_input and setup is None:
+            return  # opened by the session's first input audio
+        self._open(setup or StreamSetup())
+
+    def _open(self, setup: StreamSetup) -> None:
+        history, self._history = self._history, []
+        session = self._session = self._model.open(self._session_id, setup, history)
         loop = asyncio.get_running_loop()
         self._last_input = loop.time()
         self._tasks = [loop.create_task(self._step_units(session)), loop.create_task(self._clock())]
@@ -81,6 +128,8 @@ class UnitFeed:
         """Audio the session just logged, at the client's rate."""
         if self._failed:
             return
+        if self._session is None:
+            self._open(self._setup() or StreamSetup())
         self._last_input = asyncio.get_running_loop().time()
         if self._resampler is None or self._resampler.src_hz != sample_rate_hz:
             tail = self._resampler.flush() if self._resampler is not None else b""
@@ -136,9 +185,10 @@ class UnitFeed:
                 self._failed = True
                 self._post(mb.ModelFailed(f"{type(exc).__name__}: {exc}", epoch))
                 return
-            if outputs:
+            stepped = _unit_record(unit, outputs)
+            if outputs or stepped is not None:
                 pieces = [piece for output in outputs for piece in bounded(output)]
-                self._post(mb.UnitOutputs(outputs=pieces, epoch=epoch))
+                self._post(mb.UnitOutputs(outputs=pieces, epoch=epoch, unit=stepped))
 
     async def _clock(self) -> None:
         loop = asyncio.get_running_loop()
@@ -150,3 +200,12 @@ class UnitFeed:
                     self._frame(self._resampler.flush())
                 self._queue.put_nowait(self._framer.silence())
                 self._last_input = loop.time() - self._unit_s * (QUIET_UNITS - 1)
+
+
+def _unit_record(unit: InputUnit, outputs: list[UnitOutput]) -> UnitBody | None:
+    """The unit and the model's tokens for it, if the model gave any."""
+    tokens = next((output.tokens for output in outputs if output.tokens is not None), None)
+    if tokens is None:
+        return None
+    pcm = b"" if unit.silence else unit.pcm
+    return UnitBody(index=unit.index, tokens=list(tokens), pcm=pcm, silence=unit.silence)

@@ -1,0 +1,274 @@
+"""Resume of a native full-duplex Moshi session after kill -9, through the
+real server: ``duplex-server serve --model moshi:TINY --voices DIR --store
+sqlite`` serves a session primed with a persona and a voice prompt, fed a
+fixed signal over a real WebSocket; it is killed mid-conversation,
+restarted on the same database, and the session resumed and fed the rest
+of the signal.
+
+The log's ``unit`` records say exactly what the model heard (the client's
+frames, and the silence the server clocked while nobody spoke, the restart
+included) and what it generated; the priming is the session's logged
+config. The proof: one uninterrupted run of the same checkpoint, primed
+with the same persona and voice and fed those units (a ``DuplexStepper``
+in this process, the same batch shape as the server's), generates every
+logged token, before and after the crash, and the audio the resumed server
+sent equals its voice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import websockets
+
+from duplex_server.models import build_model
+from tests.e2e.serverproc import ServerProcess
+from tests.e2e.test_moshi_wire import write_wav
+from tests.tiny_moshi import FRAME_SAMPLES, tiny_moshi
+from tests.wsclient import WsClient
+
+ROWS = 2
+BEFORE = 10  # frames the client sends before the crash
+AFTER = 10  # and after its resume
+CRASH_AFTER_UNITS = 6  # logged units before the kill
+LOAD_TIMEOUT_S = 180.0
+UNITS_TIMEOUT_S = 180.0
+PCM16_TOLERANCE = 2  # float32 rows rebuilt in a batch of one round alike to within this
+PERSONA = {"instructions": "be a kind pirate", "voice": "pirate"}
+
+
+def log_lines(server: ServerProcess, session_id: str) -> list[dict]:
+    url = f"{server.http_url}/v1/sessions/{session_id}/events"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return [json.loads(line) for line in response.read().splitlines()]
+
+
+def units(lines: list[dict]) -> list[dict]:
+    return [line for line in lines if line["kind"] == "unit"]
+
+
+async def wait_ready(server: ServerProcess) -> None:
+    """Until ``/ready`` says the model is loaded (a limit on a broken start only)."""
+    deadline = time.monotonic() + LOAD_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{server.http_url}/ready", timeout=5):
+                return
+        except urllib.error.HTTPError:
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"the model never loaded:\n{server.log_text()}")
+
+
+async def wait_units(
+    server: ServerProcess, session_id: str, done: Callable[[list[dict]], bool]
+) -> list[dict]:
+    """The session's log once ``done`` says its units are all there."""
+    deadline = time.monotonic() + UNITS_TIMEOUT_S
+    while time.monotonic() < deadline:
+        lines = await asyncio.to_thread(log_lines, server, session_id)
+        if done(lines):
+            return lines
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the units never came:\n{server.log_text()}")
+
+
+def heard(lines: list[dict], after_seq: int) -> list[bytes]:
+    """The input of every unit logged after ``after_seq`` that was not clocked silence."""
+    return [
+        base64.b64decode(u["body"]["pcm"])
+        for u in units(lines)
+        if u["seq"] > after_seq and u["body"].get("pcm")
+    ]
+
+
+def signal() -> list[bytes]:
+    """The user's side: speech-level noise, one pcm16 frame (80 ms at 24 kHz) each."""
+    noise = np.random.default_rng(21).standard_normal((BEFORE + AFTER) * FRAME_SAMPLES) * 3000
+    pcm = noise.astype("<i2").tobytes()
+    return [pcm[at : at + 2 * FRAME_SAMPLES] for at in range(0, len(pcm), 2 * FRAME_SAMPLES)]
+
+
+def prime_frames(checkpoint, voices) -> list:
+    """The frames the server primes the session with, laid out by the same service code."""
+    from duplex_server.engine.duplex.service import Prompt
+
+    built = build_model(
+        f"moshi:{checkpoint}", dtype="float32", moshi_rows=1, moshi_voices=str(voices)
+    )
+    service = built.service  # type: ignore[attr-defined]
+    try:
+        assert service.wait_loaded(LOAD_TIMEOUT_S), service.load_error
+        tokens = service.prompt_tokens(PERSONA["instructions"])
+        return service.prime_frames(Prompt(text_tokens=tokens, voice=PERSONA["voice"]))
+    finally:
+        service.close()
+
+
+def uninterrupted(checkpoint, voices, logged: list[dict]) -> list:
+    """One run of the primed model over the logged units, never stopped."""
+    import torch
+    import transformers
+
+    from duplex_server.engine.duplex.stepper import DuplexStepper
+
+    prefix = prime_frames(checkpoint, voices)
+    assert prefix  # the persona and the voice prompt are primed
+    model = transformers.MoshiForConditionalGeneration.from_pretrained(
+        checkpoint, dtype=torch.float32
+    ).eval()
+    stepper = DuplexStepper(model, ROWS)
+    row = stepper.join(prefix)
+    frames = []
+    for unit in logged:
+        body = unit["body"]
+        pcm = b"" if body.get("silence") else base64.b64decode(body["pcm"])
+        samples = np.zeros(FRAME_SAMPLES, np.float32)
+        if pcm:
+            samples = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
+        frames.append(stepper.tick({row: samples})[row])
+    return frames
+
+
+def audio_by_unit(lines: list[dict], after_seq: int) -> dict[int, tuple[int, bytes]]:
+    """Each audio delta journaled after ``after_seq``, by the unit it came from
+    (the unit record is appended with the outputs it produced, just before them):
+    unit index -> (server_event_seq, pcm16)."""
+    found: dict[int, tuple[int, bytes]] = {}
+    unit = None
+    for line in lines:
+        if line["kind"] == "unit":
+            unit = line["body"]["index"]
+        body = line["body"]
+        if line["kind"] != "out" or body["event_type"] != "response.output_audio.delta":
+            continue
+        if line["seq"] > after_seq and unit is not None:
+            event = json.loads(base64.b64decode(body["payload"]))
+            found[unit] = (body["server_event_seq"], base64.b64decode(event["delta"]))
+    return found
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return tiny_moshi(tmp_path_factory.mktemp("moshi"))
+
+
+@pytest.fixture(scope="module")
+def voices(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("voices")
+    write_wav(directory / "pirate.wav", np.sin(2 * np.pi * 180 * np.arange(12_000) / 24_000) * 0.3)
+    return directory
+
+
+def moshi_server(db: str, checkpoint, voices, port: int | None = None) -> ServerProcess:
+    return ServerProcess(
+        db,
+        port=port,
+        model=f"moshi:{checkpoint}",
+        voices=str(voices),
+        moshi_rows=ROWS,
+        dtype="float32",
+    ).start(timeout_s=LOAD_TIMEOUT_S)
+
+
+async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_run(
+    tmp_path, checkpoint, voices
+):
+    frames = signal()
+    db = f"sqlite:{tmp_path / 'moshi.db'}"
+    first = moshi_server(db, checkpoint, voices)
+    seen: list[dict] = []
+    try:
+        await wait_ready(first)
+        client = await WsClient.connect(first.ws_url)
+        created = await client.expect("session.created")
+        session_id, token = created["session"]["id"], created["resume_token"]
+        assert created["session"]["capabilities"]["supports_session_resume"] is True
+        await client.send({"type": "session.update", "session": PERSONA})
+        await client.recv_until("session.updated")
+        for pcm in frames[:BEFORE]:
+            await client.append(pcm)
+        await wait_units(first, session_id, lambda lines: len(units(lines)) >= CRASH_AFTER_UNITS)
+        first.kill9()  # mid-conversation: frames still queued, the model speaking
+        with pytest.raises(websockets.ConnectionClosed):
+            while True:
+                seen.append(await client.recv(timeout=10))
+    finally:
+        first.stop()
+    cursor = max((e.get("server_event_seq") or 0 for e in seen), default=0)
+
+    second = moshi_server(db, checkpoint, voices, port=first.port)
+    try:
+        await wait_ready(second)
+        restored = log_lines(second, session_id)
+        takeover = next(
+            line["seq"]
+            for line in restored
+            if line["kind"] == "lease" and line["body"]["action"] == "takeover"
+        )
+        before_crash = [u for u in units(restored) if u["seq"] < takeover]
+        assert len(before_crash) >= CRASH_AFTER_UNITS
+        again = await WsClient.connect(second.ws_url + "&autostart=0")
+        await again.send(
+            {
+                "type": "session.resume",
+                "session_id": session_id,
+                "resume_token": token,
+                "last_received_server_event_seq": cursor,
+            }
+        )
+        resumed = await again.expect("session.resumed")
+        for pcm in frames[BEFORE:]:
+            await again.append(pcm)
+        # every frame sent after the resume stepped
+        lines = await wait_units(
+            second,
+            session_id,
+            lambda lines: heard(lines, takeover)[-AFTER:] == frames[BEFORE:],
+        )
+        spoken = audio_by_unit(lines, takeover)
+        last = max((seq for seq, _ in spoken.values()), default=cursor)
+        received = await receive_through(again, last)
+    finally:
+        second.stop()
+
+    logged = units(lines)
+    assert [u["body"]["index"] for u in logged] == list(range(len(logged)))  # no gap, no repeat
+    after_crash = [u for u in logged if u["seq"] > takeover]
+    assert len(after_crash) >= AFTER
+    # What the model heard after the restart is in the log: silence clocked
+    # before the resume, then the client's frames in order (and the clock's).
+    assert heard(lines, takeover)[-AFTER:] == frames[BEFORE:]
+
+    reference = uninterrupted(checkpoint, voices, logged)
+    expected = [[f.tokens.text, *f.tokens.audio] for f in reference]
+    assert [u["body"]["tokens"] for u in logged] == expected  # before and after the crash
+
+    assert len(spoken) >= AFTER // 2, "the resumed model spoke"
+    for index, (_, pcm) in spoken.items():
+        voice = (np.clip(reference[index].samples, -1.0, 1.0) * 32767).astype("<i2")
+        got = np.frombuffer(pcm, "<i2").astype(np.int32)
+        np.testing.assert_allclose(got, voice.astype(np.int32), rtol=0, atol=PCM16_TOLERANCE)
+    # ... and that is what went out on the resumed socket, replay and live.
+    deltas = {
+        e["server_event_seq"]: base64.b64decode(e["delta"])
+        for e in received
+        if e["type"] == "response.output_audio.delta"
+    }
+    assert resumed["replay_from_seq"] == cursor + 1
+    for seq, pcm in spoken.values():
+        assert deltas[seq] == pcm
+
+
+async def receive_through(client: WsClient, seq: int) -> list[dict]:
+    """Everything the socket sent up to the journaled event ``seq``."""
+    while max((e.get("server_event_seq") or 0 for e in client.received), default=0) < seq:
+        await client.recv()
+    return client.received
