@@ -101,6 +101,7 @@ def create_app(config: ServerConfig) -> Starlette:
         device=config.device,
         dtype=config.dtype,
         moshi_rows=config.moshi_rows,
+        moshi_step=config.moshi_step,
     )
     manager = SessionManager(
         log,

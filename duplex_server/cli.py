@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from duplex_server import config_sources
 from duplex_server.config import ServerConfig, default_replica_id
-from duplex_server.engine.duplex.checkpoint import DTYPES
+from duplex_server.engine.duplex.checkpoint import DTYPES, MOSHI_STEPS
 from duplex_server.engine.llm import LLM_BACKENDS, LLM_DTYPES
 from duplex_server.log_format import LOG_FORMATS
 from duplex_server.models import MODEL_CHOICES, MODEL_NAMES
@@ -101,6 +101,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=DEFAULTS.moshi_rows,
         help="--model moshi:PATH: sessions in its batched step (every tick computes all "
         "rows); a session finding them all taken gets an error at its first audio",
+    )
+    p.add_argument(
+        "--moshi-step",
+        default=DEFAULTS.moshi_step,
+        choices=MOSHI_STEPS,
+        help="--model moshi:PATH: how its batched step runs: 'eager' (transformers' modules) "
+        "or 'fast' (a ring-buffer KV cache, the forward written against the weights, and "
+        "CUDA graphs on a GPU; the same greedy tokens)",
     )
     p.add_argument(
         "--asr",

@@ -102,4 +102,5 @@ class ServerConfig:
     device: str = "cpu"
     dtype: str = "auto"
     moshi_rows: int = 8
+    moshi_step: str = "eager"  # the batched step: transformers' modules, or the fast one
     llm_enforce_eager: bool = False  # vLLM: skip torch.compile (starts faster, decodes slower)

@@ -48,12 +48,13 @@ def build_model(
     device: str = "cpu",
     dtype: str = "auto",
     moshi_rows: int = 8,
+    moshi_step: str = "eager",
 ) -> ModelPort:
     """Cascade options: ``asr`` / ``tts`` name its stages (``whisper:PATH``,
     ``vits:PATH`` load local checkpoints); ``asr_phrases`` make PocketSphinx
     listen for those phrases only; ``llm`` answers with a chat model.
     ``moshi:PATH`` runs on ``device`` in ``dtype``, ``moshi_rows`` sessions
-    in its batched step."""
+    in its batched step, computed by ``moshi_step`` ('eager' or 'fast')."""
     if llm is not None and name != "cascade":
         raise ValueError(f"--llm answers in the cascade; --model {name} has no responder")
     if name.startswith(MOSHI_PREFIX) and name != MOSHI_PREFIX:
@@ -61,7 +62,7 @@ def build_model(
         from duplex_server.models.moshi import build_moshi
 
         path = name[len(MOSHI_PREFIX) :]
-        return build_moshi(path, device=device, dtype=dtype, rows=moshi_rows)
+        return build_moshi(path, device=device, dtype=dtype, rows=moshi_rows, step=moshi_step)
     if name == "echo":
         return EchoModel(EngineCore(EchoBackend(), max_concurrency=max_concurrency))
     if name == "cascade":

@@ -10,6 +10,8 @@ from pathlib import Path
 
 DEVICES_HELP = "'cpu', 'cuda' or 'cuda:N'"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# --moshi-step: the batched step through transformers' modules, or the fast one (fast_step)
+MOSHI_STEPS = ("eager", "fast")
 
 
 class MoshiCheckpointError(ValueError):

@@ -30,7 +30,9 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, MoshiForConditionalGeneration, PreTrainedTokenizerBase
 
+from duplex_server import metrics
 from duplex_server.engine.duplex.checkpoint import MoshiCheckpoint, MoshiCheckpointError
+from duplex_server.engine.duplex.fast_step import make_stepper
 from duplex_server.engine.duplex.stepper import DuplexStepper, RowFrame, RowsFull
 from duplex_server.engine.duplex.tokens import FrameTokens
 
@@ -38,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 FRAME_SAMPLES = 1920  # 80 ms at 24 kHz: the unit the port promises
 FRAME_MS = 80.0
+MODEL_LABEL = "moshi"  # the {model} label of the tick series
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Recent tick durations kept for the figures (`tick_ms`).
 TICKS_KEPT = 4096
@@ -106,11 +109,19 @@ def load_tokenizer(checkpoint: MoshiCheckpoint) -> PreTrainedTokenizerBase | Non
 
 
 class DuplexService:
-    def __init__(self, checkpoint: MoshiCheckpoint, *, device: str, dtype: str, rows: int) -> None:
+    def __init__(
+        self,
+        checkpoint: MoshiCheckpoint,
+        *,
+        device: str,
+        dtype: str,
+        rows: int,
+        step: str = "eager",
+    ) -> None:
         check_device(device)
         self.checkpoint = checkpoint
         self.rows = rows
-        self._device, self._dtype = device, dtype
+        self._device, self._dtype, self._step = device, dtype, step
         self._cond = threading.Condition()
         self._streams: dict[int, _Stream] = {}
         self._next_stream = 0
@@ -187,7 +198,7 @@ class DuplexService:
             self._loaded.set()
             self._fail_all(StreamClosed(self.load_error))
             return
-        stepper = DuplexStepper(model, self.rows)
+        stepper = make_stepper(model, self.rows, self._step)
         self._loaded.set()
         logger.info("moshi: loaded %s (%d rows)", self.checkpoint.directory, self.rows)
         while (batch := self._next_batch(stepper)) is not None:
@@ -262,6 +273,9 @@ class DuplexService:
         spent_ms = (time.perf_counter() - started) * 1000
         self.tick_ms.append(spent_ms)
         self.overruns += spent_ms > FRAME_MS
+        metrics.MODEL_TICK.labels(MODEL_LABEL).observe(spent_ms / 1000)
+        if spent_ms > FRAME_MS:  # counted, never absorbed: the next frames are late by it
+            metrics.MODEL_TICK_OVERRUNS.labels(MODEL_LABEL).inc()
         for row, (_, deliver) in batch.items():
             deliver(out[row])
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from duplex_server.engine.duplex.checkpoint import DTYPES, check_moshi_checkpoint
+from duplex_server.engine.duplex.checkpoint import DTYPES, MOSHI_STEPS, check_moshi_checkpoint
 from duplex_server.models.capabilities import built_in
 from duplex_server.models.moshi.floor import Floor
 from duplex_server.sessions.core.model_port import InputUnit, UnitOutput
@@ -121,15 +121,19 @@ class MoshiModel:
         return True
 
 
-def build_moshi(path: str, *, device: str, dtype: str, rows: int) -> MoshiModel:
+def build_moshi(
+    path: str, *, device: str, dtype: str, rows: int, step: str = "eager"
+) -> MoshiModel:
     """Check ``path`` now (start-up fails on a directory that is not a Moshi
     checkpoint); the weights load on the engine's thread."""
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if rows < 1:
         raise ValueError("the moshi engine needs at least one row (--max-sessions)")
+    if step not in MOSHI_STEPS:
+        raise ValueError(f"--moshi-step {step!r}: choose one of {', '.join(MOSHI_STEPS)}")
     checkpoint = check_moshi_checkpoint(path)
     # Imported here: torch and transformers load only when this model is asked for.
     from duplex_server.engine.duplex.service import DuplexService
 
-    return MoshiModel(DuplexService(checkpoint, device=device, dtype=dtype, rows=rows))
+    return MoshiModel(DuplexService(checkpoint, device=device, dtype=dtype, rows=rows, step=step))
