@@ -303,7 +303,17 @@ class FastDuplexStepper(DuplexStepper):
 
 
 def make_stepper(model: MoshiForConditionalGeneration, rows: int, step: str) -> DuplexStepper:
-    """The stepper ``--moshi-step`` names: 'eager' (transformers' modules) or 'fast'."""
+    """The stepper ``--moshi-step`` names: 'eager' (transformers' modules) or 'fast'.
+
+    On CUDA either way, PyTorch's cuDNN attention backend is turned off for
+    the process: it builds an execution plan per new shape (~8 ms of CPU a
+    call on an H200), and Mimi's streaming encoder attends over a KV cache
+    that grows every frame until its window fills, so every tick paid it
+    (Mimi's encode 84 ms a tick with it, 10 ms without). The flash and
+    memory-efficient kernels remain.
+    """
+    if model.device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if step == "fast":
         return FastDuplexStepper(model, rows)
     if step == "eager":
