@@ -12,7 +12,9 @@ thing from the same weights (the checkpoint's tensors, not copies) with:
   positions, as transformers' sliding cache does). A per-row ``valid`` mask
   replaces the shared timeline's mask: a (re)joining row clears its slots
   and restarts its RoPE positions at zero, so it attends to what it would
-  alone. Attention is order-free, so the ring's order does not matter;
+  alone. Attention is order-free, so the ring's order does not matter. A
+  resumed row is prefilled by the eager stepper alone and its cache copied
+  into the ring (``adopt_eager``);
 - the forward written against the weights: RMSNorm in float32 scaled by
   its weight, RoPE (``rotate_half``, the model's ``inv_freq``), the gated
   MLP (``act(first half) * second half``), and the depth decoder's
@@ -37,6 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
 from transformers import MoshiForConditionalGeneration
+from transformers.cache_utils import DynamicLayer
 
 from duplex_server.engine.duplex.stepper import DuplexStepper
 from duplex_server.engine.duplex.tokens import FrameTokens
@@ -152,23 +155,40 @@ class FastDuplexStepper(DuplexStepper):
 
     @torch.no_grad()
     def resume(self, history: list[tuple[np.ndarray, FrameTokens]]) -> int:
-        """As ``DuplexStepper.resume``: a teacher-forced prefill in a batch of
-        one, whose ring is rotated into this batch's ring so that both write
-        their next position at the same slot."""
-        alone = FastDuplexStepper(self.model, 1, graphs=False)
+        """As ``DuplexStepper.resume``: the row is rebuilt by the eager
+        stepper's teacher-forced prefill in a batch of one, then adopted."""
+        alone = DuplexStepper(self.model, 1)
         source = alone.join()
         for samples, tokens in history:
             alone.tick({source: samples}, forced={source: tokens})
+        return self.adopt_eager(alone)
+
+    @torch.no_grad()
+    def adopt_eager(self, alone: DuplexStepper) -> int:
+        """Take a free row for row 0 of an eager batch of one and copy its
+        state in: its cached keys and values into the ring, at the slots
+        that make the newest one the slot just before this batch's next
+        write, marked valid; its RoPE position, codec state, next column."""
+        source = 0
         row = self.join()
         self.step[row] = alone.step[source]
         self.text_in[row] = alone.text_in[source]
         self.audio_in[row] = alone.audio_in[source]
         self.user_late[row] = alone.user_late[source]
-        shift = (self.timeline.length - alone.timeline.length) % self.window
-        self.keys[:, row] = alone.keys[:, source].roll(shift, dims=-2)
-        self.values[:, row] = alone.values[:, source].roll(shift, dims=-2)
-        self.valid[row] = alone.valid[source].roll(shift, dims=-1)
-        self.positions[row] = alone.positions[source]
+        own = alone.timeline.length - int(alone.timeline.start[source])
+        for index, layer in enumerate(alone.cache.layers):
+            if not isinstance(layer, DynamicLayer):
+                raise TypeError(f"cannot adopt a {type(layer).__name__} cache layer")
+            keys, values = layer.keys, layer.values
+            if keys is None or values is None or not own:
+                continue
+            stored = min(own, keys.shape[-2], self.window - 1)
+            slots = (self.timeline.length - stored + torch.arange(stored)) % self.window
+            slots = slots.to(self.keys.device)
+            self.keys[index, row].index_copy_(1, slots, keys[source, :, -stored:])
+            self.values[index, row].index_copy_(1, slots, values[source, :, -stored:])
+            self.valid[row].index_fill_(0, slots, True)
+        self.positions[row] = own
         self.encoder.adopt(row, alone.encoder)
         self.decoder.adopt(row, alone.decoder)
         return row
