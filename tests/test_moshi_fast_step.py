@@ -111,3 +111,29 @@ def test_the_step_is_chosen_by_name(model):
     assert type(make_stepper(model, 1, "eager")) is DuplexStepper
     with pytest.raises(ValueError, match="'eager' or 'fast'"):
         make_stepper(model, 1, "compiled")
+
+
+def test_a_checkpoint_without_a_window_is_refused_at_load_not_at_a_tick(tmp_path):
+    """The ring needs the model's sliding window (transformers' config insists
+    on an int; 0 is none): the service says so in its load error (``/ready``
+    stays 503), and a stream's frame gets that reason."""
+    import json
+
+    from duplex_server.engine.duplex.checkpoint import check_moshi_checkpoint
+    from duplex_server.engine.duplex.service import DuplexService, StreamClosed
+
+    directory = tiny_moshi(tmp_path / "moshi")
+    config = json.loads((directory / "config.json").read_text())
+    config["sliding_window"] = 0
+    (directory / "config.json").write_text(json.dumps(config))
+    service = DuplexService(
+        check_moshi_checkpoint(str(directory)), device="cpu", dtype="float32", rows=1, step="fast"
+    )
+    try:
+        assert not service.wait_loaded(timeout=600)
+        assert "sliding_window" in (service.load_error or "")
+        stream = service.open_stream()
+        with pytest.raises(StreamClosed, match="sliding_window"):
+            service.submit(stream, np.zeros(FRAME_SAMPLES, dtype=np.float32), lambda _: None)
+    finally:
+        service.close()

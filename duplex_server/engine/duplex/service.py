@@ -192,13 +192,14 @@ class DuplexService:
         try:
             model = load_moshi(self.checkpoint, self._device, self._dtype)
             self._tokenizer = load_tokenizer(self.checkpoint)
+            # the fast step refuses a checkpoint without a window; its ring may not fit
+            stepper = make_stepper(model, self.rows, self._step)
         except (OSError, ValueError, RuntimeError) as exc:
             self.load_error = f"cannot load {self.checkpoint.directory}: {exc}"
             logger.error("moshi: %s", self.load_error)
             self._loaded.set()
             self._fail_all(StreamClosed(self.load_error))
             return
-        stepper = make_stepper(model, self.rows, self._step)
         self._loaded.set()
         logger.info("moshi: loaded %s (%d rows)", self.checkpoint.directory, self.rows)
         while (batch := self._next_batch(stepper)) is not None:
