@@ -102,6 +102,7 @@ def create_app(config: ServerConfig) -> Starlette:
         dtype=config.dtype,
         moshi_rows=config.moshi_rows,
         moshi_voices=config.voices,
+        moshi_step=config.moshi_step,
     )
     manager = SessionManager(
         log,

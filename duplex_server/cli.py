@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from duplex_server import config_sources
 from duplex_server.config import ServerConfig, default_replica_id
-from duplex_server.engine.duplex.checkpoint import DTYPES
+from duplex_server.engine.duplex.checkpoint import DTYPES, MOSHI_STEPS
 from duplex_server.engine.llm import LLM_BACKENDS, LLM_DTYPES
 from duplex_server.log_format import LOG_FORMATS
 from duplex_server.models import MODEL_CHOICES, MODEL_NAMES
@@ -108,6 +108,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="DIR",
         help="--model moshi:PATH: a directory of voice prompts (audio files, each a voice "
         "named by its file stem) a session's `voice` may name; read at start-up",
+    )
+    p.add_argument(
+        "--moshi-step",
+        default=DEFAULTS.moshi_step,
+        choices=MOSHI_STEPS,
+        help="--model moshi:PATH: how its batched step runs: 'eager' (transformers' modules) "
+        "or 'fast' (a ring-buffer KV cache, the forward written against the weights, and "
+        "CUDA graphs on a GPU; the same greedy tokens)",
     )
     p.add_argument(
         "--asr",

@@ -103,4 +103,5 @@ class ServerConfig:
     dtype: str = "auto"
     moshi_rows: int = 8
     voices: str | None = None  # --model moshi:PATH: a directory of voice prompts
+    moshi_step: str = "eager"  # the batched step: transformers' modules, or the fast one
     llm_enforce_eager: bool = False  # vLLM: skip torch.compile (starts faster, decodes slower)

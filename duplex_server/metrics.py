@@ -162,6 +162,19 @@ ENGINE_QUEUE_DEPTH = Gauge(
     ["engine"],
     registry=None,
 )
+MODEL_TICK = Histogram(
+    "duplex_model_tick_seconds",
+    "one frame-synchronous tick of a native duplex model (all its sessions' 80 ms frame)",
+    ["model"],
+    buckets=LATENCY_BUCKETS_S,
+    registry=None,
+)
+MODEL_TICK_OVERRUNS = Counter(
+    "duplex_model_tick_overruns",
+    "ticks of a native duplex model longer than the 80 ms frame they stand for",
+    ["model"],
+    registry=None,
+)
 LLM_TTFT = Histogram(
     "duplex_llm_ttft_seconds",
     "an LLM answer submitted -> its first token back (queueing and prefill included)",
@@ -197,6 +210,8 @@ SHARED = (
     STAGE_LATENCY,
     STAGE_REALTIME_FACTOR,
     ENGINE_QUEUE_DEPTH,
+    MODEL_TICK,
+    MODEL_TICK_OVERRUNS,
     LLM_TTFT,
     LLM_TPOT,
     LLM_INTER_TOKEN,

@@ -339,6 +339,7 @@ def test_serve_exits_with_the_reason(tmp_path):
         ({"device": "nonsense"}, "--device 'nonsense'"),
         ({"dtype": "int8"}, "--dtype 'int8'"),
         ({"moshi_rows": 0}, "at least one row"),
+        ({"moshi_step": "compiled"}, "--moshi-step .compiled.: choose one of eager, fast"),
     ],
 )
 def test_bad_engine_options_fail_start_up(checkpoint, options, message):

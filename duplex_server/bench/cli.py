@@ -335,6 +335,29 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
 
     p = _kind(
         kinds,
+        "duplex-model",
+        "duplex_server.bench.duplex_model",
+        "a native duplex model's tick (p50/p99/max, underruns over 80 ms, frames/s) for N "
+        "sessions fed real-time audio through the real server, against the same batched step "
+        "run directly in the same run (needs the ml extra)",
+    )
+    p.add_argument("--sessions", type=int, default=4, help="concurrent sessions (the rows)")
+    p.add_argument(
+        "--model", default=None, help="Moshi checkpoint directory (default: a tiny random one)"
+    )
+    p.add_argument("--frames", type=int, default=50, help="80 ms frames each session sends")
+    p.add_argument(
+        "--context",
+        type=int,
+        default=0,
+        help="direct phase: KV positions each row starts with (the server's grow from zero)",
+    )
+    p.add_argument("--moshi-step", choices=["eager", "fast"], default="eager")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float16"])
+
+    p = _kind(
+        kinds,
         "llm",
         "duplex_server.bench.llm",
         "the AR path through the real server (text sessions over WebSockets) against direct "

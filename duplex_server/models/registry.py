@@ -49,12 +49,14 @@ def build_model(
     dtype: str = "auto",
     moshi_rows: int = 8,
     moshi_voices: str | None = None,
+    moshi_step: str = "eager",
 ) -> ModelPort:
     """Cascade options: ``asr`` / ``tts`` name its stages (``whisper:PATH``,
     ``vits:PATH`` load local checkpoints); ``asr_phrases`` make PocketSphinx
     listen for those phrases only; ``llm`` answers with a chat model.
     ``moshi:PATH`` runs on ``device`` in ``dtype``, ``moshi_rows`` sessions
-    in its batched step, with the voice prompts of ``moshi_voices`` (a directory)."""
+    in its batched step computed by ``moshi_step`` ('eager' or 'fast'), with
+    the voice prompts of ``moshi_voices`` (a directory)."""
     if moshi_voices is not None and not name.startswith(MOSHI_PREFIX):
         raise ValueError(f"--voices primes a moshi:PATH model; --model {name} takes none")
     if llm is not None and name != "cascade":
@@ -64,7 +66,9 @@ def build_model(
         from duplex_server.models.moshi import build_moshi
 
         path = name[len(MOSHI_PREFIX) :]
-        return build_moshi(path, device=device, dtype=dtype, rows=moshi_rows, voices=moshi_voices)
+        return build_moshi(
+            path, device=device, dtype=dtype, rows=moshi_rows, voices=moshi_voices, step=moshi_step
+        )
     if name == "echo":
         return EchoModel(EngineCore(EchoBackend(), max_concurrency=max_concurrency))
     if name == "cascade":

@@ -1,64 +1,181 @@
-"""Tick time of the batched step, run directly (no server): ``python -m
-duplex_server.engine.duplex.bench_step PATH --rows 1 4 16 --frames 50``
-prints one JSON object per batch size (p50 / p99 / max tick ms, frames a
-second, and ticks over the 80 ms budget)."""
+"""Tick time of the batched step, run directly (no server).
+
+``python -m duplex_server.engine.duplex.bench_step PATH --rows 1 4 16
+--frames 50 [--step eager fast] [--context 3000]`` prints one JSON object
+per (step, batch size): p50 / p99 / max tick ms, the Mimi share of a tick,
+frames a second, and ticks over the 80 ms budget. ``PATH`` ``random-7b``
+builds a random-weight model at Moshi's real shape (MoshiConfig's defaults:
+a 7B temporal transformer, the 6-layer depth decoder, full-size Mimi)
+directly on ``--device`` in ``--dtype``, so no 15 GB checkpoint is written.
+
+``--context C`` starts every row with C positions already in its KV cache
+(random keys and values: the attention reads exactly as much as after C
+real frames, which is what the tick time depends on), instead of running
+C ticks first.
+"""
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
+from transformers import MoshiConfig, MoshiForConditionalGeneration
 
 from duplex_server.engine.duplex.checkpoint import DTYPES, check_moshi_checkpoint
+from duplex_server.engine.duplex.fast_step import FastDuplexStepper, make_stepper
 from duplex_server.engine.duplex.service import FRAME_SAMPLES, load_moshi
 from duplex_server.engine.duplex.stepper import DuplexStepper
 
 BUDGET_MS = 80.0
-WARMUP_TICKS = 3
+WARMUP_TICKS = 4  # the fast step's graphs are captured at its third tick
+RANDOM_7B = "random-7b"
+STEPS = ("eager", "fast")
 
 
-def measure(stepper: DuplexStepper, frames: int, seed: int = 0) -> dict[str, float]:
+def measure(stepper: DuplexStepper, frames: int, context: int = 0, seed: int = 0) -> dict[str, Any]:
+    """Join every row, give them ``context`` positions, and time ``frames`` ticks."""
     rows = [stepper.join() for _ in range(stepper.rows)]
+    if context:
+        fill_context(stepper, context)
     noise = np.random.default_rng(seed)
+    mimi_ms = _time_mimi(stepper)
     ticks: list[float] = []
     for index in range(WARMUP_TICKS + frames):
         inputs = {
             row: (noise.standard_normal(FRAME_SAMPLES) * 0.1).astype(np.float32) for row in rows
         }
+        mimi_ms.clear()
         started = time.perf_counter()
-        stepper.tick(inputs)
+        stepper.tick(inputs)  # ends reading the voice back to the host: synchronised
         if index >= WARMUP_TICKS:
             ticks.append((time.perf_counter() - started) * 1000)
     spent = np.array(ticks)
     return {
         "rows": len(rows),
         "frames": frames,
+        "context": context,
         "tick_ms_p50": round(float(np.percentile(spent, 50)), 2),
         "tick_ms_p99": round(float(np.percentile(spent, 99)), 2),
         "tick_ms_max": round(float(spent.max()), 2),
+        "mimi_ms_last_tick": round(sum(mimi_ms), 2),
         "frames_per_s": round(len(rows) * 1000 / float(spent.mean()), 1),
         "over_budget_ticks": int((spent > BUDGET_MS).sum()),
     }
 
 
+def fill_context(stepper: DuplexStepper, context: int) -> None:
+    """Every row as if ``context`` frames had run: random keys and values in its cache."""
+    if isinstance(stepper, FastDuplexStepper):
+        stepper.keys.normal_()
+        stepper.values.normal_()
+        stepper.valid[:, : min(context, stepper.window)] = True
+        stepper.positions.fill_(context)
+        stepper.slot.fill_(context % stepper.window)
+    else:
+        config: Any = stepper.model.config
+        shape = (stepper.rows, config.num_key_value_heads, context, config.head_dim)
+        device, dtype = stepper.model.device, stepper.model.dtype
+        for layer in range(config.num_hidden_layers):
+            keys = torch.randn(*shape, device=device, dtype=dtype)
+            values = torch.randn(*shape, device=device, dtype=dtype)
+            stepper.cache.update(keys, values, layer)
+        stepper.timeline.start.zero_()
+    stepper.timeline.length = context
+
+
+def _time_mimi(stepper: DuplexStepper) -> list[float]:
+    """Wrap the stepper's codec calls to record their time (device-synchronised)."""
+    spent: list[float] = []
+    device = stepper.model.device
+
+    def timed(
+        call: Callable[[torch.Tensor], torch.Tensor],
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        def run(tensor: torch.Tensor) -> torch.Tensor:
+            _sync(device)
+            started = time.perf_counter()
+            out = call(tensor)
+            _sync(device)
+            spent.append((time.perf_counter() - started) * 1000)
+            return out
+
+        return run
+
+    stepper.encoder.encode = timed(stepper.encoder.encode)  # type: ignore[method-assign,assignment]
+    stepper.decoder.decode = timed(stepper.decoder.decode)  # type: ignore[method-assign,assignment]
+    return spent
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def random_7b(device: str, dtype: str) -> MoshiForConditionalGeneration:
+    """Moshi's real shape with random weights, built on ``device`` (nothing saved)."""
+    torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype, torch.float32)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch_dtype)
+    try:
+        with torch.device(device):
+            model = MoshiForConditionalGeneration(MoshiConfig(audio_vocab_size=2048))
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("path", help="a Moshi-architecture checkpoint directory")
+    parser.add_argument("path", help=f"a Moshi-architecture checkpoint directory, or {RANDOM_7B}")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--frames", type=int, default=50)
+    parser.add_argument("--context", type=int, default=0, help="KV positions each row starts with")
+    parser.add_argument("--step", nargs="+", choices=STEPS, default=["eager"])
+    parser.add_argument(
+        "--stop-over-ms",
+        type=float,
+        default=0.0,
+        help="skip larger batches of a step once its p99 tick exceeds this (0: never)",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_moshi(check_moshi_checkpoint(args.path), args.device, args.dtype)
-    for rows in args.rows:
-        figures = measure(DuplexStepper(model, rows), args.frames)
-        print(json.dumps({"device": args.device, "dtype": args.dtype, **figures}), flush=True)
+    if args.path == RANDOM_7B:
+        model = random_7b(args.device, args.dtype)
+    else:
+        model = load_moshi(check_moshi_checkpoint(args.path), args.device, args.dtype)
+    for step in args.step:
+        for rows in args.rows:
+            figures = _one(model, step, rows, args.frames, args.context)
+            print(
+                json.dumps({"device": args.device, "dtype": args.dtype, "step": step, **figures}),
+                flush=True,
+            )
+            if args.stop_over_ms and figures.get("tick_ms_p99", 0) > args.stop_over_ms:
+                break
+
+
+def _one(
+    model: MoshiForConditionalGeneration, step: str, rows: int, frames: int, context: int
+) -> dict[str, Any]:
+    """One measurement; running out of device memory is a figure, not a crash."""
+    try:
+        return measure(make_stepper(model, rows, step), frames, context)
+    except torch.OutOfMemoryError as exc:
+        return {"rows": rows, "context": context, "error": f"out of memory: {str(exc)[:120]}"}
+    finally:
+        gc.collect()
+        if model.device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ from pathlib import Path
 DEVICES_HELP = "'cpu', 'cuda' or 'cuda:N'"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MOSHI_WINDOW = 3000  # MoshiConfig's default sliding window: 4 minutes of frames
+# --moshi-step: the batched step through transformers' modules, or the fast one (fast_step)
+MOSHI_STEPS = ("eager", "fast")
 
 
 class MoshiCheckpointError(ValueError):

@@ -39,7 +39,9 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, MoshiForConditionalGeneration, PreTrainedTokenizerBase
 
+from duplex_server import metrics
 from duplex_server.engine.duplex.checkpoint import MoshiCheckpoint, MoshiCheckpointError
+from duplex_server.engine.duplex.fast_step import make_stepper
 from duplex_server.engine.duplex.prime import PromptCodes, prime_frames, system_text
 from duplex_server.engine.duplex.prompt_codec import encode_frames, prompt_codes
 from duplex_server.engine.duplex.stepper import DuplexStepper, RowFrame, RowsFull
@@ -49,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 FRAME_SAMPLES = 1920  # 80 ms at 24 kHz: the unit the port promises
 FRAME_MS = 80.0
+MODEL_LABEL = "moshi"  # the {model} label of the tick series
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Recent tick durations kept for the figures (`tick_ms`).
 TICKS_KEPT = 4096
@@ -136,7 +139,8 @@ def load_tokenizer(checkpoint: MoshiCheckpoint) -> PreTrainedTokenizerBase | Non
 class DuplexService:
     """``voices``: each voice prompt's samples (float, 24 kHz), by name; they
     are Mimi-encoded once the model is loaded. The tokenizer loads at once
-    (a session's instructions are counted in its tokens when it names them)."""
+    (a session's instructions are counted in its tokens when it names them).
+    ``step`` picks the batched step (``--moshi-step``: 'eager' or 'fast')."""
 
     def __init__(
         self,
@@ -146,6 +150,7 @@ class DuplexService:
         dtype: str,
         rows: int,
         voices: Mapping[str, np.ndarray] | None = None,
+        step: str = "eager",
     ) -> None:
         check_device(device)
         self.tokenizer = load_tokenizer(checkpoint)
@@ -160,7 +165,7 @@ class DuplexService:
         self._prompt_codes: PromptCodes | None = None
         self.checkpoint = checkpoint
         self.rows = rows
-        self._device, self._dtype = device, dtype
+        self._device, self._dtype, self._step = device, dtype, step
         self._cond = threading.Condition()
         self._streams: dict[int, _Stream] = {}
         self._next_stream = 0
@@ -268,13 +273,14 @@ class DuplexService:
         try:
             model = load_moshi(self.checkpoint, self._device, self._dtype)
             self._prepare_prompts(model)
+            # the fast step refuses a checkpoint without a window; its ring may not fit
+            stepper = make_stepper(model, self.rows, self._step)
         except (OSError, ValueError, RuntimeError) as exc:
             self.load_error = f"cannot load {self.checkpoint.directory}: {exc}"
             logger.error("moshi: %s", self.load_error)
             self._loaded.set()
             self._fail_all(StreamClosed(self.load_error))
             return
-        stepper = DuplexStepper(model, self.rows)
         threading.Thread(
             target=self._rebuild_streams, args=(model,), name="duplex-rebuild", daemon=True
         ).start()
@@ -400,6 +406,9 @@ class DuplexService:
         spent_ms = (time.perf_counter() - started) * 1000
         self.tick_ms.append(spent_ms)
         self.overruns += spent_ms > FRAME_MS
+        metrics.MODEL_TICK.labels(MODEL_LABEL).observe(spent_ms / 1000)
+        if spent_ms > FRAME_MS:  # counted, never absorbed: the next frames are late by it
+            metrics.MODEL_TICK_OVERRUNS.labels(MODEL_LABEL).inc()
         for row, (_, deliver) in batch.items():
             deliver(out[row])
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from duplex_server.engine.duplex.checkpoint import DTYPES, check_moshi_checkpoint
+from duplex_server.engine.duplex.checkpoint import DTYPES, MOSHI_STEPS, check_moshi_checkpoint
 from duplex_server.engine.duplex.prime import MAX_PROMPT_TOKENS
 from duplex_server.engine.duplex.tokens import FrameTokens
 from duplex_server.models.capabilities import built_in
@@ -186,7 +186,13 @@ class MoshiModel:
 
 
 def build_moshi(
-    path: str, *, device: str, dtype: str, rows: int, voices: str | None = None
+    path: str,
+    *,
+    device: str,
+    dtype: str,
+    rows: int,
+    voices: str | None = None,
+    step: str = "eager",
 ) -> MoshiModel:
     """Check ``path`` (and ``voices``) now: start-up fails on a directory that
     is not a Moshi checkpoint, or voice prompts that cannot be served; the
@@ -195,10 +201,14 @@ def build_moshi(
         raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if rows < 1:
         raise ValueError("the moshi engine needs at least one row (--max-sessions)")
+    if step not in MOSHI_STEPS:
+        raise ValueError(f"--moshi-step {step!r}: choose one of {', '.join(MOSHI_STEPS)}")
     checkpoint = check_moshi_checkpoint(path)
     prompts: Mapping[str, np.ndarray] = load_voices(voices) if voices is not None else {}
     # Imported here: torch and transformers load only when this model is asked for.
     from duplex_server.engine.duplex.service import DuplexService
 
-    service = DuplexService(checkpoint, device=device, dtype=dtype, rows=rows, voices=prompts)
+    service = DuplexService(
+        checkpoint, device=device, dtype=dtype, rows=rows, voices=prompts, step=step
+    )
     return MoshiModel(service)
