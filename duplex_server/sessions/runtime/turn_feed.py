@@ -64,8 +64,14 @@ class TurnFeed:
 
     async def _pump(self, request: ResponseRequest) -> None:
         error = None
+        # Stage times that came after the last output (an LLM's token
+        # figures, known when its stream ends): journaled with the end.
+        figures: dict[str, float] = {}
         try:
             async for chunk in self.model.stream(request):
+                if not (chunk.audio or chunk.text or chunk.function_call):
+                    figures.update(chunk.stage_ms or {})
+                    continue
                 pending = self._pending.setdefault(request.response_id, [])
                 was_empty = not pending
                 output = UnitOutput(
@@ -86,7 +92,7 @@ class TurnFeed:
             # it must not leave the response in progress forever or end the session.
             error = f"{type(exc).__name__}: {exc}"
             log.exception("engine stream for %s failed", request.response_id)
-        self._post(mb.StreamEnd(request.response_id, request.epoch, error))
+        self._post(mb.StreamEnd(request.response_id, request.epoch, error, figures or None))
 
     def take(self, response_id: str) -> list[UnitOutput]:
         return self._pending.pop(response_id, [])
