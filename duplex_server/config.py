@@ -103,3 +103,4 @@ class ServerConfig:
     dtype: str = "auto"
     moshi_rows: int = 8
     llm_enforce_eager: bool = False  # vLLM: skip torch.compile (starts faster, decodes slower)
+    llm_threads: int = 1  # transformers on a CPU: its decode thread's intra-op threads
