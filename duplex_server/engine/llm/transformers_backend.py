@@ -387,21 +387,25 @@ class TransformersBackend:
         self._advance(list(self._active), logits)
 
     def _advance(self, actives: list[_Active], logits: torch.Tensor) -> None:
-        """One sampled token per row; deltas out; finished rows leave."""
+        """One sampled token per row; deltas out (the step's, together);
+        finished rows leave."""
         finished = []
+        outbox: list[tuple[_Active, str | _End]] = []
         for active, token in zip(actives, self._sample(actives, logits), strict=True):
             done = token in self._eos
             if not done:
                 active.generated.append(token)
-                self._send_text(active)
+                delta = self._new_text(active)
+                if delta:
+                    outbox.append((active, delta))
             full = len(active.generated) >= active.payload.max_new_tokens
             if done or full or active.length + 1 >= self._window:
                 finished.append(active)
         # Out of the batch before its end is told: whoever hears the end
         # finds the batch without it.
         self._drop({active.request_id for active in finished})
-        for active in finished:
-            self._send(active, _End())
+        outbox.extend((active, _End()) for active in finished)
+        self._send_all(outbox)
 
     def _sample(self, actives: list[_Active], logits: torch.Tensor) -> list[int]:
         """Each row's next token: greedy rows from one argmax over the batch
@@ -415,14 +419,29 @@ class TransformersBackend:
                 tokens[row] = int(torch.multinomial(probs, 1, generator=self._sampler))
         return tokens
 
-    def _send_text(self, active: _Active) -> None:
+    def _new_text(self, active: _Active) -> str:
+        """The text its last token added ("" while a character split across
+        tokens waits for its end)."""
         with self._tokenizer_lock:
             text = str(self.tokenizer.decode(active.generated, skip_special_tokens=True))
         if text.endswith("\ufffd"):
-            return  # a character split across tokens: wait for its end
+            return ""
         delta, active.emitted = text[len(active.emitted) :], text
-        if delta:
-            self._send(active, delta)
+        return delta
+
+    def _send_all(self, outbox: list[tuple[_Active, str | _End]]) -> None:
+        """A step's deltas and ends, one hop per event loop (not one per
+        request: with every session on the server's loop, a step of 32
+        answers wakes it once)."""
+        with self._lock:
+            live = [(a, item) for a, item in outbox if a.request_id not in self._leaving]
+        loops: dict[asyncio.AbstractEventLoop, list[tuple[_Active, str | _End]]] = {}
+        for active, item in live:
+            loops.setdefault(active.loop, []).append((active, item))
+        for loop, items in loops.items():
+            # A closed event loop (RuntimeError) has nobody listening.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_deliver, items)
 
     def _send(self, active: _Active, item: str | _End) -> None:
         with self._lock:
@@ -431,6 +450,11 @@ class TransformersBackend:
         # A closed event loop (RuntimeError) has nobody listening.
         with contextlib.suppress(RuntimeError):
             active.loop.call_soon_threadsafe(active.out.put_nowait, item)
+
+
+def _deliver(items: list[tuple[_Active, str | _End]]) -> None:
+    for active, item in items:
+        active.out.put_nowait(item)
 
 
 def _kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
