@@ -78,6 +78,7 @@ def llm_options(config: ServerConfig) -> LLMOptions | None:
         chat_template=config.llm_chat_template,
         device=config.device,
         enforce_eager=config.llm_enforce_eager,
+        threads=config.llm_threads,
     )
 
 

@@ -204,6 +204,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="--llm: a Jinja chat template file, for a checkpoint whose tokenizer has none",
     )
     p.add_argument(
+        "--llm-threads",
+        type=_positive_int,
+        default=DEFAULTS.llm_threads,
+        help="--llm-backend transformers on a CPU: torch threads of its decode thread "
+        "(more help only a model big enough to split, on cores nothing else uses)",
+    )
+    p.add_argument(
         "--llm-enforce-eager",
         action="store_true",
         help="--llm-backend vllm: run the model eagerly, without torch.compile (starts "

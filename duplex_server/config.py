@@ -105,3 +105,4 @@ class ServerConfig:
     voices: str | None = None  # --model moshi:PATH: a directory of voice prompts
     moshi_step: str = "eager"  # the batched step: transformers' modules, or the fast one
     llm_enforce_eager: bool = False  # vLLM: skip torch.compile (starts faster, decodes slower)
+    llm_threads: int = 1  # transformers on a CPU: its decode thread's intra-op threads

@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from duplex_server.models.cascade.clause_buffer import ClauseBuffer, TextStream
 from duplex_server.models.cascade.model import clauses, spread
 
 
@@ -39,3 +40,23 @@ def test_slices_join_back_and_end_at_word_ends(text, pieces):
         at += len(piece)
         # a cut never falls inside a word
         assert at in (0, len(text)) or text[at - 1] == " " or text[at] == " "
+
+
+def test_a_streamed_answer_is_cut_into_clauses_for_speech_as_soon_as_they_end():
+    buffer = ClauseBuffer()
+    # token by token: a clause is handed on once its mark and a space decoded
+    said = [
+        buffer.add(piece) for piece in ["Sure", ".", " ", "Y", "ou ", "are 3", ".", "5", ", ok"]
+    ]
+    assert said == ["", "", "Sure. ", "", "", "", "", "", "You are 3.5, "]
+    assert buffer.rest() == "ok"
+    assert buffer.rest() == ""
+
+
+def test_text_streams_piece_by_piece_without_its_outer_whitespace():
+    stream = TextStream()
+    pieces = ["\n", " Hello", ",", " ", "friend", "!", " ", "\n"]
+    sent = [stream.add(piece) for piece in pieces]
+    # every piece goes at once; whitespace waits for the words after it
+    assert sent == ["", "Hello", ",", "", " friend", "!", "", ""]
+    assert "".join(sent) == "Hello, friend!"

@@ -1,9 +1,11 @@
 """The transformers AR backend: a trained tiny chat model decoded through
-EngineCore, every active request advanced by one token per forward."""
+EngineCore, every active request advanced by one token per forward, those
+that arrive together prefilled in one forward."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -97,6 +99,83 @@ async def test_a_cancelled_consumer_leaves_the_batch(llm):
         await task
     assert "".join(await answer(llm, ask("next", "Say hello."))) == HELLO
     assert len(got) < len(CAPITAL) and not backend._active
+
+
+# Questions of different prompt lengths (the system message adds to one):
+# prefilled together they are left-padded to the longest.
+BURST = [
+    ("What is the capital of Spain?", "", CAPITAL),
+    ("Say hello.", "", HELLO),
+    ("Say hello.", FRENCH, BONJOUR),
+    ("what is the capital of spain", "", CAPITAL),
+]
+
+
+async def burst(llm, tag: str) -> tuple[list[str], list[int]]:
+    """BURST's questions all waiting in line at once: the decode thread is
+    held in a step of another answer while they arrive, then let go. Their
+    answers, and the rows of each prefill forward that took them."""
+    backend = llm.core.backend
+    step, stepping, resume = backend._step, threading.Event(), threading.Event()
+
+    def held() -> None:
+        stepping.set()
+        resume.wait(60)
+        step()
+
+    backend._step = held
+    try:
+        busy = asyncio.create_task(answer(llm, ask(f"{tag}-busy", "Say hello.")))
+        await asyncio.to_thread(stepping.wait, 60)
+        backend._step = step  # (the held step goes on to the real one)
+        before = len(backend.prefill_sizes)  # the busy answer's is done
+        asks = [ask(f"{tag}{i}", user, system) for i, (user, system, _) in enumerate(BURST)]
+        answers = [asyncio.create_task(answer(llm, request)) for request in asks]
+        while len(backend._joining) < len(BURST):
+            await asyncio.sleep(0.001)
+    finally:
+        backend._step = step
+        resume.set()
+    assert "".join(await busy) == HELLO
+    texts = ["".join(deltas) for deltas in await asyncio.gather(*answers)]
+    return texts, backend.prefill_sizes[before:]
+
+
+async def test_requests_that_arrive_together_prefill_in_one_padded_forward(llm):
+    backend = llm.core.backend
+    # each alone: the greedy answers to compare with
+    serial = []
+    for i, (user, system, _) in enumerate(BURST):
+        serial.append("".join(await answer(llm, ask(f"alone{i}", user, system))))
+    assert serial == [reply for _, _, reply in BURST]
+    # together: the same greedy answers, from one prefill forward
+    assert await burst(llm, "together") == (serial, [len(BURST)])
+    # a prefill token budget that two of the prompts fill: two forwards of two
+    prompt = max(backend.prompt_tokens(ask("n", u, s).payload) for u, s, _ in BURST)
+    budget, backend.max_prefill_tokens = backend.max_prefill_tokens, 2 * prompt
+    try:
+        assert await burst(llm, "budget") == (serial, [2, 2])
+    finally:
+        backend.max_prefill_tokens = budget
+
+
+async def test_max_num_seqs_bounds_the_batch_and_the_rest_wait_for_a_slot(tmp_path_factory):
+    path = trained_chat_model(tmp_path_factory.getbasetemp())
+    engine = build_llm_engine(LLMOptions(str(path), max_num_seqs=2))
+    assert engine.state.wait_loaded(60), engine.state.load_error  # type: ignore[attr-defined]
+    backend = engine.core.backend
+    try:
+        plan = [*BURST, *BURST[:1]]
+        asks = [ask(f"q{i}", user, system) for i, (user, system, _) in enumerate(plan)]
+        answers = await asyncio.gather(*(answer(engine, request) for request in asks))
+        assert ["".join(deltas) for deltas in answers] == [reply for _, _, reply in plan]
+        # never more than two decoding; the others joined as slots freed,
+        # each prefilled once
+        assert max(backend.step_sizes) == 2
+        assert max(backend.prefill_sizes) <= 2 and sum(backend.prefill_sizes) == len(plan)
+        assert not backend._active and not backend._waiting
+    finally:
+        backend.close()
 
 
 @pytest.mark.skipif(

@@ -367,6 +367,19 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--llm", default=None, help="checkpoint directory (default: train the tiny chat model)"
     )
+    p.add_argument(
+        "--llm-backend",
+        default="transformers",
+        choices=["transformers", "vllm"],
+        help="the engine of both sides (vllm: direct AsyncLLM calls against serve "
+        "--llm-backend vllm)",
+    )
+    p.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=256 << 20,
+        help="--llm-backend vllm: the KV cache of either side",
+    )
     p.add_argument("--sessions", type=int, default=32, help="concurrent text sessions")
     p.add_argument("--repeats", type=int, default=5, help="TTFT samples of each prompt alone")
     p.add_argument("--max-new-tokens", type=int, default=256, help="each direct answer's cap")

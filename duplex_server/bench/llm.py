@@ -1,26 +1,37 @@
 """``duplex-server bench llm``: the AR path through the real server against
-direct calls to the same backend class on the same prompts, in one run.
+direct calls to the same engine on the same prompts, in one run.
 
 The model is ``--llm PATH``, or the tiny chat model trained into a temporary
-directory (``tiny_llm``), whose answers to the prompts are known. Phases, one
-after another so they do not share the CPU:
+directory (``tiny_llm``), whose answers to the prompts are known. The engine
+is ``--llm-backend``: ``transformers`` or ``vllm``; both sides run it with
+the same options (``llm_options``), and both are up for the whole text
+phase, measured turn about so that the shared machine's load falls on both
+alike:
 
-1. Direct: a ``TransformersBackend`` built in this process behind an
-   ``EngineCore``, as the server builds it. TTFT of each prompt alone
-   (request -> first delta, ``--repeats`` times; and request -> as much
-   text as the server's first delta held, the like-for-like baseline: the
-   responder hands text on clause by clause), then ``--sessions``
-   requests at once (prompts in turn): output characters per second, and
-   the mean time of one decode step (the window's steps over its time).
-2. Ours: a server process with ``--llm``; text sessions over WebSockets
-   (``response.create`` at temperature 0, ``output_modalities: ["text"]``):
-   the same TTFT (``response.create`` sent -> first
-   ``response.output_text.delta``) and the same concurrent run. Then
-   abort-to-silence: every session cancels (``response.cancel``) at its
-   first delta and times the last delta that still reached it.
-3. Voice-to-voice: ``bench voice --phrases``'s speakers (eSpeak speech at
-   real time, server VAD, phrase-grammar ASR, barge-ins) with the LLM
-   answering: ``speech_stopped`` -> first answer audio, p50/p95.
+- Direct (``llm_direct``): a ``TransformersBackend`` behind an
+  ``EngineCore``, as the server builds it, or vLLM's ``AsyncLLM`` called
+  directly, in this process.
+- Ours: a server process with ``--llm``; text sessions over WebSockets
+  (``response.create`` at temperature 0, ``output_modalities: ["text"]``),
+  each question in a fresh session.
+
+TTFT of each prompt alone (direct: request -> first delta; ours:
+``response.create`` sent -> first ``response.output_text.delta``),
+``--repeats`` times, each direct sample followed by the server's; then
+``ROUNDS`` concurrent windows of ``--sessions`` requests (prompts in turn)
+on each side, alternating: output characters per second over all of a
+side's windows, and the time of one decode step (transformers: the
+windows' forwards over their time; vLLM: the median gap between an
+answer's deltas). The direct time to as much text as the server's first
+delta held is reported too: the server streams text as it decodes, so it
+is the direct first token's time again (a check that the first delta is
+one token's text, not a clause's). Then abort-to-silence: every session
+cancels (``response.cancel``) at its first delta and times the last delta
+that still reached it. Last, voice-to-voice on the same server:
+``bench voice --phrases``'s speakers (eSpeak speech at real time, server
+VAD, phrase-grammar ASR, barge-ins) with the LLM answering:
+``speech_stopped`` -> first answer audio, p50/p95, and where that time
+went (the answers' stage metrics and the client's timeline).
 
 Server CPU (its process) and the generator's CPU are reported per phase;
 the run is invalid when the generator saturated its core.
@@ -47,13 +58,16 @@ import websockets
 
 from duplex_server.bench import tiny_llm, voice_phrases
 from duplex_server.bench.generator import GeneratorCpu, validity
+from duplex_server.bench.llm_direct import open_direct
 from duplex_server.bench.server_process import ServerProcess
+from duplex_server.engine.llm import LLMOptions
 
 TARGET_TTFT_OVERHEAD = 0.05
 TARGET_THROUGHPUT_RATIO = 0.95
 TARGET_ABORT_SLACK_MS = 5.0
 TARGET_VOICE_P95_MS = 250.0
 READY_TIMEOUT_S = 600.0
+ROUNDS = 3  # concurrent windows of each side, turn about
 
 
 @dataclass
@@ -85,23 +99,13 @@ def _ms(seconds: float) -> float:
 
 
 async def _direct_one(
-    core: Any, prompt: str, tag: str, max_new: int, arrivals: list | None = None
+    direct: Any, prompt: str, tag: str, max_new: int, arrivals: list | None = None
 ) -> tuple[float, str]:
     """TTFT (request -> first delta) and the answer; ``arrivals`` gets
     (characters so far, ms since the request) of every delta."""
-    from duplex_server.engine.core import EngineRequest
-    from duplex_server.engine.llm import ChatPayload
-
-    request = EngineRequest(
-        request_id=tag,
-        session_id=tag,
-        response_id=tag,
-        epoch=0,
-        payload=ChatPayload(tiny_llm.chat(prompt), 0.0, max_new),
-    )
     started, first, text = time.perf_counter(), None, []
     chars = 0
-    async for delta in core.submit(request):
+    async for delta in direct.stream(prompt, tag, max_new):
         first = first or time.perf_counter()
         text.append(delta)
         chars += len(delta)
@@ -110,57 +114,99 @@ async def _direct_one(
     return _ms((first or time.perf_counter()) - started), "".join(text)
 
 
-async def _direct_window(core: Any, prompts: list[str], max_new: int) -> Window:
+async def _direct_window(direct: Any, prompts: list[str], max_new: int) -> tuple[Window, list]:
+    """Every prompt at once; the window and each answer's arrivals."""
     started = time.perf_counter()
     tag = f"{started:.6f}"
+    arrivals: list[list] = [[] for _ in prompts]
     results = await asyncio.gather(
-        *(_direct_one(core, p, f"c{i}-{tag}", max_new) for i, p in enumerate(prompts))
+        *(
+            _direct_one(direct, p, f"c{i}-{tag}", max_new, arrivals[i])
+            for i, p in enumerate(prompts)
+        )
     )
     window = Window(time.perf_counter() - started)
     window.ttft_ms = [ttft for ttft, _ in results]
     window.texts = [text for _, text in results]
     window.chars = sum(map(len, window.texts))
-    return window
+    return window, arrivals
 
 
-def _direct_phase(path: Path, args: argparse.Namespace, prompts: list[str]) -> dict:
-    from duplex_server.engine.core import EngineCore
-    from duplex_server.engine.llm.transformers_backend import TransformersBackend
+def _gaps_ms(arrivals: list[list]) -> list[float]:
+    """The gaps between one answer's consecutive deltas, over all answers:
+    with every answer in one batch, each gap is about one decode step."""
+    return [b[1] - a[1] for run in arrivals for a, b in zip(run, run[1:], strict=False)]
 
-    backend = TransformersBackend(path)
-    if not backend.wait_loaded(timeout=READY_TIMEOUT_S):
-        raise SystemExit(f"bench llm: {backend.load_error}")
-    core: EngineCore[Any, str] = EngineCore(backend, max_concurrency=512, name="bench")
-    try:
-        loop = asyncio.new_event_loop()
-        run = loop.run_until_complete
-        run(_direct_window(core, prompts, args.max_new_tokens))  # warm-up
-        arrivals: dict[str, list[list]] = {p: [] for p in args.prompts}
-        ttft = []
-        for r in range(args.repeats):
-            for i, p in enumerate(args.prompts):
-                arrivals[p].append([])
-                tag = f"a{r}-{i}"
-                ttft.append(run(_direct_one(core, p, tag, args.max_new_tokens, arrivals[p][-1]))[0])
-        steps, generator = backend.steps, GeneratorCpu()
-        generator.start()
-        window = run(_direct_window(core, prompts, args.max_new_tokens))
-        steps = backend.steps - steps
-        loop.close()
-    finally:
-        backend.close()
+
+def llm_options(path: Path, args: argparse.Namespace) -> LLMOptions:
+    """What both sides run: the server gets the same as ``--llm-*`` flags."""
+    if args.llm_backend == "vllm":
+        # float32 as the tiny model was trained; eager: no torch.compile
+        return LLMOptions(
+            str(path),
+            backend="vllm",
+            dtype="float32",
+            kv_cache_bytes=args.kv_cache_bytes,
+            enforce_eager=True,
+        )
+    return LLMOptions(str(path), backend="transformers")
+
+
+def _server_flags(options: LLMOptions) -> tuple[list[str], dict[str, Any]]:
+    flags: dict[str, Any] = {
+        "llm_backend": options.backend,
+        "llm_dtype": options.dtype,
+        "llm_max_num_seqs": options.max_num_seqs,
+        "llm_kv_cache_bytes": options.kv_cache_bytes,
+    }
+    return (["--llm-enforce-eager"] if options.enforce_eager else []), flags
+
+
+async def _direct_ttft(direct: Any, args: argparse.Namespace, r: int, i: int, arrivals) -> float:
+    prompt = args.prompts[i]
+    arrivals[prompt].append([])
+    one = _direct_one(direct, prompt, f"a{r}-{i}", args.max_new_tokens, arrivals[prompt][-1])
+    return (await one)[0]
+
+
+async def _direct_round(direct: Any, prompts: list[str], max_new: int, into: dict) -> None:
+    """One concurrent window of direct calls, added to ``into``."""
+    steps, generator = direct.steps, GeneratorCpu()
+    generator.start()
+    window, runs = await _direct_window(direct, prompts, max_new)
+    if steps is not None and direct.steps is not None:
+        into["steps"] = into.get("steps", 0) + direct.steps - steps
+    into.setdefault("windows", []).append(window)
+    into.setdefault("gaps", []).extend(_gaps_ms(runs))
+    into.setdefault("cpu", []).append(generator.report()["generator_cpu_percent"])
+
+
+def _direct_report(ttft: list[float], arrivals: dict, rounds: dict) -> dict:
+    windows: list[Window] = rounds["windows"]
+    seconds = sum(w.seconds for w in windows)
+    chars = sum(w.chars for w in windows)
+    steps, gaps = rounds.get("steps"), rounds["gaps"]
     return {
         "ttft_alone_ms": _quantiles(ttft, 50, 95),
         "ttft_alone_ms_mean": round(statistics.fmean(ttft), 2),
         "arrivals": arrivals,
-        "chars_per_s": round(window.chars_per_s, 1),
-        "chars": window.chars,
-        "seconds": round(window.seconds, 3),
+        "chars_per_s": round(chars / seconds, 1),
+        "chars": windows[-1].chars,
+        "seconds": round(seconds, 3),
         "decode_steps": steps,
-        "decode_step_ms_mean": round(_ms(window.seconds) / steps, 3) if steps else None,
-        "texts": window.texts,
+        # the windows' forwards over their time (transformers, which counts
+        # them); else the deltas' median gap in the windows, one batch step
+        "decode_step_ms_mean": (
+            round(_ms(seconds) / steps, 3)
+            if steps
+            else round(statistics.median(gaps), 3)
+            if gaps
+            else None
+        ),
+        "delta_gap_ms": _quantiles(gaps, 50, 95),
+        "texts": windows[-1].texts,
         # the backend's own work runs in this process: not a client loop to judge
-        "bench_process_cpu_percent": generator.report()["generator_cpu_percent"],
+        "bench_process_cpu_percent": max(rounds["cpu"]),
     }
 
 
@@ -254,37 +300,37 @@ async def _ask_fresh(url: str, prompts: list[str], cancel: bool = False) -> list
         await asyncio.gather(*(s.close() for s in sessions))
 
 
-async def _server_measure(url: str, args: argparse.Namespace, prompts: list[str], proc) -> dict:
-    await _ask_fresh(url, prompts)  # warm-up
-    ttft, first_chars = [], {}
-    for _ in range(args.repeats):
-        for prompt in args.prompts:
-            (answer,) = await _ask_fresh(url, [prompt])
-            ttft.append(answer["ttft_ms"])
-            first_chars[prompt] = answer["first_delta_chars"]
+async def _server_round(url: str, prompts: list[str], proc, into: dict) -> None:
+    """One concurrent window through the server, added to ``into``."""
     sessions = await _fresh(url, len(prompts))
     try:
         generator = GeneratorCpu()
         generator.start()
         proc.cpu_percent(None)
         window = await _server_window(sessions, prompts)
-        server_cpu = proc.cpu_percent(None)
-        report = generator.report()
+        into.setdefault("server_cpu", []).append(proc.cpu_percent(None))
+        into.setdefault("reports", []).append(generator.report())
+        into.setdefault("windows", []).append(window)
     finally:
         await asyncio.gather(*(s.close() for s in sessions))
-    aborts = await _ask_fresh(url, prompts, cancel=True)
+
+
+def _server_report(ttft: list[float], first_chars: dict, rounds: dict, aborts: list) -> dict:
+    windows: list[Window] = rounds["windows"]
+    seconds = sum(w.seconds for w in windows)
     silences = [a["abort_to_silence_ms"] for a in aborts if a["abort_to_silence_ms"] is not None]
     done = [a["cancel_to_done_ms"] for a in aborts if a["cancel_to_done_ms"] is not None]
+    busiest = max(rounds["reports"], key=lambda r: r["generator_cpu_percent"])
     return {
         "ttft_alone_ms": _quantiles(ttft, 50, 95),
         "ttft_alone_ms_mean": round(statistics.fmean(ttft), 2),
         "first_delta_chars": first_chars,
-        "chars_per_s": round(window.chars_per_s, 1),
-        "chars": window.chars,
-        "seconds": round(window.seconds, 3),
-        "texts": window.texts,
-        "server_cpu_percent": round(server_cpu, 1),
-        **report,
+        "chars_per_s": round(sum(w.chars for w in windows) / seconds, 1),
+        "chars": windows[-1].chars,
+        "seconds": round(seconds, 3),
+        "texts": windows[-1].texts,
+        "server_cpu_percent": round(statistics.fmean(rounds["server_cpu"]), 1),
+        **busiest,
         "abort": {
             "cancels": len(aborts),
             "cancelled_mid_answer": sum(a["status"] == "cancelled" for a in aborts),
@@ -293,6 +339,34 @@ async def _server_measure(url: str, args: argparse.Namespace, prompts: list[str]
             "cancel_to_response_done_ms": _quantiles(done, 50, 99),
         },
     }
+
+
+async def _interleaved(
+    direct: Any, url: str, args: argparse.Namespace, prompts: list[str], proc
+) -> tuple[dict, dict]:
+    """Both sides, turn about: each TTFT sample of one is followed by the
+    same prompt on the other, each concurrent window of one by the other's
+    (``ROUNDS`` of each), so the shared machine's load falls on both alike."""
+    await _direct_window(direct, prompts, args.max_new_tokens)  # warm-up
+    await _ask_fresh(url, prompts)
+    arrivals: dict[str, list[list]] = {p: [] for p in args.prompts}
+    direct_ttft, ours_ttft, first_chars = [], [], {}
+    for r in range(args.repeats):
+        for i, prompt in enumerate(args.prompts):
+            direct_ttft.append(await _direct_ttft(direct, args, r, i, arrivals))
+            (answer,) = await _ask_fresh(url, [prompt])
+            ours_ttft.append(answer["ttft_ms"])
+            first_chars[prompt] = answer["first_delta_chars"]
+    direct_rounds: dict = {}
+    ours_rounds: dict = {}
+    for _ in range(ROUNDS):
+        await _direct_round(direct, prompts, args.max_new_tokens, direct_rounds)
+        await _server_round(url, prompts, proc, ours_rounds)
+    aborts = await _ask_fresh(url, prompts, cancel=True)
+    return (
+        _direct_report(direct_ttft, arrivals, direct_rounds),
+        _server_report(ours_ttft, first_chars, ours_rounds, aborts),
+    )
 
 
 def _wait_ready(server: ServerProcess) -> None:
@@ -310,13 +384,15 @@ def _wait_ready(server: ServerProcess) -> None:
     raise SystemExit(f"bench llm: the server was not ready in {READY_TIMEOUT_S:g} s")
 
 
-def _llm_server(path: Path, sessions: int, **flags: Any) -> ServerProcess:
+def _llm_server(options: LLMOptions, sessions: int, **flags: Any) -> ServerProcess:
+    extra, llm_flags = _server_flags(options)
     server = ServerProcess(
         "memory",
+        *extra,
         model="cascade",
-        llm=path,
-        llm_backend="transformers",
+        llm=options.path,
         max_sessions=sessions,
+        **llm_flags,
         **flags,
     )
     server.start(timeout_s=120.0)
@@ -324,31 +400,44 @@ def _llm_server(path: Path, sessions: int, **flags: Any) -> ServerProcess:
     return server
 
 
-def _server_phase(path: Path, args: argparse.Namespace, prompts: list[str]) -> dict:
+def _both_sides(path: Path, args: argparse.Namespace, prompts: list[str]) -> tuple:
+    """The server (up first: vLLM's start is long) and the direct engine,
+    both loaded for the whole text phase; then the voice phase on the same
+    server (its phrase-grammar recogniser is set from the start)."""
+    options = llm_options(path, args)
     # every question has its own session, and a closed one may still count
     # against the cap for a while: room for all of them
-    server = _llm_server(path, 3 * len(prompts) + args.repeats * len(args.prompts) + 16)
-    try:
-        proc = psutil.Process(server.pid)
-        return asyncio.run(_server_measure(server.ws_url, args, prompts, proc))
-    finally:
-        server.stop()
-
-
-def _voice_phase(path: Path, args: argparse.Namespace) -> dict:
+    sessions = (ROUNDS + 2) * len(prompts) + args.repeats * len(args.prompts) + 16
+    sessions += args.voice_sessions
     with tempfile.TemporaryDirectory() as tmp:
         phrases = Path(tmp) / "phrases.txt"
         phrases.write_text("\n".join(voice_phrases.PHRASES))
-        server = _llm_server(path, args.voice_sessions + 8, asr_phrases=phrases)
+        server = _llm_server(options, sessions, asr_phrases=phrases)
         try:
-            drive = argparse.Namespace(
-                sessions=args.voice_sessions, turns=args.voice_turns, chunk_ms=args.chunk_ms
-            )
-            return asyncio.run(
-                voice_phrases._drive(server.ws_url, drive, psutil.Process(server.pid))
-            )
+            proc = psutil.Process(server.pid)
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)  # vLLM's engine is built on it
+            try:
+                direct = open_direct(options)
+                try:
+                    text = _interleaved(direct, server.ws_url, args, prompts, proc)
+                    direct_report, ours = loop.run_until_complete(text)
+                finally:
+                    direct.close()
+            finally:
+                loop.close()
+                asyncio.set_event_loop(None)
+            voice = asyncio.run(_voice(server.ws_url, args, proc)) if args.voice_sessions else None
         finally:
             server.stop()
+    return direct_report, ours, voice
+
+
+async def _voice(url: str, args: argparse.Namespace, proc) -> dict:
+    drive = argparse.Namespace(
+        sessions=args.voice_sessions, turns=args.voice_turns, chunk_ms=args.chunk_ms
+    )
+    return await voice_phrases._drive(url, drive, proc)
 
 
 # --- the report ---------------------------------------------------------------
@@ -356,8 +445,9 @@ def _voice_phase(path: Path, args: argparse.Namespace) -> dict:
 
 def _same_text_ttft(arrivals: dict[str, list[list]], first_chars: dict[str, int]) -> list[float]:
     """Direct: when each answer had as much text as the server's first delta
-    (the responder hands text on clause by clause, so its first delta is a
-    clause, not a token): the like-for-like TTFT baseline."""
+    held. The server streams text as it decodes, so this is the direct first
+    token's time again; reported as a check that the server's first delta
+    is one token's text, not a clause's."""
     times = []
     for prompt, runs in arrivals.items():
         need = first_chars.get(prompt, 1)
@@ -367,7 +457,8 @@ def _same_text_ttft(arrivals: dict[str, list[list]], first_chars: dict[str, int]
 
 
 def _targets(direct: dict, ours: dict, voice: dict | None) -> dict:
-    overhead = ours["ttft_alone_ms"]["p50"] / direct["ttft_same_text_ms"]["p50"] - 1.0
+    # the server's first text delta against the direct first token
+    overhead = ours["ttft_alone_ms"]["p50"] / direct["ttft_alone_ms"]["p50"] - 1.0
     ratio = ours["chars_per_s"] / direct["chars_per_s"]
     step = direct["decode_step_ms_mean"]
     abort_p99 = ours["abort"]["abort_to_silence_ms"]["p99"]
@@ -387,19 +478,21 @@ def _targets(direct: dict, ours: dict, voice: dict | None) -> dict:
 
 def measure(path: Path, args: argparse.Namespace) -> dict:
     prompts = [args.prompts[i % len(args.prompts)] for i in range(args.sessions)]
-    direct = _direct_phase(path, args, prompts)
-    ours = _server_phase(path, args, prompts)
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    direct, ours, voice = _both_sides(path, args, prompts)
     same = _same_text_ttft(direct.pop("arrivals"), ours["first_delta_chars"])
     direct["ttft_same_text_ms"] = _quantiles(same, 50, 95)
-    voice = _voice_phase(path, args) if args.voice_sessions else None
     return {
         "bench": "llm",
         "model": str(args.llm) if args.llm else "tiny (trained here)",
-        "backend": "transformers",
+        "backend": args.llm_backend,
         "sessions": args.sessions,
         "repeats": args.repeats,
         "cpu_count": os.cpu_count(),
+        "rounds": ROUNDS,
+        # the 1, 5 and 15 minute load averages at the end, and at the start
         "load_average": [round(x, 2) for x in os.getloadavg()],
+        "load_average_start": load_before,
         **validity(ours, *([voice] if voice else [])),
         "same_answers": direct.pop("texts") == ours.pop("texts"),
         "direct": direct,

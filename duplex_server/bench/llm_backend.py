@@ -10,7 +10,8 @@ of N words is N tokens, and the model has no end-of-sequence token: every
 answer runs to ``--new-tokens``.
 
 Ours: every session's request submitted at once through the engine core
-(each prefills alone, then they decode in shared steps). Baseline: one
+(those that arrive together prefill in one padded forward, then they decode
+in shared steps). Baseline: one
 ``generate`` call over the whole batch (prompts of one length, no padding).
 """
 
@@ -109,7 +110,7 @@ class Figures:
 async def run_ours(core: EngineCore[ChatPayload, str], batch: list[list[int]], new: int) -> Figures:
     backend = core.backend
     assert isinstance(backend, TransformersBackend)
-    before = sum(backend.step_sizes) + backend.prefills
+    before = sum(backend.step_sizes) + sum(backend.prefill_sizes)
     started = time.perf_counter()
     ttft: list[float] = []
 
@@ -130,7 +131,7 @@ async def run_ours(core: EngineCore[ChatPayload, str], batch: list[list[int]], n
 
     await asyncio.gather(*(one(i, ids) for i, ids in enumerate(batch)))
     seconds = time.perf_counter() - started
-    return Figures(seconds, sum(backend.step_sizes) + backend.prefills - before, ttft)
+    return Figures(seconds, sum(backend.step_sizes) + sum(backend.prefill_sizes) - before, ttft)
 
 
 def run_generate(model: Any, batch: list[list[int]], new: int, device: str) -> Figures:

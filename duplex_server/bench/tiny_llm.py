@@ -38,7 +38,7 @@ def build(directory: Path, seed: int = 0) -> Path:
     """Train the model and save it (with its tokenizer) into ``directory``."""
     import torch
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, PreTrainedTokenizerFast
 
     specials = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
     vocab = {token: index for index, token in enumerate([*specials, *CHARS])}
@@ -65,6 +65,20 @@ def build(directory: Path, seed: int = 0) -> Path:
         tie_word_embeddings=True,
     )
     torch.manual_seed(seed)
+    # One thread: on a shared CPU a second one waits at every op's barrier
+    # for a descheduled peer (training took minutes instead of seconds).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train(model_dir=directory, config=config, tokenizer=tokenizer, end=end, pad=pad)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(model_dir: Path, config, tokenizer, end: int, pad: int) -> Path:
+    import torch
+    from transformers import LlamaForCausalLM
+
     model = LlamaForCausalLM(config)
     rows, labels = [], []
     for user, reply in SCRIPT:
@@ -91,7 +105,7 @@ def build(directory: Path, seed: int = 0) -> Path:
     model.eval()
     model.generation_config.eos_token_id = end
     model.generation_config.pad_token_id = pad
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    model_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    return model_dir

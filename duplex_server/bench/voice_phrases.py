@@ -51,6 +51,24 @@ class VoiceMeasures:
     underruns: int = 0
     answers: int = 0
     misheard: int = 0
+    # Where speech_stopped -> first audio went: the client's timeline of each
+    # answered turn (seconds) and its response.done stage metrics (ms).
+    timeline: dict[str, list[float]] = field(default_factory=dict)
+    stages: dict[str, list[float]] = field(default_factory=dict)
+
+    def mark(self, name: str, seconds: float) -> None:
+        self.timeline.setdefault(name, []).append(seconds)
+
+    def staged(self, response: dict) -> None:
+        figures = (response.get("duplex") or {}).get("stage_metrics") or {}
+        for name, ms in figures.items():
+            self.stages.setdefault(name, []).append(ms / 1000)
+
+    def breakdown(self) -> dict:
+        return {
+            "client_timeline_ms": {k: _p50_p95(v) for k, v in self.timeline.items()},
+            "stage_metrics_ms": {k: _p50_p95(v) for k, v in sorted(self.stages.items())},
+        }
 
 
 def _speech(text: str) -> bytes:
@@ -117,9 +135,13 @@ class Speaker:
         speech_end = await self._send_paced(ws, speech)
         sender = asyncio.create_task(self._send_paced(ws, silence * 3))
         stopped_at, _ = await self._until("input_audio_buffer.speech_stopped")
-        _, heard = await self._until("conversation.item.input_audio_transcription.completed")
+        heard_at, heard = await self._until("conversation.item.input_audio_transcription.completed")
         self.m.misheard += heard["transcript"] != phrase
+        created_at, _ = await self._until("response.created")
         first_at, first = await self._until("response.output_audio.delta")
+        self.m.mark("stopped_to_transcript", heard_at - stopped_at)
+        self.m.mark("transcript_to_response_created", created_at - heard_at)
+        self.m.mark("response_created_to_first_audio", first_at - created_at)
         self.m.stopped_to_audio.append(first_at - stopped_at)
         self.m.speech_end_to_audio.append(first_at - speech_end)
         sender.cancel()  # the microphone's silence; the barge-in speech follows
@@ -140,6 +162,7 @@ class Speaker:
                 played_until, scheduled = at, 0.0
             scheduled += len(base64.b64decode(event["delta"])) / (2 * RATE)
         onset, threshold = await barge
+        self.m.staged(event["response"])
         if event["response"]["status"] == "cancelled":
             self.m.onset_to_cancel.append(at - onset)
             self.m.threshold_to_cancel.append(at - threshold)
@@ -198,6 +221,7 @@ async def _drive(url: str, args: argparse.Namespace, proc: psutil.Process) -> di
         "misheard_turns": measures.misheard,
         "server_cpu_percent_per_session": round(cpu / args.sessions, 1),
         "seconds": round(time.perf_counter() - started, 1),
+        "breakdown": measures.breakdown(),
     }
 
 

@@ -80,8 +80,8 @@ async def test_a_cancel_mid_answer_fences_the_tokens_after_it(llm_server):
     backend = backend_of(llm_server)
     client = await client_commit_session(llm_server)
     session_id = client.received[0]["session"]["id"]
-    # "Hello, friend!": two clauses, and the responder hands text on clause
-    # by clause, so the first delta ("Hello,") leaves mid-answer
+    # "Hello, friend!": text streams token by token, so the first delta
+    # ("H") leaves mid-answer
     item = {
         "type": "message",
         "role": "user",

@@ -101,6 +101,7 @@ class LLMOptions:
     chat_template: str | None = None
     device: str = "cpu"  # the transformers backend's (``--device``)
     enforce_eager: bool = False  # vLLM: no torch.compile of the model (faster start)
+    threads: int = 1  # transformers on a CPU: its decode thread's torch threads
 
 
 class LLMConfigError(ValueError):
@@ -161,6 +162,8 @@ def choose_backend(options: LLMOptions) -> str:
 
 
 def check_sizes(options: LLMOptions) -> None:
+    if options.max_num_seqs < 1:
+        raise LLMConfigError(f"--llm-max-num-seqs {options.max_num_seqs}: give a count >= 1")
     if options.kv_cache_bytes is not None and options.kv_cache_bytes <= 0:
         raise LLMConfigError(f"--llm-kv-cache-bytes {options.kv_cache_bytes}: give a size > 0")
     if not 0 < options.gpu_memory_utilization <= 1:
@@ -200,6 +203,8 @@ def build_llm_engine(options: LLMOptions, max_concurrency: int = 64) -> LLMEngin
             chat_template=template,
             max_model_len=options.max_model_len,
             device=options.device,
+            max_num_seqs=options.max_num_seqs,
+            threads=options.threads,
         )
     core = EngineCore(engine_backend, max_concurrency=max_concurrency, name="llm")
     return LLMEngine(core, engine_backend, options.max_new_tokens, engine_backend, engine_backend)

@@ -2,14 +2,19 @@
 together, one token each per forward.
 
 The thread first loads the checkpoint (``loaded`` turns true), then loops:
-requests that arrived are prefilled one by one and join the step batch;
-then one forward advances the whole batch by a token. The batch's KV cache
-is one ``DynamicCache`` whose rows are left-padded to a common length, with
-an attention mask saying which columns are real and position ids counted
-per row, so a request joining mid-way sees the same positions it would
-alone. A request that ends (end of sequence, its token cap) or is
-abandoned (its stream was closed, cancelled or aborted) leaves the batch
-before the next forward; columns that became padding in every row are cut.
+requests that arrived wait in line; as many as the batch has room for
+(``max_num_seqs`` active at most) are prefilled together, in one forward of
+their prompts left-padded to a common length (as many as fit a budget of
+``max_prefill_tokens`` padded tokens; the first one always goes), and join
+the step batch; then one forward advances the whole batch by a token. The
+batch's KV cache is one ``DynamicCache`` whose rows are left-padded to a
+common length, with an attention mask saying which columns are real and
+position ids counted per row, so a request sees the same positions it
+would alone, whoever it was prefilled or decoded beside. A request that
+ends (end of sequence, its token cap) or is abandoned (its stream was
+closed, cancelled or aborted) leaves the batch before the next forward,
+freeing its slot for the next in line; columns that became padding in
+every row are cut.
 
 Deltas cross to the event loop with ``call_soon_threadsafe``; a request that
 left is never written to again, so nothing decoded after an abort reaches
@@ -30,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +51,10 @@ from duplex_server.engine.llm.context_window import prompt_budget
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Padded prompt tokens one prefill forward takes at most (rows x the longest
+# prompt among them): arrivals beyond it wait for the next forward, so one
+# burst of long prompts does not stall the decode steps of the others.
+MAX_PREFILL_TOKENS = 4096
 
 
 class GenerationFailed(Exception):
@@ -65,12 +75,13 @@ class _Active:
     generated: list[int] = field(default_factory=list)
     emitted: str = ""  # the text already sent
     length: int = 0  # real tokens in its cache rows (its next position)
+    prompt: list[int] | None = None  # its prompt's token ids, once tokenized
 
 
 class TransformersBackend:
     """Engine backend: ``generate(request)`` yields text deltas of a
     :class:`ChatPayload`'s answer. Counts its forwards (``prefills``,
-    ``steps``) and the batch size of every step (``step_sizes``)."""
+    ``steps``) and the rows of every one (``prefill_sizes``, ``step_sizes``)."""
 
     def __init__(
         self,
@@ -79,8 +90,16 @@ class TransformersBackend:
         chat_template: str | None = None,
         max_model_len: int | None = None,
         device: str = "cpu",
+        max_num_seqs: int = 64,
+        max_prefill_tokens: int = MAX_PREFILL_TOKENS,
+        threads: int = 1,
     ) -> None:
+        if max_num_seqs < 1 or max_prefill_tokens < 1:
+            raise ValueError("max_num_seqs and max_prefill_tokens must be at least 1")
         self.path = path
+        self.max_num_seqs = max_num_seqs
+        self.max_prefill_tokens = max_prefill_tokens
+        self._threads = threads
         self._dtype = dtype
         self._device = torch.device(device)
         self._chat_template = chat_template
@@ -88,7 +107,8 @@ class TransformersBackend:
         self._window = max_model_len or 0  # set from the checkpoint when it loads
         self._lock = threading.Condition()
         self._tokenizer_lock = threading.Lock()  # the decode thread and prompt_tokens share it
-        self._joining: list[_Active] = []
+        self._joining: list[_Active] = []  # arrived (any thread); the decode thread takes them
+        self._waiting: deque[_Active] = deque()  # in line for a slot (the decode thread's)
         self._leaving: set[str] = set()
         self._closed = False
         self._active: list[_Active] = []
@@ -98,6 +118,7 @@ class TransformersBackend:
         self.load_error: str | None = None
         self.prefills = 0
         self.steps = 0
+        self.prefill_sizes: list[int] = []
         self.step_sizes: list[int] = []
         self._sampler = torch.Generator().manual_seed(0)
         self._thread = threading.Thread(target=self._run, name="llm-decode", daemon=True)
@@ -157,6 +178,14 @@ class TransformersBackend:
     # --- the decode thread --------------------------------------------------
 
     def _run(self) -> None:
+        if self._device.type == "cpu":
+            # OpenMP's thread count is the calling thread's: this sets the
+            # decode thread's alone. Its threads meet at a barrier every op;
+            # on cores that ASR, TTS and other processes also want, one that
+            # is descheduled stalls the rest (a tiny model's step measured
+            # 230-385 ms on 2 threads against 14-29 ms on 1, on the shared
+            # 2-core machine at load 8), so one thread is the default.
+            torch.set_num_threads(self._threads)
         try:
             self._load()
         except (OSError, ValueError, RuntimeError) as exc:
@@ -176,22 +205,44 @@ class TransformersBackend:
     def _decode_loop(self) -> None:
         while True:
             with self._lock:
-                while not (self._joining or self._active or self._closed):
+                while not (self._joining or self._waiting or self._active or self._closed):
                     self._lock.wait()
                 if self._closed:
-                    joining, self._joining = self._joining, []
                     break
-                joining, self._joining = self._joining, []
+                self._waiting.extend(self._joining)
+                self._joining = []
                 leaving, self._leaving = self._leaving, set()
-            self._drop({*leaving})
-            for active in joining:
-                if active.request_id in leaving:
-                    continue
-                self._guarded(active, self._prefill)
+            self._drop(leaving)
+            self._waiting = deque(a for a in self._waiting if a.request_id not in leaving)
+            group = self._admit()
+            if group:
+                self._prefill(group)
             if self._active:
                 self._step()
-        for active in [*self._active, *joining]:
+        with self._lock:
+            joining, self._joining = self._joining, []
+        for active in [*self._active, *self._waiting, *joining]:
             self._send(active, _End("the LLM engine is shut down"))
+
+    def _admit(self) -> list[_Active]:
+        """The requests in line that join now: as many as there are free
+        slots, in order of arrival, within the prefill token budget (the
+        first always, however long its prompt)."""
+        group: list[_Active] = []
+        width = 0
+        while self._waiting and len(self._active) + len(group) < self.max_num_seqs:
+            active = self._waiting[0]
+            if active.prompt is None:
+                self._guarded(active, self._tokenize)
+                if active.prompt is None:  # its prompt broke: it ended
+                    self._waiting.popleft()
+                    continue
+            longest = max(width, len(active.prompt))
+            if group and longest * (len(group) + 1) > self.max_prefill_tokens:
+                break
+            group.append(self._waiting.popleft())
+            width = longest
+        return group
 
     def _die(self, reason: str) -> None:
         """The decode thread cannot go on: every request ends with ``reason``,
@@ -199,7 +250,10 @@ class TransformersBackend:
         self.load_error = reason
         for active in self._active:
             self._send(active, _End(reason))
+        for active in self._waiting:
+            self._send(active, _End(reason))
         self._active, self._cache, self._mask = [], None, None
+        self._waiting.clear()
         self._fail_all(reason)
 
     def _load(self) -> None:
@@ -230,29 +284,51 @@ class TransformersBackend:
             # with the reason; the others go on.
             self._send(active, _End(f"generation failed: {exc}"))
 
-    @torch.inference_mode()
-    def _prefill(self, active: _Active) -> None:
+    def _tokenize(self, active: _Active) -> None:
         with self._tokenizer_lock:
             text = render_prompt(self.tokenizer, active.payload, self._chat_template)
-            ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+            ids = self.tokenizer(text, add_special_tokens=False).input_ids
         # Still too long after the responder dropped old turns: keep its end,
         # leaving the answer its room.
-        ids = ids[:, -prompt_budget(self._window, active.payload.max_new_tokens) :]
-        ids = ids.to(self._device)
-        cache = DynamicCache(config=self.model.config)
-        logits = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[
-            :, -1
-        ]
-        self.prefills += 1
-        active.length = ids.shape[1]
-        self._join(active, cache)
-        self._advance([active], logits)
+        active.prompt = list(ids[-prompt_budget(self._window, active.payload.max_new_tokens) :])
 
-    def _join(self, active: _Active, cache: DynamicCache) -> None:
-        """Its cache rows beside the batch's, both left-padded to one length."""
-        mask = torch.ones((1, active.length), dtype=torch.long, device=self._device)
+    @torch.inference_mode()
+    def _prefill(self, group: list[_Active]) -> None:
+        """The group's prompts in one forward, left-padded to the longest
+        (padding masked out, positions counted per row); each row's first
+        token comes from it, and the rows join the step batch."""
+        prompts = [active.prompt or [] for active in group]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=self._device)
+        mask = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self._device
+        )
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        try:
+            logits = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits[:, -1]
+        except RuntimeError as exc:
+            for active in group:
+                self._send(active, _End(f"generation failed: {exc}"))
+            return
+        self.prefills += 1
+        self.prefill_sizes.append(len(group))
+        for active, prompt in zip(group, prompts, strict=True):
+            active.length = len(prompt)
+        self._join(group, cache, mask)
+        self._advance(group, logits)
+
+    def _join(self, group: list[_Active], cache: DynamicCache, mask: torch.Tensor) -> None:
+        """Their cache rows beside the batch's, both left-padded to one length."""
         if self._cache is None or self._mask is None:
-            self._cache, self._mask, self._active = cache, mask, [active]
+            self._cache, self._mask, self._active = cache, mask, list(group)
             return
         width = max(self._mask.shape[1], mask.shape[1])
         layers = []
@@ -262,7 +338,7 @@ class TransformersBackend:
             layers.append((keys, values))
         self._mask = torch.cat([_pad_left(self._mask, width, dim=1), _pad_left(mask, width, dim=1)])
         self._cache = DynamicCache(layers, config=self.model.config)
-        self._active.append(active)
+        self._active.extend(group)
 
     def _drop(self, request_ids: set[str]) -> None:
         keep = [index for index, a in enumerate(self._active) if a.request_id not in request_ids]
@@ -311,21 +387,25 @@ class TransformersBackend:
         self._advance(list(self._active), logits)
 
     def _advance(self, actives: list[_Active], logits: torch.Tensor) -> None:
-        """One sampled token per row; deltas out; finished rows leave."""
+        """One sampled token per row; deltas out (the step's, together);
+        finished rows leave."""
         finished = []
+        outbox: list[tuple[_Active, str | _End]] = []
         for active, token in zip(actives, self._sample(actives, logits), strict=True):
             done = token in self._eos
             if not done:
                 active.generated.append(token)
-                self._send_text(active)
+                delta = self._new_text(active)
+                if delta:
+                    outbox.append((active, delta))
             full = len(active.generated) >= active.payload.max_new_tokens
             if done or full or active.length + 1 >= self._window:
                 finished.append(active)
         # Out of the batch before its end is told: whoever hears the end
         # finds the batch without it.
         self._drop({active.request_id for active in finished})
-        for active in finished:
-            self._send(active, _End())
+        outbox.extend((active, _End()) for active in finished)
+        self._send_all(outbox)
 
     def _sample(self, actives: list[_Active], logits: torch.Tensor) -> list[int]:
         """Each row's next token: greedy rows from one argmax over the batch
@@ -339,14 +419,29 @@ class TransformersBackend:
                 tokens[row] = int(torch.multinomial(probs, 1, generator=self._sampler))
         return tokens
 
-    def _send_text(self, active: _Active) -> None:
+    def _new_text(self, active: _Active) -> str:
+        """The text its last token added ("" while a character split across
+        tokens waits for its end)."""
         with self._tokenizer_lock:
             text = str(self.tokenizer.decode(active.generated, skip_special_tokens=True))
         if text.endswith("\ufffd"):
-            return  # a character split across tokens: wait for its end
+            return ""
         delta, active.emitted = text[len(active.emitted) :], text
-        if delta:
-            self._send(active, delta)
+        return delta
+
+    def _send_all(self, outbox: list[tuple[_Active, str | _End]]) -> None:
+        """A step's deltas and ends, one hop per event loop (not one per
+        request: with every session on the server's loop, a step of 32
+        answers wakes it once)."""
+        with self._lock:
+            live = [(a, item) for a, item in outbox if a.request_id not in self._leaving]
+        loops: dict[asyncio.AbstractEventLoop, list[tuple[_Active, str | _End]]] = {}
+        for active, item in live:
+            loops.setdefault(active.loop, []).append((active, item))
+        for loop, items in loops.items():
+            # A closed event loop (RuntimeError) has nobody listening.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_deliver, items)
 
     def _send(self, active: _Active, item: str | _End) -> None:
         with self._lock:
@@ -355,6 +450,11 @@ class TransformersBackend:
         # A closed event loop (RuntimeError) has nobody listening.
         with contextlib.suppress(RuntimeError):
             active.loop.call_soon_threadsafe(active.out.put_nowait, item)
+
+
+def _deliver(items: list[tuple[_Active, str | _End]]) -> None:
+    for active, item in items:
+        active.out.put_nowait(item)
 
 
 def _kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:

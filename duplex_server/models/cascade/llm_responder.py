@@ -1,6 +1,7 @@
 """The cascade's LLM responder: the conversation as a chat, answered by the
-AR engine, handed to speech clause by clause as the tokens decode, its tool
-calls handed on as calls.
+AR engine, its text handed on piece by piece as the tokens decode (the
+cascade groups it into clauses for speech, and streams it as it comes for
+text), its tool calls handed on as calls.
 
 The answer streams through a :class:`ToolCallParser`: plain text goes on to
 speech (or text deltas), ``<tool_call>`` markup never does; a complete call
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -38,10 +38,6 @@ if TYPE_CHECKING:
     from duplex_server.models.cascade.model import SpeakPayload
 
 log = logging.getLogger(__name__)
-
-# Where a clause ends in decoded text: a mark followed by a space (the
-# cascade's own clause rule), so a piece handed on is a whole clause.
-_CLAUSE_END = re.compile(r"[.!?,;:]\s")
 
 
 class MalformedToolCallError(Exception):
@@ -117,53 +113,39 @@ class LLMResponder:
         chat: EngineRequest[ChatPayload],
     ) -> AsyncIterator[Reply]:
         parser = ToolCallParser()
-        clauses = _Clauses()
         # Calls are handed on when the answer ends (after its figures and its
-        # last words): a call is complete only then, and the figures ride on
-        # whatever comes after them.
+        # last words): a call is complete only then.
         calls: list[FunctionCallPart] = []
         pieces = parser.feed(prefix)
-        try:
-            async for delta in stream:
-                ttft_ms = clock.tick()
-                if ttft_ms is not None:
-                    yield StageTimes({"llm_ttft_ms": ttft_ms})
-                pieces += parser.feed(delta)
-                for reply in _handle(pieces, clauses, chat.response_id, len(calls)):
-                    if isinstance(reply, FunctionCallPart):
-                        calls.append(reply)
-                    else:
-                        yield reply
-                pieces = []
-        except Exception:
-            # The engine failed mid-answer: what it said so far is still said
-            # (kept in the answer) before its failure ends the response.
-            rest = clauses.rest()
-            if rest:
-                yield rest
-            raise
-        yield StageTimes(clock.figures())
-        for reply in _handle([*pieces, *parser.finish()], clauses, chat.response_id, len(calls)):
+        async for delta in stream:
+            ttft_ms = clock.tick()
+            if ttft_ms is not None:
+                yield StageTimes({"llm_ttft_ms": ttft_ms})
+            pieces += parser.feed(delta)
+            for reply in _handle(pieces, chat.response_id, len(calls)):
+                if isinstance(reply, FunctionCallPart):
+                    calls.append(reply)
+                else:
+                    yield reply
+            pieces = []
+        for reply in _handle([*pieces, *parser.finish()], chat.response_id, len(calls)):
             if isinstance(reply, FunctionCallPart):
                 calls.append(reply)
             else:
                 yield reply
-        rest = clauses.rest()
-        if rest:
-            yield rest
+        yield StageTimes(clock.figures())
         for call in calls:
             yield call
 
 
-def _handle(pieces: list[Piece], clauses: _Clauses, response_id: str, calls: int) -> list[Reply]:
+def _handle(pieces: list[Piece], response_id: str, calls: int) -> list[Reply]:
+    """Text as it is; a complete call as a :class:`FunctionCallPart`; a
+    malformed one ends the answer (the text before it was handed on)."""
     replies: list[Reply] = []
     for piece in pieces:
         if isinstance(piece, str):
-            replies.extend(clauses.add(piece))
+            replies.append(piece)
             continue
-        rest = clauses.rest()  # what was said before the call goes first
-        if rest:
-            replies.append(rest)
         if isinstance(piece, MalformedToolCall):
             raise MalformedToolCallError(
                 f"the model wrote a tool call that is {piece.reason}: {piece.raw[:500]!r}"
@@ -174,28 +156,3 @@ def _handle(pieces: list[Piece], clauses: _Clauses, response_id: str, calls: int
         call = FunctionCallPart(call_id=call_id, name=piece.name, arguments=piece.arguments)
         replies.append(call)
     return replies
-
-
-class _Clauses:
-    """Text held until a clause ends and something follows it (so the last
-    clause is always handed on at the end, with the answer's figures)."""
-
-    def __init__(self) -> None:
-        self._pending = ""
-
-    def add(self, text: str) -> list[str]:
-        self._pending += text
-        end = _last_clause_end(self._pending)
-        if not end or not self._pending[end:].strip():
-            return []
-        ready, self._pending = self._pending[:end], self._pending[end:]
-        return [ready]
-
-    def rest(self) -> str:
-        rest, self._pending = self._pending, ""
-        return rest if rest.strip() else ""
-
-
-def _last_clause_end(text: str) -> int:
-    ends = [match.end() for match in _CLAUSE_END.finditer(text)]
-    return ends[-1] if ends else 0

@@ -19,7 +19,8 @@ from duplex_server.audio import resample_pcm16
 from duplex_server.engine import EngineCore, EngineRequest
 from duplex_server.engine.llm import LLMOptions, build_llm_engine
 from duplex_server.models.capabilities import built_in
-from duplex_server.models.cascade.responder import Parrot, Responder, StageTimes
+from duplex_server.models.cascade.clause_buffer import ClauseBuffer, TextStream
+from duplex_server.models.cascade.responder import Parrot, Reply, Responder, StageTimes
 from duplex_server.models.cascade.stages import (
     CascadeStages,
     build_recogniser,
@@ -106,42 +107,108 @@ def spread(text: str, pieces: int) -> list[str]:
     return slices
 
 
+class _Stages:
+    """Stage times waiting for a chunk to ride on."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, float] = {}
+
+    def add(self, reply: StageTimes) -> None:
+        self._held.update(reply.stage_ms)
+
+    def take(self) -> dict[str, float] | None:
+        held, self._held = self._held, {}
+        return held or None
+
+
+class _Voice:
+    """One spoken answer's state across its clauses."""
+
+    def __init__(self, name: str, speed: float) -> None:
+        self.name, self.speed = name, speed
+        self.started = time.perf_counter()
+        self.spoken = False  # a clause was said (the next one starts with a space)
+        self.pacer = Pacer()
+        self.stages = _Stages()
+
+
 class CascadeBackend:
-    """Engine backend: responder text -> sentences -> synthesis -> 100 ms chunks."""
+    """Engine backend: responder text -> clauses -> synthesis -> 100 ms chunks,
+    or, for a text-only response, the responder's text as it comes."""
 
     def __init__(self, stages: CascadeStages, responder: Responder) -> None:
         self.stages = stages
         self.responder = responder
 
     async def generate(self, request: EngineRequest[SpeakPayload]) -> AsyncIterator[ModelChunk]:
-        """Text is spoken (or streamed), a tool call handed on; the
+        """Text is spoken (or streamed), a tool call handed on. The
         responder's stage times ride on the next chunk, so they reach the
-        log with the answer's output."""
+        log with the answer's output; those that come after the last one
+        (an LLM's token figures) end the stream as a chunk of their own."""
         payload = request.payload
-        spoken = False
-        pacer = Pacer()
-        stages: dict[str, float] = {}
-        async for reply in self.responder.respond(payload.history, request):
+        replies = self.responder.respond(payload.history, request)
+        stream = self._text(replies) if payload.text_only else self._speech(replies, payload)
+        async for chunk in stream:
+            yield chunk
+
+    async def _text(self, replies: AsyncIterator[Reply]) -> AsyncIterator[ModelChunk]:
+        """Each piece of text as soon as the responder has it (an LLM's
+        token by token): no clause to wait for when nothing is spoken."""
+        text, stages = TextStream(), _Stages()
+        async for reply in replies:
             if isinstance(reply, StageTimes):
-                stages.update(reply.stage_ms)
-                continue
-            if isinstance(reply, FunctionCallPart):
-                yield ModelChunk(function_call=reply, stage_ms=stages or None)
-                stages = {}
-                continue
-            for clause in clauses(reply):
-                text = (" " if spoken else "") + clause
-                first, spoken = not spoken, True
-                if payload.text_only:
-                    yield ModelChunk(text=text, stage_ms=stages or None)
-                    stages = {}
+                stages.add(reply)
+            elif isinstance(reply, FunctionCallPart):
+                yield ModelChunk(function_call=reply, stage_ms=stages.take())
+            elif piece := text.add(reply):
+                yield ModelChunk(text=piece, stage_ms=stages.take())
+        if figures := stages.take():
+            yield ModelChunk(stage_ms=figures)
+
+    async def _speech(
+        self, replies: AsyncIterator[Reply], payload: SpeakPayload
+    ) -> AsyncIterator[ModelChunk]:
+        """Clause by clause into the synthesiser: the first audio leaves
+        once the first clause is decoded and synthesised. What is held when
+        the answer ends, calls a tool or breaks off is said then."""
+        voice = _Voice(payload.voice, payload.speed)
+        buffer = ClauseBuffer()
+        try:
+            async for reply in replies:
+                if isinstance(reply, StageTimes):
+                    voice.stages.add(reply)
                     continue
-                async for chunk in self._speak(text, payload.voice, payload.speed, first):
-                    if stages:
-                        chunk.stage_ms = {**stages, **(chunk.stage_ms or {})}
-                        stages = {}
-                    await pacer.release(len(chunk.audio) * 1000 / (2 * OUTPUT_RATE_HZ))
+                if isinstance(reply, FunctionCallPart):
+                    async for chunk in self._say(buffer.rest(), voice):
+                        yield chunk
+                    yield ModelChunk(function_call=reply, stage_ms=voice.stages.take())
+                    continue
+                async for chunk in self._say(buffer.add(reply), voice):
                     yield chunk
+        except Exception:
+            # The responder failed mid-answer (the engine died, a malformed
+            # tool call): what it decoded before is still said, then the
+            # failure ends the response.
+            async for chunk in self._say(buffer.rest(), voice):
+                yield chunk
+            raise
+        async for chunk in self._say(buffer.rest(), voice):
+            yield chunk
+        if figures := voice.stages.take():
+            yield ModelChunk(stage_ms=figures)
+
+    async def _say(self, text: str, voice: _Voice) -> AsyncIterator[ModelChunk]:
+        for clause in clauses(text):
+            spoken = (" " if voice.spoken else "") + clause
+            first, voice.spoken = not voice.spoken, True
+            if first:  # the answer's text was what its first audio waited for until now
+                ready_ms = (time.perf_counter() - voice.started) * 1000
+                voice.stages.add(StageTimes({"first_clause_ready_ms": ready_ms}))
+            async for chunk in self._speak(spoken, voice.name, voice.speed, first):
+                if figures := voice.stages.take():
+                    chunk.stage_ms = {**figures, **(chunk.stage_ms or {})}
+                await voice.pacer.release(len(chunk.audio) * 1000 / (2 * OUTPUT_RATE_HZ))
+                yield chunk
 
     async def _speak(
         self, text: str, voice: str, speed: float, first: bool

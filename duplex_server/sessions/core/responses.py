@@ -249,14 +249,21 @@ def emit_twins(
     batch.emit(twin(**fields), response_id=response_id)
 
 
-def finish_response(batch: Batch, status: str, reason: str = "") -> None:
+def finish_response(
+    batch: Batch, status: str, reason: str = "", stage_ms: dict[str, float] | None = None
+) -> None:
+    """End the active response. ``stage_ms``: the model's stage times that
+    came after its last output, journaled on the output's done event (so
+    ``response.done`` and a replay report them)."""
     state = batch.state
     response = state.response
     if response is None:
         return
     rid, iid = response.id, response.item_id
     if _is_audio(response):
-        emit_twins(batch, OutputAudioDone(response_id=rid, item_id=iid), response_id=rid)
+        emit_twins(
+            batch, OutputAudioDone(response_id=rid, item_id=iid), response_id=rid, stage_ms=stage_ms
+        )
         transcript_done = OutputAudioTranscriptDone(
             transcript=response.transcript, response_id=rid, item_id=iid
         )
@@ -264,7 +271,7 @@ def finish_response(batch: Batch, status: str, reason: str = "") -> None:
         part = ContentPart(type="audio", transcript=response.transcript)
     else:
         text_done = OutputTextDone(text=response.transcript, response_id=rid, item_id=iid)
-        emit_twins(batch, text_done, response_id=rid)
+        emit_twins(batch, text_done, response_id=rid, stage_ms=stage_ms)
         part = ContentPart(type="text", text=response.transcript)
     batch.emit(ContentPartDone(part=part, response_id=rid, item_id=iid), response_id=rid)
     batch.fact(

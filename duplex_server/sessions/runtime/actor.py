@@ -870,9 +870,9 @@ class SessionActor:
         batch = self.new_batch()
         if message.error is not None:
             batch.emit(Error(error=error_body(ProtocolError("engine_error", message.error))))
-            finish_response(batch, "failed", "engine_error")
+            finish_response(batch, "failed", "engine_error", message.stage_ms)
         else:
-            finish_response(batch, "completed")
+            finish_response(batch, "completed", stage_ms=message.stage_ms)
         if await self.commit_batch(batch):
             await self._run_heard(self.hearing.answer_ended())
 

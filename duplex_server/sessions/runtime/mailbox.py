@@ -54,6 +54,9 @@ class StreamEnd:
     response_id: str
     epoch: int
     error: str | None
+    # The model's stage times that came after its last output (reported on
+    # the response's done events, so they are journaled with it).
+    stage_ms: dict[str, float] | None = None
 
 
 # Whether a caller may use a session its owner (a principal's name) opened.

@@ -15,7 +15,10 @@ started for) when the queue goes from empty to non-empty; the actor then
 takes everything pending in one batch, where the fence decides whether it
 may still reach the log. An engine faster than real time thus costs one
 batch per burst instead of one per chunk, and the order of everything is
-unchanged: the end-of-stream notice is posted after the last chunk's.
+unchanged: the end-of-stream notice is posted after the last chunk's. Text
+that queues behind text (an LLM's tokens while the actor is busy) is
+merged into one output, so a busy server sends fewer, longer deltas rather
+than falling further behind.
 """
 
 from __future__ import annotations
@@ -68,8 +71,14 @@ class TurnFeed:
 
     async def _pump(self, request: ResponseRequest) -> None:
         error = None
+        # Stage times that came after the last output (an LLM's token
+        # figures, known when its stream ends): journaled with the end.
+        figures: dict[str, float] = {}
         try:
             async for chunk in self.model.stream(request):
+                if not (chunk.audio or chunk.text or chunk.function_call):
+                    figures.update(chunk.stage_ms or {})
+                    continue
                 pending = self._pending.setdefault(request.response_id, [])
                 was_empty = not pending
                 output = UnitOutput(
@@ -79,7 +88,8 @@ class TurnFeed:
                     function_call=chunk.function_call,
                     stage_ms=chunk.stage_ms,
                 )
-                pending.extend(bounded(output))
+                if not _merge_text(pending, output):
+                    pending.extend(bounded(output))
                 if was_empty:
                     self._post(mb.Chunks(request.response_id, request.epoch))
         except asyncio.CancelledError:
@@ -90,7 +100,7 @@ class TurnFeed:
             # it must not leave the response in progress forever or end the session.
             error = f"{type(exc).__name__}: {exc}"
             log.exception("engine stream for %s failed", request.response_id)
-        self._post(mb.StreamEnd(request.response_id, request.epoch, error))
+        self._post(mb.StreamEnd(request.response_id, request.epoch, error, figures or None))
 
     def take(self, response_id: str) -> list[UnitOutput]:
         return self._pending.pop(response_id, [])
@@ -112,3 +122,19 @@ class TurnFeed:
 
     async def close(self) -> None:
         self.stop_all()
+
+
+def _merge_text(pending: list[UnitOutput], output: UnitOutput) -> bool:
+    """Text-only output joins the text-only output still waiting before it
+    (an LLM's tokens that came while the actor was busy): one delta, one
+    record and one frame for the burst instead of one per token. Nothing
+    waits for it: it only merges what is already queued."""
+    if not pending or output.audio or output.function_call:
+        return False
+    last = pending[-1]
+    if last.audio or last.function_call or last.decision is not None:
+        return False
+    last.text += output.text
+    if output.stage_ms:
+        last.stage_ms = {**(last.stage_ms or {}), **output.stage_ms}
+    return True
