@@ -5,8 +5,9 @@ the plain template does), and a 2-layer Qwen2 (hidden 128, 2 heads, so
 head_dim 64: vLLM's CPU attention has no smaller head size), trained for a
 few seconds on CPU until its greedy answers are the scripted replies:
 one-turn questions (in the spellings a recogniser may give them), a long
-answer to cut, a follow-up that needs the turn before it, and a tool call
-with its answered follow-up. Tests then know what either backend will say."""
+answer to cut, a question asked after that answer was cut unheard, a
+follow-up that needs the turn before it, and a tool call with its answered
+follow-up. Tests then know what either backend will say."""
 
 from __future__ import annotations
 
@@ -52,9 +53,16 @@ def conversations() -> list[tuple[list[dict[str, Any]], bool, str]]:
         for messages, offered, reply in tiny_tool_chat.script()
         if reply in wanted or (offered and reply == HELLO)
     ]
+    # A question after an answer cut before anything of it was heard (it is
+    # not in the chat then): the last question is the one answered.
+    after_cut = [
+        [{"role": "user", "content": COUNT_QUESTION}, {"role": "user", "content": question}]
+        for question in CAPITAL_QUESTIONS
+    ]
     return [
         *[(chat(user, system), False, reply) for system, user, reply in SCRIPT],
         (follow_up, False, FRANCE),
+        *[(messages, False, CAPITAL) for messages in after_cut],
         *tools,
     ]
 

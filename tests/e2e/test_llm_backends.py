@@ -26,7 +26,7 @@ from duplex_server import cli
 from duplex_server.audio import resample_pcm16
 from tests.conftest import RunningServer, free_port, running_server
 from tests.e2e.test_llm_cascade import text_answer
-from tests.e2e.test_llm_concurrency import log_lines, one_session
+from tests.e2e.test_llm_concurrency import log_lines
 from tests.e2e.test_llm_tools import ask, open_session, text_of, until_done
 from tests.e2e.test_voice import first, silence, stream_paced, vad_session
 from tests.llm_decoding import decoding_of, wait_for
@@ -43,6 +43,7 @@ from tests.tiny_qwen_chat import (
 from tests.tiny_tool_chat import FOLLOW_UP, LET_ME_CHECK, QUESTION, WEATHER, WEATHER_TOOL
 from tests.tiny_tool_chat import call_arguments as weather_arguments
 from tests.vllm_support import SERVE_FLAGS, assert_vllm_installed, requires_vllm
+from tests.wsclient import WsClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -56,7 +57,7 @@ PROMPTS = [
     ("", COUNT_QUESTION, COUNT),
 ]
 # The barge-in's answer is held once it has this many tokens ("One, t" of
-# its 37): its first clause can be spoken, the rest of the count is not decoded.
+# its 38): its first clause can be spoken, the rest of the count is not decoded.
 HOLD_TOKENS = 4
 # an answer's output, in both spellings (the test clients ask for both)
 DELTAS = (
@@ -111,6 +112,27 @@ async def wait_ready(http: httpx.AsyncClient, url: str, model) -> list[dict]:
         await asyncio.sleep(0.1)
 
 
+async def greedy_session(client: AsyncOpenAI, instructions: str, question: str) -> str:
+    """One question in a fresh session, answered greedily."""
+    async with client.realtime.connect(model="cascade") as connection:
+        assert (await connection.recv()).type == "session.created"
+        await connection.session.update(session=greedy(instructions=instructions))
+        return await text_answer(connection, question)
+
+
+def greedy(**session: object) -> dict:
+    """A session that samples greedily (temperature 0; the default is 0.8),
+    so the trained replies come out whole every time."""
+    return {"type": "realtime", "temperature": 0.0, **session}
+
+
+async def greedy_vad_session(server) -> WsClient:
+    client = await vad_session(server)
+    await client.send({"type": "session.update", "session": {"temperature": 0.0}})
+    await client.expect("session.updated")
+    return client
+
+
 def words(text: str) -> list[str]:
     return re.findall(r"[a-z]+", text.lower())
 
@@ -124,16 +146,17 @@ async def test_a_text_conversation_through_the_openai_sdk(served):
     client = AsyncOpenAI(api_key="unused", base_url=f"{served.server.http_url}/v1")
     async with client.realtime.connect(model="cascade") as connection:
         assert (await connection.recv()).type == "session.created"
+        await connection.session.update(session=greedy())
         assert await text_answer(connection, CAPITAL_QUESTIONS[0]) == CAPITAL
         # answered only from the turn before it: the chat holds the whole conversation
         assert await text_answer(connection, FRANCE_QUESTION) == FRANCE
     # the session's instructions are the system message
-    assert await one_session(client, FRENCH, "Say hello.") == BONJOUR
+    assert await greedy_session(client, FRENCH, "Say hello.") == BONJOUR
 
 
 async def test_a_spoken_question_is_answered_with_the_trained_reply(served):
     server = served.server
-    client = await vad_session(server)
+    client = await greedy_vad_session(server)
     question = "what is the capital of spain"
     await stream_paced(client, silence(500) + speak(question) + silence(1200), chunk_ms=20)
     events = await client.recv_until("response.done", timeout=60)
@@ -152,7 +175,9 @@ async def test_a_spoken_question_is_answered_with_the_trained_reply(served):
 
 
 async def test_a_tool_call_round_trip_through_the_openai_sdk(served):
-    connection = await open_session(served.server, tools=[WEATHER_TOOL], tool_choice="auto")
+    connection = await open_session(
+        served.server, tools=[WEATHER_TOOL], tool_choice="auto", temperature=0.0
+    )
     try:
         events = await ask(connection, QUESTION)
         assert text_of(events) == LET_ME_CHECK  # the call's markup is never text
@@ -179,7 +204,7 @@ async def test_sixteen_concurrent_sessions_get_their_trained_answers(served):
     try:
         client = AsyncOpenAI(api_key="unused", base_url=f"{served.server.http_url}/v1")
         plan = [PROMPTS[index % len(PROMPTS)] for index in range(SESSIONS)]
-        answers = await asyncio.gather(*(one_session(client, i, q) for i, q, _ in plan))
+        answers = await asyncio.gather(*(greedy_session(client, i, q) for i, q, _ in plan))
         assert answers == [answer for _, _, answer in plan]
         assert decoding.peak > 1  # answers were decoded together, not one after another
     finally:
@@ -195,7 +220,7 @@ async def ask_by_text(client, text: str) -> None:
 async def test_speech_over_the_answer_aborts_it_mid_decode(served):
     server = served.server
     decoding = decoding_of(server)
-    client = await vad_session(server)
+    client = await greedy_vad_session(server)
     session_id = client.received[0]["session"]["id"]
     try:
         decoding.hold_at(HOLD_TOKENS)
@@ -222,9 +247,15 @@ async def test_speech_over_the_answer_aborts_it_mid_decode(served):
         events += await client.recv_until("response.done", timeout=60)  # the new turn's
     finally:
         decoding.detach()
-    # the session goes on: the words over the answer are the next turn, answered
-    # (from a chat the model was not trained on: its words are not known)
+    # the words over the answer are the next turn, answered from what was
+    # heard: the cut answer was never acknowledged as played, so it is not in
+    # the chat, and the model answers the last of the two questions
     assert events[-1]["response"]["status"] == "completed"
+    assert events[-1]["response"]["id"] != response_id
+    (heard,) = [e for e in events if e["type"].endswith("input_audio_transcription.completed")]
+    assert words(heard["transcript"]) == words("what is the capital of spain")
+    answer = [e for e in events if e["type"] == "response.output_audio_transcript.done"]
+    assert answer[-1]["transcript"] == CAPITAL
     await client.close()
     assert decoding.unfinished() == 0
 
