@@ -97,6 +97,8 @@ class StoredJob:
 
     def blobs(self) -> list[r.BlobRef]:
         refs = list(self.job.inputs) if self.job is not None else []
-        if self.result is not None and self.result.output is not None:
-            refs.append(self.result.output)
+        if self.result is not None:
+            if self.result.output is not None:
+                refs.append(self.result.output)
+            refs.extend(self.result.assets.values())
         return refs

@@ -244,10 +244,10 @@ class JobRunner:
 
         given = JobInput(run.job_id, job.params, uploads, progress, self.offload)
         self.executions += 1
-        ref: r.BlobRef | None = None
+        refs: list[r.BlobRef] = []
         try:
             result = await self._produce(run, kind, given, content_type)
-            ref = result.output
+            refs = [*([result.output] if result.output else []), *result.assets.values()]
             await writer.append(result, r.CloseBody("job_finished"))
         except LogError as exc:
             # Left open in the log: the next start runs it again.
@@ -258,7 +258,7 @@ class JobRunner:
             run.finish(Outcome(run.job_id, "failed", 503, "", b"", {}, error, False))
             return
         finally:
-            if ref is not None:
+            for ref in refs:
                 self._unlogged[ref.digest] -= 1
             self._forget(run)
         stored = StoredJob(run.job_id, run.principal, job, result, 100, True, writer.last_seq, 0)
@@ -283,7 +283,11 @@ class JobRunner:
             log.exception("job %s (%s) failed", run.job_id, kind.route)
             return _failure(JobError(500, "engine_error", f"the job failed: {exc}"), given)
         ref = await self._put(b"".join(run.chunks), content_type)
-        return r.ResultBody("completed", output=ref, metadata=json.dumps(given.metadata).encode())
+        assets = {
+            name: await self._put(data, media) for name, (data, media) in given.assets.items()
+        }
+        metadata = json.dumps(given.metadata).encode()
+        return r.ResultBody("completed", output=ref, metadata=metadata, assets=assets)
 
     # --- recovery, retention, leases -------------------------------------------
 
@@ -443,6 +447,21 @@ class JobRunner:
             return await self.blobs.read(stored.result.output)
         except BlobMissing as exc:
             raise JobError(500, "storage_unavailable", f"the job's output is gone ({exc})") from exc
+
+    async def asset(self, stored: StoredJob, name: str) -> bytes:
+        """A finished job's asset ``name`` (``result.assets``), from the blob store."""
+        ref = stored.result.assets.get(name) if stored.result is not None else None
+        if ref is None:
+            raise JobError(
+                404,
+                "asset_not_found",
+                f"job {stored.job_id} stored no {name} (made before the server kept one?)",
+                "variant",
+            )
+        try:
+            return await self.blobs.read(ref)
+        except BlobMissing as exc:
+            raise JobError(500, "storage_unavailable", f"the job's {name} is gone ({exc})") from exc
 
     async def delete(self, principal: str, job_id: str) -> bool:
         """Stop the job if it runs (its requesters get 404 ``job_deleted``)

@@ -39,6 +39,13 @@ def frames_of(mp4: bytes) -> tuple[int, int, int, str]:
         return count, stream.width, stream.height, stream.codec_context.name
 
 
+def picture(data: bytes) -> tuple[str, tuple[int, int]]:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return str(image.format), image.size
+
+
 async def finished(sdk: openai.AsyncOpenAI, video_id: str) -> list:
     """The job's states as polled until it ends."""
     seen = []
@@ -63,6 +70,17 @@ async def test_the_sdk_makes_a_video_and_downloads_its_mp4(server):
     assert states[-1].completed_at is not None and states[-1].expires_at is not None
     content = await sdk.videos.download_content(video.id)
     assert frames_of(content.content) == (8, 16, 16, "h264")
+    thumbnail = await sdk.videos.download_content(video.id, variant="thumbnail")
+    sheet = await sdk.videos.download_content(video.id, variant="spritesheet")
+    assert thumbnail.response.headers["content-type"] == "image/webp"
+    assert sheet.response.headers["content-type"] == "image/jpeg"
+    assert picture(thumbnail.content) == ("WEBP", (16, 16))
+    assert picture(sheet.content) == ("JPEG", (3 * 16, 3 * 16))  # 8 frames, 3 a row
+    again = await sdk.videos.download_content(video.id, variant="spritesheet")
+    assert again.content == sheet.content  # stored when the video finished
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=60) as http:
+        bad = await http.get(f"/v1/videos/{video.id}/content", params={"variant": "gif"})
+    assert (bad.status_code, bad.json()["error"]["param"]) == (400, "variant")
 
 
 async def test_ranges_list_and_delete(server):
