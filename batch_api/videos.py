@@ -48,7 +48,6 @@ from duplex_server.engine.diffusion import (
 from duplex_server.jobs.journal import StoredJob
 from duplex_server.jobs.run import JobError, JobInput, JobKind, JobRequest
 from duplex_server.jobs.runner import JobRunner
-from duplex_server.sessions.core import records as r
 
 ROUTE = "/v1/videos"
 ROUTE_SYNC = "/v1/videos/sync"
@@ -195,8 +194,8 @@ class VideosApi:
         registers the job kinds, so jobs a crash left can run again."""
         engine = load_diffusion(config.video_model, video=True) if config.video_model else None
         api = cls(engine, runner, config.max_upload_bytes, config.batch_retention_s)
-        for route in (ROUTE, ROUTE_SYNC):
-            runner.register(JobKind(route, api._produce, lambda _: MP4))
+        runner.register(JobKind(ROUTE, api._produce, lambda _: MP4, listed=True))
+        runner.register(JobKind(ROUTE_SYNC, api._produce, lambda _: MP4))
         return api
 
     def shutdown(self) -> None:
@@ -344,27 +343,21 @@ class VideosApi:
 
     # --- reading back ------------------------------------------------------------
 
-    async def _stored(self, video_id: str, principal: str) -> tuple[StoredJob, int | None]:
-        """The job behind ``video_id`` if it is this principal's video (404
-        otherwise), and when its result was recorded (ms; None: running)."""
+    async def _stored(self, video_id: str, principal: str) -> StoredJob:
+        """The job behind ``video_id`` (one read of its log) if it is this
+        principal's video; 404 otherwise."""
         stored = await self.runner.job(principal, video_id)
         if stored is None or stored.job is None or stored.job.route != ROUTE:
             raise JobError(404, "video_not_found", f"no video {video_id!r}", "video_id")
-        finished = None
-        if stored.result is not None:
-            records = await self.runner.log.read(video_id)
-            finished = next(
-                (rec.ts_ms for rec in records if isinstance(rec.body, r.ResultBody)), None
-            )
-        return stored, finished
+        return stored
 
     async def _video(self, video_id: str, principal: str) -> VideoObject:
-        return self._object(*await self._stored(video_id, principal))
+        return self._object(await self._stored(video_id, principal))
 
-    def _object(self, stored: StoredJob, finished_ms: int | None) -> VideoObject:
+    def _object(self, stored: StoredJob) -> VideoObject:
         assert stored.job is not None
         req = msgspec.json.decode(stored.job.params, type=VideoRequest)
-        result = stored.result
+        result, finished_ms = stored.result, stored.finished_ms
         video = VideoObject(
             id=stored.job_id,
             created_at=stored.created_ms // 1000,
@@ -429,31 +422,30 @@ class VideosApi:
             if order not in ("asc", "desc"):
                 raise _invalid("order", "order is asc or desc")
             after = request.query_params.get("after")
-            videos = await self._all(principal)
+            found = await self.runner.listing(principal, ROUTE, after, limit, order == "desc")
+            page = await self._page(found.job_ids, principal)
         except JobError as exc:
             return error_response(exc)
-        if order == "desc":  # _all is oldest first, to the millisecond
-            videos.reverse()
-        if after is not None:
-            ids = [v.id for v in videos]
-            videos = videos[ids.index(after) + 1 :] if after in ids else []
-        page = videos[:limit]
         body = {
             "object": "list",
             "data": [msgspec.to_builtins(v) for v in page],
             "first_id": page[0].id if page else None,
             "last_id": page[-1].id if page else None,
-            "has_more": len(videos) > limit,
+            "has_more": found.has_more,
         }
         return JSONResponse(body)
 
-    async def _all(self, principal: str) -> list[VideoObject]:
+    async def _page(self, video_ids: list[str], principal: str) -> list[VideoObject]:
+        """The listed videos, each read from its log (a page's worth, never
+        all of them); one deleted meanwhile is left out, and out of the index."""
         videos = []
-        for stored in await self.runner.jobs(principal, ROUTE):
+        for video_id in video_ids:
             try:
-                videos.append(await self._video(stored.job_id, principal))
-            except JobError:
-                continue  # deleted while the list was read
+                videos.append(await self._video(video_id, principal))
+            except JobError as exc:
+                if exc.status != 404:
+                    raise
+                self.runner.unlisted(video_id)
         return videos
 
     async def delete(self, request: Request) -> Response:
@@ -480,7 +472,7 @@ class VideosApi:
             variant = request.query_params.get("variant", "video")
             if variant not in VARIANTS:
                 raise _invalid("variant", f"variant {variant!r}: one of {', '.join(VARIANTS)}")
-            stored, _ = await self._stored(request.path_params["video_id"], principal)
+            stored = await self._stored(request.path_params["video_id"], principal)
             if stored.result is None or stored.result.output is None:
                 raise JobError(409, "video_not_ready", "the video has not finished", "video_id")
             if variant == "video":

@@ -63,12 +63,14 @@ Producer = Callable[[JobInput], AsyncIterator[bytes]]
 
 @dataclass(frozen=True)
 class JobKind:
-    """A route's jobs: how to run one from its stored request, and the
-    content type of its body (from the request)."""
+    """A route's jobs: how to run one from its stored request, the content
+    type of its body (from the request), and whether clients list them
+    (``listed``: the runner keeps an index of them, :mod:`jobs.index`)."""
 
     route: str
     produce: Producer
     content_type: Callable[[bytes], str]
+    listed: bool = False
 
 
 @dataclass

@@ -113,6 +113,37 @@ async def test_ranges_list_and_delete(server):
         await sdk.videos.retrieve(made[0].id)
 
 
+async def test_the_listing_is_rebuilt_from_the_log_and_reads_only_its_page(video_model, tmp_path):
+    store = f"sqlite:{tmp_path / 'listed.db'}"
+    async with batch_server(store, video_model=video_model) as first:
+        sdk = client(first)
+        made = [
+            await sdk.videos.create(prompt=f"take {i}", size="16x16", seconds="2", extra_body=FAST)
+            for i in range(2)
+        ]
+        for video in made:
+            await finished(sdk, video.id)
+    async with batch_server(store, video_model=video_model) as second:
+        sdk = client(second)
+        listed = await sdk.videos.list(order="asc")
+        assert [v.id for v in listed.data] == [v.id for v in made]
+        assert {v.status for v in listed.data} == {"completed"}
+        log = second.app.state.log
+        reads: list[str] = []
+        read = log.read
+
+        async def counted(session_id: str, after_seq: int = 0) -> list:
+            reads.append(session_id)
+            return await read(session_id, after_seq)
+
+        log.read = counted  # the listing's cost: the page's logs, not every job's
+        page = await sdk.videos.list(limit=1)  # newest first
+        assert [v.id for v in page.data] == [made[1].id] and page.has_more
+        assert reads == [made[1].id]
+        rest = await sdk.videos.list(limit=1, after=made[1].id)
+        assert [v.id for v in rest.data] == [made[0].id] and not rest.has_more
+
+
 async def test_progress_streams_as_server_sent_events(server):
     sdk = client(server)
     video = await sdk.videos.create(
