@@ -182,7 +182,9 @@ async def _measure(
         side = args.image_size or direct.native_side
         ask = ImageAsk(PROMPT, side, side, args.image_steps, args.image_n, seed=1)
         if "images" in parts:
-            report["images"] = await compare(server.http_url, direct, ask, args.image_jobs)
+            report["images"] = await compare(
+                server.http_url, direct, ask, args.image_jobs, server.pid
+            )
         del direct  # its memory back before the realtime phases
     if "realtime" in parts:
         report.update(await _realtime(args, server, proc, ws_url, ask))
