@@ -48,6 +48,8 @@ from duplex_server.engine.diffusion import (
 from duplex_server.jobs.journal import StoredJob
 from duplex_server.jobs.run import JobError, JobInput, JobKind, JobRequest
 from duplex_server.jobs.runner import JobRunner
+from duplex_server.sessions.core import records as r
+from duplex_server.sessions.log.store import UnknownSession
 
 ROUTE = "/v1/videos"
 ROUTE_SYNC = "/v1/videos/sync"
@@ -395,22 +397,33 @@ class VideosApi:
     async def _events(
         self, video_id: str, principal: str, video: VideoObject
     ) -> AsyncIterator[bytes]:
-        """``video.progress`` each time the job moves, then ``video.completed``
-        or ``video.failed``; the stream ends with the job (or its deletion)."""
-        last: tuple[str, int] | None = None
+        """``video.progress`` for every step the job's log records, then
+        ``video.completed`` or ``video.failed``; the stream ends with the job
+        (or its deletion). The events come from the log's ``progress``
+        records, not from samples of the job's state, so a client that
+        connects late, or reads slowly, still sees every step once."""
+        after, shown = 0, -1
         while True:
-            if (video.status, video.progress) != last:
-                last = (video.status, video.progress)
-                final = video.status in ("completed", "failed")
-                name = f"video.{video.status}" if final else "video.progress"
-                yield _sse(name, msgspec.json.encode(video))
-                if final:
+            try:
+                records = await self.runner.log.read(video_id, after_seq=after)
+            except UnknownSession:
+                return
+            for record in records:
+                after = record.seq
+                body = record.body
+                if isinstance(body, r.ProgressBody) and body.percent > shown:
+                    shown = body.percent
+                    video.progress = body.percent
+                    video.status = "queued" if body.percent == 0 else "in_progress"
+                    yield _sse("video.progress", msgspec.json.encode(video))
+                elif isinstance(body, r.ResultBody):
+                    try:
+                        final = await self._video(video_id, principal)
+                    except JobError:
+                        return
+                    yield _sse(f"video.{final.status}", msgspec.json.encode(final))
                     return
             await asyncio.sleep(POLL_S)
-            try:
-                video = await self._video(video_id, principal)
-            except JobError:
-                return
 
     async def list_videos(self, request: Request) -> Response:
         try:
