@@ -52,7 +52,9 @@ class BatchApi:
     @classmethod
     def build(cls, config: ServerConfig, log: SessionLog, model: ModelPort) -> BatchApi:
         temporary = config.blob_dir is None and config.store == "memory"
-        blobs = BlobStore(config.blob_dir or default_blob_dir(config.store))
+        # As durable as the log: a blob the log may lose need not reach the disk.
+        fsync = log.durable and config.durability != "os-buffered"
+        blobs = BlobStore(config.blob_dir or default_blob_dir(config.store), fsync=fsync)
         runner = JobRunner(
             log,
             blobs,

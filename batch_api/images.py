@@ -269,10 +269,10 @@ class ImagesApi:
             image = files.get("image")
             if image is None:
                 raise JobError(400, "missing_required_parameter", "an edit needs image", "image")
-            _picture(image, "image")
+            await self.runner.offload(_picture, image, "image")  # decodes: off the loop
             uploads = [(image, "application/octet-stream")]
             if "mask" in files:
-                _picture(files["mask"], "mask", mask=True)
+                await self.runner.offload(_picture, files["mask"], "mask", True)
                 uploads.append((files["mask"], "application/octet-stream"))
             run = await self.runner.submit(
                 JobRequest(
@@ -330,8 +330,11 @@ class ImagesApi:
         req = msgspec.json.decode(given.params, type=ImageRequest)
         info = await self._info()  # again: the server may have restarted with another model
         width, height = parse_size(req.size, info)
-        image = _picture(given.uploads[0], "image") if given.uploads else None
-        mask = _picture(given.uploads[1], "mask", mask=True) if len(given.uploads) > 1 else None
+        # Decoding and encoding pictures is CPU work: on the jobs' pool, never the event loop.
+        image = await given.offload(_picture, given.uploads[0], "image") if given.uploads else None
+        mask = None
+        if len(given.uploads) > 1:
+            mask = await given.offload(_picture, given.uploads[1], "mask", True)
         job = ImageJob(
             prompt=req.prompt,
             width=width,
@@ -351,25 +354,30 @@ class ImagesApi:
                 await given.progress(chunk.done * 100 // max(1, chunk.total), "denoising")
             elif isinstance(chunk, Images):
                 pictures = chunk.images
-        data = [
-            {"b64_json": _b64(encode_image(p, req.output_format, req.output_compression))}
-            for p in pictures
-        ]
         given.metadata.update(seed=job.seed, steps=job.steps)
-        yield msgspec.json.encode(
-            {
-                "created": int(time.time()),
-                "data": data,
-                "output_format": req.output_format,
-                "size": req.size,
-            }
-        )
+        yield await given.offload(response_body, pictures, req)
 
 
-def _b64(data: bytes) -> str:
+def response_body(pictures: list[Pixels], req: ImageRequest) -> bytes:
+    """OpenAI's images response: each picture encoded, base64 in ``b64_json``."""
     import base64
 
-    return base64.b64encode(data).decode()
+    data = [
+        {
+            "b64_json": base64.b64encode(
+                encode_image(p, req.output_format, req.output_compression)
+            ).decode()
+        }
+        for p in pictures
+    ]
+    return msgspec.json.encode(
+        {
+            "created": int(time.time()),
+            "data": data,
+            "output_format": req.output_format,
+            "size": req.size,
+        }
+    )
 
 
 _NUMBERS = {"n": int, "seed": int, "num_inference_steps": int, "output_compression": int}

@@ -101,15 +101,28 @@ def validate(req: SpeechRequest, audio: BatchAudio) -> SpeechRequest:
             f"{speech.speed.low} to {speech.speed.high}",
         )
     _check_rate(req)
-    if req.seed is not None:
-        # eSpeak NG's output differs run to run (its wave generator keeps
-        # state between calls), and the stage port passes no seed to the
-        # others: a seed would be a promise not kept.
-        raise _invalid(
-            "seed", f"{speech.name}'s output cannot be pinned by a seed", "unsupported_value"
-        )
+    _check_seed(req, speech)
     _refuse_unserved(req, speech, voice)
     return req
+
+
+def _check_seed(req: SpeechRequest, speech: BatchSpeech) -> None:
+    """A seed pins a sampling synthesiser's noise (VITS). eSpeak NG samples
+    nothing, yet the same text differs by a few samples call to call (the
+    library carries its pitch flutter from one call to the next, and nothing
+    resets it), and Piper draws its noise inside onnxruntime: for them a seed
+    would promise a repeatable output they cannot give, so it is refused."""
+    if req.seed is None:
+        return
+    if not speech.seedable:
+        raise _invalid(
+            "seed",
+            f"{speech.name} cannot be pinned by a seed: its output varies call to call "
+            "whatever the seed (serve --tts vits:PATH for seeded speech)",
+            "unsupported_value",
+        )
+    if not 0 <= req.seed < 2**63:
+        raise _invalid("seed", "seed must be 0 to 2**63 - 1")
 
 
 def _speech(audio: BatchAudio, model: str) -> BatchSpeech:
@@ -154,8 +167,13 @@ def _check_rate(req: SpeechRequest) -> None:
 def _refuse_unserved(req: SpeechRequest, speech: BatchSpeech, voice: str) -> None:
     """Fields this synthesiser cannot honour: refused by name, never ignored."""
     if req.instructions:
+        # gpt-4o-mini-tts reads a prompt ("speak cheerfully"); eSpeak NG,
+        # Piper and VITS take no prompt, only a voice and a speed.
         raise _invalid(
-            "instructions", f"{speech.name} takes no style instructions", "unsupported_value"
+            "instructions",
+            f"{speech.name} takes no style instructions (only voice and speed); "
+            "send none, or an empty string",
+            "unsupported_value",
         )
     if req.task_type not in (None, "CustomVoice"):
         raise _invalid(
@@ -193,6 +211,7 @@ def kind(audio: BatchAudio) -> JobKind:
         req = msgspec.json.decode(given.params, type=SpeechRequest)
         # Checked again: the server may have restarted with another --model or --tts.
         speech = _speech(audio, req.model)
+        _check_seed(req, speech)
         async for chunk in synthesise(req, speech, given):
             yield chunk
 
@@ -208,7 +227,7 @@ async def synthesise(
     whole = req.stream_format is None
     encoder = AudioEncoder(req.response_format, rate, seekable=whole)
     samples = 0
-    async for pcm in speech.synthesize(req.input, _voice(req, speech), req.speed):
+    async for pcm in speech.synthesize(req.input, _voice(req, speech), req.speed, req.seed):
         # Clause by clause (each starts and ends in the synthesiser's
         # silence), resampled and encoded off the event loop.
         count, encoded = await given.offload(_encode, encoder, pcm, speech.sample_rate_hz)

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import msgspec
 from starlette.datastructures import UploadFile
@@ -36,6 +34,7 @@ from batch_api.http import (
     principal_name,
 )
 from batch_api.images import MAX_PROMPT_CHARS, MAX_STEPS, job_seed
+from batch_api.video_media import VARIANTS, encode_mp4, previews
 from duplex_server.config import ServerConfig
 from duplex_server.engine.diffusion import (
     DiffusionEngine,
@@ -54,7 +53,7 @@ from duplex_server.sessions.log.store import UnknownSession
 
 ROUTE = "/v1/videos"
 ROUTE_SYNC = "/v1/videos/sync"
-MP4 = "video/mp4"
+MP4 = VARIANTS["video"]
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 DEFAULT_SECONDS = 4
 DEFAULT_STEPS = 25
@@ -64,25 +63,6 @@ MAX_FIELD_BYTES = 64 * 1024  # a form field that is not a file (a prompt)
 MAX_JSON_BODY_BYTES = 1024 * 1024
 POLL_S = 0.25  # an SSE stream re-reads its job's records this often
 ENCODING_SHARE = 5  # percent of progress left for writing the MP4
-
-
-def encode_mp4(video: Video) -> bytes:
-    """H.264 in MP4, its index first (``faststart``): playable while it downloads."""
-    import av
-
-    frames = video.frames
-    # faststart rewrites the file to move the index: it needs a real file.
-    with tempfile.TemporaryDirectory(prefix="duplex-mp4-") as scratch:
-        path = Path(scratch) / "video.mp4"
-        with av.open(str(path), "w", options={"movflags": "+faststart"}) as container:
-            stream = container.add_stream("libx264", rate=video.fps)
-            stream.width, stream.height = int(frames.shape[2]), int(frames.shape[1])
-            stream.pix_fmt = "yuv420p"
-            for pixels in frames:
-                frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
-                container.mux(stream.encode(frame))
-            container.mux(stream.encode(None))
-        return path.read_bytes()
 
 
 class RangeNotSatisfiable(ValueError):
@@ -216,8 +196,8 @@ class VideosApi:
         registers the job kinds, so jobs a crash left can run again."""
         engine = load_diffusion(config.video_model, video=True) if config.video_model else None
         api = cls(engine, runner, config.max_upload_bytes, config.batch_retention_s)
-        for route in (ROUTE, ROUTE_SYNC):
-            runner.register(JobKind(route, api._produce, lambda _: MP4))
+        runner.register(JobKind(ROUTE, api._produce, lambda _: MP4, listed=True))
+        runner.register(JobKind(ROUTE_SYNC, api._produce, lambda _: MP4))
         return api
 
     def shutdown(self) -> None:
@@ -358,33 +338,28 @@ class VideosApi:
                 video = chunk
         assert video is not None  # the engine ends every job with its result
         await given.progress(100 - ENCODING_SHARE, "encoding")
-        data = await asyncio.to_thread(encode_mp4, Video(video.frames, resolved.fps))
+        data = await given.offload(encode_mp4, Video(video.frames, resolved.fps))
+        given.assets.update(await given.offload(previews, data))
         given.metadata.update(seed=job.seed, frames=job.frames, fps=resolved.fps)
         yield data
 
     # --- reading back ------------------------------------------------------------
 
-    async def _stored(self, video_id: str, principal: str) -> tuple[StoredJob, int | None]:
-        """The job behind ``video_id`` if it is this principal's video (404
-        otherwise), and when its result was recorded (ms; None: running)."""
+    async def _stored(self, video_id: str, principal: str) -> StoredJob:
+        """The job behind ``video_id`` (one read of its log) if it is this
+        principal's video; 404 otherwise."""
         stored = await self.runner.job(principal, video_id)
         if stored is None or stored.job is None or stored.job.route != ROUTE:
             raise JobError(404, "video_not_found", f"no video {video_id!r}", "video_id")
-        finished = None
-        if stored.result is not None:
-            records = await self.runner.log.read(video_id)
-            finished = next(
-                (rec.ts_ms for rec in records if isinstance(rec.body, r.ResultBody)), None
-            )
-        return stored, finished
+        return stored
 
     async def _video(self, video_id: str, principal: str) -> VideoObject:
-        return self._object(*await self._stored(video_id, principal))
+        return self._object(await self._stored(video_id, principal))
 
-    def _object(self, stored: StoredJob, finished_ms: int | None) -> VideoObject:
+    def _object(self, stored: StoredJob) -> VideoObject:
         assert stored.job is not None
         req = msgspec.json.decode(stored.job.params, type=VideoRequest)
-        result = stored.result
+        result, finished_ms = stored.result, stored.finished_ms
         video = VideoObject(
             id=stored.job_id,
             created_at=stored.created_ms // 1000,
@@ -460,31 +435,30 @@ class VideosApi:
             if order not in ("asc", "desc"):
                 raise _invalid("order", "order is asc or desc")
             after = request.query_params.get("after")
-            videos = await self._all(principal)
+            found = await self.runner.listing(principal, ROUTE, after, limit, order == "desc")
+            page = await self._page(found.job_ids, principal)
         except JobError as exc:
             return error_response(exc)
-        if order == "desc":  # _all is oldest first, to the millisecond
-            videos.reverse()
-        if after is not None:
-            ids = [v.id for v in videos]
-            videos = videos[ids.index(after) + 1 :] if after in ids else []
-        page = videos[:limit]
         body = {
             "object": "list",
             "data": [msgspec.to_builtins(v) for v in page],
             "first_id": page[0].id if page else None,
             "last_id": page[-1].id if page else None,
-            "has_more": len(videos) > limit,
+            "has_more": found.has_more,
         }
         return JSONResponse(body)
 
-    async def _all(self, principal: str) -> list[VideoObject]:
+    async def _page(self, video_ids: list[str], principal: str) -> list[VideoObject]:
+        """The listed videos, each read from its log (a page's worth, never
+        all of them); one deleted meanwhile is left out, and out of the index."""
         videos = []
-        for stored in await self.runner.jobs(principal, ROUTE):
+        for video_id in video_ids:
             try:
-                videos.append(await self._video(stored.job_id, principal))
-            except JobError:
-                continue  # deleted while the list was read
+                videos.append(await self._video(video_id, principal))
+            except JobError as exc:
+                if exc.status != 404:
+                    raise
+                self.runner.unlisted(video_id)
         return videos
 
     async def delete(self, request: Request) -> Response:
@@ -503,27 +477,39 @@ class VideosApi:
         return JSONResponse({"id": video_id, "object": "video.deleted", "deleted": True})
 
     async def content(self, request: Request) -> Response:
+        """The MP4 (``variant=video``, the default), its ``thumbnail`` or its
+        ``spritesheet``: blobs the job stored when it finished; any of them
+        by byte range."""
         try:
             principal = principal_name(request)
             variant = request.query_params.get("variant", "video")
-            if variant != "video":
-                raise _invalid("variant", f"variant {variant!r}: only video", "unsupported_value")
-            stored, _ = await self._stored(request.path_params["video_id"], principal)
+            if variant not in VARIANTS:
+                raise _invalid("variant", f"variant {variant!r}: one of {', '.join(VARIANTS)}")
+            stored = await self._stored(request.path_params["video_id"], principal)
             if stored.result is None or stored.result.output is None:
                 raise JobError(409, "video_not_ready", "the video has not finished", "video_id")
-            data = await self.runner.output(stored)
+            if variant == "video":
+                data = await self.runner.output(stored)
+            else:
+                data = await self.runner.asset(stored, variant)
         except JobError as exc:
             return error_response(exc)
-        try:
-            span = byte_range(request.headers.get("range"), len(data))
-        except RangeNotSatisfiable:
-            return Response(status_code=416, headers={"Content-Range": f"bytes */{len(data)}"})
-        headers = {"Accept-Ranges": "bytes"}
-        if span is None:
-            return Response(data, media_type=MP4, headers=headers)
-        first, last = span
-        headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
-        return Response(data[first : last + 1], 206, media_type=MP4, headers=headers)
+        return _ranged(data, VARIANTS[variant], request.headers.get("range"))
+
+
+def _ranged(data: bytes, media_type: str, range_header: str | None) -> Response:
+    """``data`` whole (200) or the one byte range asked for (206; 416 if it
+    names no byte)."""
+    try:
+        span = byte_range(range_header, len(data))
+    except RangeNotSatisfiable:
+        return Response(status_code=416, headers={"Content-Range": f"bytes */{len(data)}"})
+    headers = {"Accept-Ranges": "bytes"}
+    if span is None:
+        return Response(data, media_type=media_type, headers=headers)
+    first, last = span
+    headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
+    return Response(data[first : last + 1], 206, media_type=media_type, headers=headers)
 
 
 def _json(video: VideoObject) -> Response:

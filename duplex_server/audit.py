@@ -73,6 +73,7 @@ def _summary(body: r.AnyBody) -> str:
         r.ResultBody: lambda b: (
             f"{b.status} {b.http_status}"
             + (f" output={_blob(b.output)}" if b.output else "")
+            + "".join(f" {name}={_blob(ref)}" for name, ref in b.assets.items())
             + (f" {b.error_code} ({b.error_param}): {b.error_message}" if b.error_code else "")
         ),
     }

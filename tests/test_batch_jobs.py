@@ -5,6 +5,7 @@ are swept, half-written blobs never stay, and one key cannot fill the server."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 import uuid
@@ -13,7 +14,7 @@ import msgspec
 import openai
 import pytest
 
-from batch_api.speech import SpeechRequest
+from batch_api.speech import ROUTE, SpeechRequest
 from duplex_server.jobs.blobs import BlobStore
 from duplex_server.jobs.run import JobRequest
 from duplex_server.sessions.core import records as r
@@ -165,10 +166,12 @@ async def test_a_job_a_dead_process_left_is_finished_by_the_next(request, tmp_pa
 
 async def test_a_polling_client_reads_its_jobs_and_deletes_them(tmp_path):
     """What asynchronous routes (videos) build on: a job by id, a
-    principal's jobs of a route, the output, deletion (also mid-run)."""
+    principal's jobs of a listed route (speech made one here), the output,
+    deletion (also mid-run)."""
     long_text = "A long text keeps the synthesiser busy for a while. " * 60
     async with batch_server(f"sqlite:{tmp_path / 's.db'}") as server:
         runner = server.app.state.batch.runner
+        runner.register(dataclasses.replace(runner.kinds[ROUTE], listed=True))
         sdk = client(server)
         done = await sdk.audio.speech.with_raw_response.create(
             model="tts-1", voice="alloy", input=TEXT
@@ -188,10 +191,14 @@ async def test_a_polling_client_reads_its_jobs_and_deletes_them(tmp_path):
         (running_id,) = runner.runs
         while await runner.job("anonymous", running_id) is None:  # its request not logged yet
             await asyncio.sleep(0.005)
-        listed = await runner.jobs("anonymous", "/v1/audio/speech")
-        assert [job.job_id for job in listed] == [job_id, running_id]
-        assert listed[1].result is None and not listed[1].closed
-        assert await runner.jobs("anonymous", "/v1/videos") == []
+        listed = await runner.listing("anonymous", ROUTE, None, 10, descending=False)
+        assert listed.job_ids == [job_id, running_id] and not listed.has_more
+        newest = await runner.listing("anonymous", ROUTE, None, 1, descending=True)
+        assert newest.job_ids == [running_id] and newest.has_more
+        older = await runner.listing("anonymous", ROUTE, running_id, 1, descending=True)
+        assert older.job_ids == [job_id] and not older.has_more
+        assert (await runner.listing("someone-else", ROUTE, None, 10, False)).job_ids == []
+        assert (await runner.listing("anonymous", "/v1/videos", None, 10, False)).job_ids == []
 
         assert await runner.delete("anonymous", running_id)
         with pytest.raises(openai.NotFoundError) as deleted:
@@ -200,6 +207,7 @@ async def test_a_polling_client_reads_its_jobs_and_deletes_them(tmp_path):
         assert await runner.delete("anonymous", job_id)
         assert await job_ids(server) == [] and blob_files(server) == []
         assert not await runner.delete("anonymous", job_id)
+        assert len(runner.index) == 0
 
 
 async def test_realtime_speech_goes_ahead_of_queued_batch_clauses(tmp_path):

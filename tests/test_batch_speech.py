@@ -303,3 +303,29 @@ async def test_every_format_streams_as_a_decodable_file(tmp_path, fmt):
     samples, rate, _ = decoded(b"".join(chunks))
     assert rate == (48_000 if fmt == "opus" else 24_000)
     assert samples / rate > 10
+
+
+async def test_a_seed_pins_vits_speech(tmp_path):
+    """VITS samples its durations and prior: unseeded, two runs differ; under
+    one seed they are the same bytes, computed afresh (no key, no replay)."""
+    from tests.tiny_models import tiny_vits
+
+    vits = tiny_vits(tmp_path / "vits")
+    async with batch_server(
+        "memory", blob_dir=str(tmp_path / "blobs"), tts=f"vits:{vits}"
+    ) as server:
+        sdk = client(server)
+
+        async def speak(seed: int | None) -> bytes:
+            extra = {} if seed is None else {"seed": seed}
+            speech = await sdk.audio.speech.create(
+                model="tts-1", voice="alloy", input=TEXT, response_format="pcm", extra_body=extra
+            )
+            return speech.content
+
+        first, again, other = await speak(7), await speak(7), await speak(8)
+        unseeded = {await speak(None), await speak(None)}
+        assert server.app.state.batch.runner.executions == 5
+    assert first == again and len(first) > 0
+    assert other != first
+    assert len(unseeded) == 2  # without a seed the sampler's noise differs

@@ -159,3 +159,29 @@ async def test_a_pipeline_that_does_not_load_says_why(tmp_path):
         await engine.info()
     assert not engine.ready
     engine.shutdown()
+
+
+def test_an_image_and_a_video_pipeline_load_together_in_a_fresh_process(tmp_path):
+    """``--image-model`` and ``--video-model`` start loading at once on two
+    threads; a fresh interpreter is where diffusers is first imported (in
+    this one it already is), and where two threads importing it raced."""
+    import subprocess
+    import sys
+
+    image = tiny_image_pipeline(tmp_path / "image")
+    video = tiny_video_pipeline(tmp_path / "video")
+    script = (
+        "import asyncio\n"
+        "from duplex_server.engine.diffusion import load_diffusion\n"
+        f"engines = [load_diffusion({str(image)!r}, False), load_diffusion({str(video)!r}, True)]\n"
+        "async def main():\n"
+        "    for engine in engines:\n"
+        "        print((await engine.info()).pipeline)\n"
+        "        engine.shutdown()\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+    )  # the timeout is a hang guard, not a measurement
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["StableDiffusionPipeline", "AnimateDiffPipeline"]

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from batch_api.images import Undecodable, decode_image, encode_image
-from batch_api.videos import RangeNotSatisfiable, byte_range, encode_mp4
+from batch_api.video_media import encode_mp4, previews
+from batch_api.videos import RangeNotSatisfiable, byte_range
 from duplex_server.engine.diffusion import Video
 
 
@@ -27,6 +28,27 @@ def test_an_mp4_holds_every_frame_at_its_rate():
     assert len(decoded) == 12
     bright = [int((frame[8, :, 0] > 128).sum()) for frame in decoded]
     assert bright == sorted(bright) and bright[-1] > bright[0]
+
+
+def test_previews_are_the_first_frame_and_a_grid_of_frames_through_the_video():
+    from PIL import Image
+
+    frames = np.zeros((40, 16, 24, 3), np.uint8)
+    for index in range(40):
+        frames[index] = index * 6  # darker to lighter
+    made = previews(encode_mp4(Video(frames, fps=8)))
+    assert {name: media for name, (_, media) in made.items()} == {
+        "thumbnail": "image/webp",
+        "spritesheet": "image/jpeg",
+    }
+    with Image.open(io.BytesIO(made["thumbnail"][0])) as thumbnail:
+        assert (thumbnail.format, thumbnail.size) == ("WEBP", (24, 16))
+        assert max(thumbnail.convert("L").getdata()) < 20  # the first, darkest frame
+    with Image.open(io.BytesIO(made["spritesheet"][0])) as sheet:
+        assert (sheet.format, sheet.size) == ("JPEG", (4 * 24, 4 * 16))  # 16 of 40 frames
+        grey = np.asarray(sheet.convert("L"), np.int16)
+    tiles = [int(grey[8 + 16 * (i // 4), 12 + 24 * (i % 4)]) for i in range(16)]
+    assert tiles == sorted(tiles) and tiles[-1] - tiles[0] > 180  # first frame to last
 
 
 @pytest.mark.parametrize(

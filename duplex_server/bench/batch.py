@@ -35,6 +35,7 @@ import websockets
 
 from duplex_server.bench.batch_images import PROMPT, ImageLoad, compare
 from duplex_server.bench.batch_speech import ms, seconds_of, time_speech
+from duplex_server.bench.diffusion_pipeline import ImageAsk
 from duplex_server.bench.generator import GeneratorCpu, validity
 from duplex_server.bench.server_process import ServerProcess
 
@@ -166,19 +167,43 @@ async def _measure(
     proc = psutil.Process(server.pid)
     ws_url = server.ws_at("/v1/realtime")
     await realtime_turns(ws_url, 2)  # warm: the voice loaded, the first clause cached
+    parts = set(args.parts.split(","))
     report: dict = {"bench": "batch", "turns": args.turns, "response_format": args.response_format}
-    report["speech"] = await time_speech(
-        server.http_url, args.speech_requests, args.response_format
-    )
+    report["parts"] = sorted(parts)
+    if "speech" in parts:
+        report["speech"] = await time_speech(
+            server.http_url, args.speech_requests, args.response_format
+        )
     ask = None
-    if image_model is not None:
-        from duplex_server.bench.diffusion_pipeline import DirectPipeline, ImageAsk
+    if image_model is not None and parts & {"images", "realtime"}:
+        from duplex_server.bench.diffusion_pipeline import DirectPipeline
 
         direct = await asyncio.to_thread(DirectPipeline, image_model)
         side = args.image_size or direct.native_side
         ask = ImageAsk(PROMPT, side, side, args.image_steps, args.image_n, seed=1)
-        report["images"] = await compare(server.http_url, direct, ask, args.image_jobs)
+        if "images" in parts:
+            report["images"] = await compare(
+                server.http_url, direct, ask, args.image_jobs, server.pid
+            )
         del direct  # its memory back before the realtime phases
+    if "realtime" in parts:
+        report.update(await _realtime(args, server, proc, ws_url, ask))
+    else:
+        # The image comparison has no load generator to saturate: the bench
+        # waits while the server paints and paints while the server waits.
+        report.update(valid=None, invalid_reason="validity is judged in the realtime part")
+    return report
+
+
+async def _realtime(
+    args: argparse.Namespace,
+    server: ServerProcess,
+    proc: psutil.Process,
+    ws_url: str,
+    ask: ImageAsk | None,
+) -> dict:
+    """First-audio alone, beside batch speech and (``ask``) beside image jobs."""
+    report: dict = {}
     phases = {}
     for name, clients in (("baseline", 0), ("with_batch", args.batch_clients)):
         speech = BatchLoad(server.http_url, clients, args.response_format)

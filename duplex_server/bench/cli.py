@@ -43,6 +43,12 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--turns", type=int, default=30, help="realtime answers timed per phase")
     p.add_argument(
+        "--parts",
+        default="speech,images,realtime",
+        help="which parts to run, comma-separated: speech (first byte, RTF), images (server "
+        "vs direct steps/s), realtime (first-audio alone, beside batch speech and images)",
+    )
+    p.add_argument(
         "--speech-requests",
         type=int,
         default=10,

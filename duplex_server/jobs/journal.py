@@ -35,9 +35,12 @@ class JobWriter:
         self.job_id = job_id
         self.fence = fence
         self.last_seq = last_seq
+        self.created_ms: int | None = None  # when this writer opened the job
 
     async def append(self, *bodies: r.AnyBody) -> None:
         now_ms = int(time.time() * 1000)
+        if self.last_seq == 0:
+            self.created_ms = now_ms
         records = [
             r.Record(epoch=0, ts_ms=now_ms, origin="server", body=body, seq=self.last_seq + i)
             for i, body in enumerate(bodies, start=1)
@@ -64,6 +67,7 @@ class StoredJob:
     closed: bool
     last_seq: int
     created_ms: int
+    finished_ms: int | None = None  # when the result was recorded
 
     @classmethod
     def of(cls, job_id: str, records: list[r.Record]) -> StoredJob:
@@ -72,6 +76,7 @@ class StoredJob:
         result = None
         progress = 0
         closed = False
+        finished_ms = None
         for record in records:
             body = record.body
             if isinstance(body, r.ConfigBody) and body.owner is not None:
@@ -81,7 +86,7 @@ class StoredJob:
             elif isinstance(body, r.ProgressBody):
                 progress = body.percent
             elif isinstance(body, r.ResultBody):
-                result = body
+                result, finished_ms = body, record.ts_ms
             elif isinstance(body, r.CloseBody):
                 closed = True
         return cls(
@@ -93,10 +98,13 @@ class StoredJob:
             closed,
             records[-1].seq if records else 0,
             records[0].ts_ms if records else 0,
+            finished_ms,
         )
 
     def blobs(self) -> list[r.BlobRef]:
         refs = list(self.job.inputs) if self.job is not None else []
-        if self.result is not None and self.result.output is not None:
-            refs.append(self.result.output)
+        if self.result is not None:
+            if self.result.output is not None:
+                refs.append(self.result.output)
+            refs.extend(self.result.assets.values())
         return refs

@@ -37,8 +37,9 @@ class JobInput:
     """What a producer gets: the validated request body (JSON), the
     uploads, a way to report progress, ``offload`` for its CPU work
     (encoding, decoding: the runner's bounded pool, never the event loop),
-    and ``metadata`` it may fill for the route (stored as JSON in the
-    result record)."""
+    ``metadata`` it may fill for the route (stored as JSON in the result
+    record) and ``assets``, media made beside the body (name -> bytes and
+    content type), stored as blobs the result record names."""
 
     job_id: str
     params: bytes
@@ -46,6 +47,7 @@ class JobInput:
     progress: Callable[[int, str], Awaitable[None]]
     offload: Offload
     metadata: dict[str, object] = field(default_factory=dict)
+    assets: dict[str, tuple[bytes, str]] = field(default_factory=dict)
 
 
 class Offload(Protocol):
@@ -61,12 +63,14 @@ Producer = Callable[[JobInput], AsyncIterator[bytes]]
 
 @dataclass(frozen=True)
 class JobKind:
-    """A route's jobs: how to run one from its stored request, and the
-    content type of its body (from the request)."""
+    """A route's jobs: how to run one from its stored request, the content
+    type of its body (from the request), and whether clients list them
+    (``listed``: the runner keeps an index of them, :mod:`jobs.index`)."""
 
     route: str
     produce: Producer
     content_type: Callable[[bytes], str]
+    listed: bool = False
 
 
 @dataclass

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from duplex_server.jobs.blobs import BlobMissing, BlobStore
+from duplex_server.jobs.index import JobIndex, Page
 from duplex_server.jobs.journal import JobWriter, StoredJob, keyed_job_id, new_job_id
 from duplex_server.jobs.run import (
     JobError,
@@ -83,9 +84,14 @@ class JobRunner:
         self._housekeeper: asyncio.Task[None] | None = None
         self._recovery_pending = False
         self.executions = 0  # producer runs started in this process (the tests count them)
+        self.index = JobIndex()
+        self._examined: set[str] = set()  # job ids the index has looked at, listed or not
+        self._index_build: asyncio.Task[None] | None = None
 
     def register(self, kind: JobKind) -> None:
         self.kinds[kind.route] = kind
+        if kind.listed:
+            self.index.routes.add(kind.route)
 
     async def offload(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the batch CPU pool (``cpu_workers`` threads)."""
@@ -133,6 +139,8 @@ class JobRunner:
             stored = StoredJob.of(job_id, await self.log.read(job_id))
             return await self._existing(stored, digest)
         writer, job = opened
+        self._examined.add(job_id)
+        self.index.add(job_id, request.principal, request.route, writer.created_ms or 0)
         self._start(run, writer, job, [data for data, _ in request.uploads])
         return run
 
@@ -244,10 +252,10 @@ class JobRunner:
 
         given = JobInput(run.job_id, job.params, uploads, progress, self.offload)
         self.executions += 1
-        ref: r.BlobRef | None = None
+        refs: list[r.BlobRef] = []
         try:
             result = await self._produce(run, kind, given, content_type)
-            ref = result.output
+            refs = [*([result.output] if result.output else []), *result.assets.values()]
             await writer.append(result, r.CloseBody("job_finished"))
         except LogError as exc:
             # Left open in the log: the next start runs it again.
@@ -258,7 +266,7 @@ class JobRunner:
             run.finish(Outcome(run.job_id, "failed", 503, "", b"", {}, error, False))
             return
         finally:
-            if ref is not None:
+            for ref in refs:
                 self._unlogged[ref.digest] -= 1
             self._forget(run)
         stored = StoredJob(run.job_id, run.principal, job, result, 100, True, writer.last_seq, 0)
@@ -283,7 +291,11 @@ class JobRunner:
             log.exception("job %s (%s) failed", run.job_id, kind.route)
             return _failure(JobError(500, "engine_error", f"the job failed: {exc}"), given)
         ref = await self._put(b"".join(run.chunks), content_type)
-        return r.ResultBody("completed", output=ref, metadata=json.dumps(given.metadata).encode())
+        assets = {
+            name: await self._put(data, media) for name, (data, media) in given.assets.items()
+        }
+        metadata = json.dumps(given.metadata).encode()
+        return r.ResultBody("completed", output=ref, metadata=metadata, assets=assets)
 
     # --- recovery, retention, leases -------------------------------------------
 
@@ -342,7 +354,10 @@ class JobRunner:
             self._recovery_pending = True
 
     def start(self) -> None:
-        self._housekeeper = asyncio.get_running_loop().create_task(self._housekeep_forever())
+        loop = asyncio.get_running_loop()
+        self._housekeeper = loop.create_task(self._housekeep_forever())
+        self._index_build = loop.create_task(self.refresh_index())
+        self._index_build.add_done_callback(_log_failure)
 
     async def _housekeep_forever(self) -> None:
         """Leases renewed (shared stores), orphaned jobs adopted (every lease
@@ -359,6 +374,8 @@ class JobRunner:
                 if self._recovery_pending or (self.log.shared and now >= next_adopt):
                     next_adopt = now + adopt_every
                     await self.recover_or_defer()
+                    if self.log.shared and self._index_built():
+                        await self.refresh_index()  # what the other replicas made
                 if now >= next_sweep:
                     next_sweep = now + self.settings.sweep_interval_s
                     await self.recover()
@@ -384,6 +401,8 @@ class JobRunner:
 
     async def _delete_records(self, job_id: str) -> set[str]:
         """Delete a job's log; returns the digests of the blobs it named."""
+        self.index.remove(job_id)
+        self._examined.discard(job_id)
         try:
             named = {
                 ref.digest for ref in StoredJob.of(job_id, await self.log.read(job_id)).blobs()
@@ -424,16 +443,49 @@ class JobRunner:
             return None
         return stored
 
-    async def jobs(self, principal: str, route: str) -> list[StoredJob]:
-        """``principal``'s jobs of ``route``, oldest first (reads every job's
-        log: for listings, not for a hot path)."""
-        found = []
-        for row in await self.log.sessions():
-            if r.is_job_session(row.session_id):
-                stored = await self.job(principal, row.session_id)
-                if stored is not None and stored.job is not None and stored.job.route == route:
-                    found.append(stored)
-        return sorted(found, key=lambda job: (job.created_ms, job.job_id))
+    async def listing(
+        self, principal: str, route: str, after: str | None, limit: int, descending: bool
+    ) -> Page:
+        """A page of ``principal``'s jobs on a listed ``route`` from the index
+        (no job's log is read); waits for the index's first build."""
+        if not self._index_built():
+            if self._index_build is None or self._index_build.done():  # not begun, or failed
+                self._index_build = asyncio.get_running_loop().create_task(self.refresh_index())
+            try:
+                await asyncio.shield(self._index_build)
+            except LogError as exc:
+                raise JobError(503, "storage_unavailable", f"the job log failed: {exc}") from exc
+        return self.index.page(principal, route, after, limit, descending)
+
+    def unlisted(self, job_id: str) -> None:
+        """A listed job found gone from the log (deleted by another replica)."""
+        self.index.remove(job_id)
+        self._examined.discard(job_id)
+
+    def _index_built(self) -> bool:
+        build = self._index_build
+        if build is None or not build.done() or build.cancelled():
+            return False
+        return build.exception() is None
+
+    async def refresh_index(self) -> None:
+        """Bring the index up to the log: index the job sessions not looked at
+        yet (reading each once), forget those no longer there. At start it
+        reads every job once; later (shared stores) only the new ones."""
+        before = set(self._examined)
+        rows = await self.log.sessions()
+        present = {row.session_id for row in rows if r.is_job_session(row.session_id)}
+        for gone in before - present:
+            self.unlisted(gone)
+        for job_id in present - self._examined:
+            try:
+                stored = StoredJob.of(job_id, await self.log.read(job_id))
+            except UnknownSession:
+                continue
+            if stored.job is None or stored.owner is None:
+                continue  # still being opened: looked at again next time
+            self._examined.add(job_id)
+            self.index.add(job_id, stored.owner, stored.job.route, stored.created_ms)
 
     async def output(self, stored: StoredJob) -> bytes:
         """A finished job's body, from the blob store."""
@@ -443,6 +495,21 @@ class JobRunner:
             return await self.blobs.read(stored.result.output)
         except BlobMissing as exc:
             raise JobError(500, "storage_unavailable", f"the job's output is gone ({exc})") from exc
+
+    async def asset(self, stored: StoredJob, name: str) -> bytes:
+        """A finished job's asset ``name`` (``result.assets``), from the blob store."""
+        ref = stored.result.assets.get(name) if stored.result is not None else None
+        if ref is None:
+            raise JobError(
+                404,
+                "asset_not_found",
+                f"job {stored.job_id} stored no {name} (made before the server kept one?)",
+                "variant",
+            )
+        try:
+            return await self.blobs.read(ref)
+        except BlobMissing as exc:
+            raise JobError(500, "storage_unavailable", f"the job's {name} is gone ({exc})") from exc
 
     async def delete(self, principal: str, job_id: str) -> bool:
         """Stop the job if it runs (its requesters get 404 ``job_deleted``)
@@ -465,6 +532,10 @@ class JobRunner:
 
     async def shutdown(self) -> None:
         """Jobs still running stay open in the log: the next start finishes them."""
+        if self._index_build is not None:
+            self._index_build.cancel()
+            with contextlib.suppress(asyncio.CancelledError, LogError):  # a failure is logged
+                await self._index_build
         tasks = [t for t in (self._housekeeper, *self._tasks.values()) if t is not None]
         for task in tasks:
             task.cancel()
@@ -472,6 +543,13 @@ class JobRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._cpu.shutdown(wait=False, cancel_futures=True)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    """The index's first build failed (the store did not answer): the next
+    listing builds it again."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("job index not built yet: %s", task.exception())
 
 
 def _failure(exc: JobError, given: JobInput | None) -> r.ResultBody:

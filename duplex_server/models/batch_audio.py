@@ -10,6 +10,7 @@ never for the whole text.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from duplex_server.engine import Priority
 from duplex_server.sessions.core.model_port import ModelPort
 
 if TYPE_CHECKING:
-    from duplex_server.models.cascade.stages import CascadeStages
+    from duplex_server.models.cascade.stages import CascadeStages, SeededSynthesiser
 
 # What OpenAI's clients send, served by whatever synthesiser / recogniser
 # this server runs (besides each one's own name).
@@ -53,6 +54,9 @@ class BatchSpeech:
         self.sample_rate_hz: int = tts.sample_rate_hz
         self.models = frozenset({self.name, *SPEECH_MODEL_ALIASES})
         self.speed = _speed_range(tts)
+        self._seeded = _seeded(tts)
+        # Whether a seed pins the synthesiser's output (a sampling one: VITS).
+        self.seedable = self._seeded is not None
         self.runs = 0  # engine requests batch speech made (clauses synthesised)
 
     def voice(self, name: str) -> str | None:
@@ -60,14 +64,30 @@ class BatchSpeech:
         voice = self._voices.get(name, name)
         return voice if self._stages.tts.knows_voice(voice) else None
 
-    async def synthesize(self, text: str, voice: str, speed: float) -> AsyncIterator[bytes]:
-        """pcm16 at :attr:`sample_rate_hz`, a clause at a time."""
+    async def synthesize(
+        self, text: str, voice: str, speed: float, seed: int | None = None
+    ) -> AsyncIterator[bytes]:
+        """pcm16 at :attr:`sample_rate_hz`, a clause at a time. ``seed``
+        (only where :attr:`seedable`) pins the sampler: each clause draws
+        from its own seed, derived from ``seed`` and its place in the text,
+        so the whole text comes out the same however the clauses interleave
+        with other work."""
         stage = self._stages.tts_stage
-        for clause in split_long(self._clauses(text), MAX_CLAUSE_CHARS):
+        tts = self._stages.tts
+        for index, clause in enumerate(split_long(self._clauses(text), MAX_CLAUSE_CHARS)):
             started = time.perf_counter()
-            pcm = await stage.run(
-                self._stages.tts.synthesize, clause, voice, speed, priority=Priority.BATCH
-            )
+            if seed is None:
+                pcm = await stage.run(tts.synthesize, clause, voice, speed, priority=Priority.BATCH)
+            else:
+                assert self._seeded is not None  # the route refuses a seed otherwise
+                pcm = await stage.run(
+                    self._seeded.synthesize_seeded,
+                    clause,
+                    voice,
+                    speed,
+                    clause_seed(seed, index),
+                    priority=Priority.BATCH,
+                )
             self.runs += 1
             metrics.observe_stage(
                 "tts_batch", time.perf_counter() - started, len(pcm) / 2 / self.sample_rate_hz
@@ -163,6 +183,18 @@ def split_long(pieces: list[str], limit: int) -> list[str]:
         if piece.strip():
             out.append(piece)
     return out
+
+
+def clause_seed(seed: int, index: int) -> int:
+    """Clause ``index``'s seed: 63 bits of SHA-256 over the request's seed and the index."""
+    digest = hashlib.sha256(f"{seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def _seeded(tts: object) -> SeededSynthesiser | None:
+    from duplex_server.models.cascade.stages import SeededSynthesiser
+
+    return tts if isinstance(tts, SeededSynthesiser) else None
 
 
 def _speed_range(tts: object) -> SpeedRange:

@@ -39,6 +39,13 @@ def frames_of(mp4: bytes) -> tuple[int, int, int, str]:
         return count, stream.width, stream.height, stream.codec_context.name
 
 
+def picture(data: bytes) -> tuple[str, tuple[int, int]]:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return str(image.format), image.size
+
+
 async def finished(sdk: openai.AsyncOpenAI, video_id: str) -> list:
     """The job's states as polled until it ends."""
     seen = []
@@ -63,6 +70,17 @@ async def test_the_sdk_makes_a_video_and_downloads_its_mp4(server):
     assert states[-1].completed_at is not None and states[-1].expires_at is not None
     content = await sdk.videos.download_content(video.id)
     assert frames_of(content.content) == (8, 16, 16, "h264")
+    thumbnail = await sdk.videos.download_content(video.id, variant="thumbnail")
+    sheet = await sdk.videos.download_content(video.id, variant="spritesheet")
+    assert thumbnail.response.headers["content-type"] == "image/webp"
+    assert sheet.response.headers["content-type"] == "image/jpeg"
+    assert picture(thumbnail.content) == ("WEBP", (16, 16))
+    assert picture(sheet.content) == ("JPEG", (3 * 16, 3 * 16))  # 8 frames, 3 a row
+    again = await sdk.videos.download_content(video.id, variant="spritesheet")
+    assert again.content == sheet.content  # stored when the video finished
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=60) as http:
+        bad = await http.get(f"/v1/videos/{video.id}/content", params={"variant": "gif"})
+    assert (bad.status_code, bad.json()["error"]["param"]) == (400, "variant")
 
 
 async def test_ranges_list_and_delete(server):
@@ -93,6 +111,37 @@ async def test_ranges_list_and_delete(server):
     assert deleted.deleted and deleted.id == made[0].id
     with pytest.raises(openai.NotFoundError):
         await sdk.videos.retrieve(made[0].id)
+
+
+async def test_the_listing_is_rebuilt_from_the_log_and_reads_only_its_page(video_model, tmp_path):
+    store = f"sqlite:{tmp_path / 'listed.db'}"
+    async with batch_server(store, video_model=video_model) as first:
+        sdk = client(first)
+        made = [
+            await sdk.videos.create(prompt=f"take {i}", size="16x16", seconds="2", extra_body=FAST)
+            for i in range(2)
+        ]
+        for video in made:
+            await finished(sdk, video.id)
+    async with batch_server(store, video_model=video_model) as second:
+        sdk = client(second)
+        listed = await sdk.videos.list(order="asc")
+        assert [v.id for v in listed.data] == [v.id for v in made]
+        assert {v.status for v in listed.data} == {"completed"}
+        log = second.app.state.log
+        reads: list[str] = []
+        read = log.read
+
+        async def counted(session_id: str, after_seq: int = 0) -> list:
+            reads.append(session_id)
+            return await read(session_id, after_seq)
+
+        log.read = counted  # the listing's cost: the page's logs, not every job's
+        page = await sdk.videos.list(limit=1)  # newest first
+        assert [v.id for v in page.data] == [made[1].id] and page.has_more
+        assert reads == [made[1].id]
+        rest = await sdk.videos.list(limit=1, after=made[1].id)
+        assert [v.id for v in rest.data] == [made[0].id] and not rest.has_more
 
 
 async def test_progress_streams_as_server_sent_events(server):

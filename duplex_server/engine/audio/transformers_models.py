@@ -89,3 +89,16 @@ class VitsTts:
         with self._torch.inference_mode():
             waveform = self._model(**inputs, speaking_rate=speed).waveform[0].numpy()
         return (np.clip(waveform, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+    def synthesize_seeded(self, text: str, voice: str, speed: float, seed: int) -> bytes:
+        """:meth:`synthesize` with the sampler's noise drawn from ``seed``:
+        VITS samples its durations and its prior with ``torch.randn`` on
+        torch's global generator (transformers takes no generator), so the
+        call runs on a forked copy of that generator, seeded, and leaves it
+        as it was. The same seed, text, voice and speed give the same
+        samples, provided nothing else in the process draws from torch's
+        global CPU generator meanwhile (here: calls are serialised on the TTS
+        stage's one thread, and the other torch users own their generators)."""
+        with self._torch.random.fork_rng(devices=[]):
+            self._torch.manual_seed(seed)
+            return self.synthesize(text, voice, speed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -32,23 +33,29 @@ from duplex_server.engine.diffusion.stepping import Progress, StepThread
 VIDEO_FPS = 8
 # The largest side a pipeline is asked for, in multiples of its native size.
 MAX_SIDE_FACTOR = 4
+# Pipelines load one at a time: diffusers' lazy module is not safe to import
+# from two threads at once (with --image-model and --video-model both given,
+# the second thread's ``from diffusers import DiffusionPipeline`` failed with
+# ImportError three times in three fresh processes).
+_LOADING = threading.Lock()
 
 
 class LoadedPipeline:
     """The pipeline and the variants an edit needs, built on the backend's thread."""
 
     def __init__(self, path: Path, video: bool) -> None:
-        import torch
-        from diffusers import DiffusionPipeline
+        with _LOADING:
+            import torch
+            from diffusers import DiffusionPipeline
 
-        self.torch = torch
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.pipe = DiffusionPipeline.from_pretrained(path, local_files_only=True)
-        self.pipe.to(self.device)
-        self.pipe.set_progress_bar_config(disable=True)
-        self._img2img: Any = None
-        self._inpaint: Any = None
-        self.info = self._describe(path, video)
+            self.torch = torch
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+            self.pipe = DiffusionPipeline.from_pretrained(path, local_files_only=True)
+            self.pipe.to(self.device)
+            self.pipe.set_progress_bar_config(disable=True)
+            self._img2img: Any = None
+            self._inpaint: Any = None
+            self.info = self._describe(path, video)
 
     def _describe(self, path: Path, video: bool) -> PipelineInfo:
         pipe = self.pipe

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from duplex_server import metrics
 from duplex_server.audio import StreamResampler, resample_pcm16
@@ -70,6 +70,16 @@ class Synthesiser(Protocol):
         ...
 
     def synthesize(self, text: str, voice: str, speed: float) -> bytes: ...
+
+
+@runtime_checkable
+class SeededSynthesiser(Synthesiser, Protocol):
+    """A synthesiser that samples (VITS), so a seed can pin what it says.
+    eSpeak NG draws nothing at random but carries its pitch flutter from one
+    call to the next inside the library, and Piper draws its noise inside
+    onnxruntime: neither can be pinned, so neither is one."""
+
+    def synthesize_seeded(self, text: str, voice: str, speed: float, seed: int) -> bytes: ...
 
 
 ASR_KINDS = ("auto", "whisper-ct2", "whisper-ct2:PATH", "pocketsphinx", "whisper:PATH")

@@ -263,7 +263,9 @@ JobStatus = Literal["completed", "failed"]
 class ResultBody(Body, tag="result"):
     """What a job produced: the response body as a blob (``output``), or the
     error it ended with (the HTTP status and OpenAI-style error fields), so an
-    idempotent retry answers exactly as the first request was answered."""
+    idempotent retry answers exactly as the first request was answered.
+    ``assets``: media made from the body beside it, by name (a video's
+    ``thumbnail`` and ``spritesheet``), kept and deleted with the job."""
 
     status: JobStatus
     http_status: int = 200
@@ -272,6 +274,7 @@ class ResultBody(Body, tag="result"):
     error_code: str | None = None
     error_message: str | None = None
     error_param: str | None = None
+    assets: dict[str, BlobRef] = msgspec.field(default_factory=dict)
 
 
 AnyBody = Union[
