@@ -32,72 +32,31 @@ from pathlib import Path
 
 import numpy as np
 
-NUM_CODEBOOKS = 4
-TEXT_VOCAB = 48
-AUDIO_VOCAB = 64
-FRAME_SAMPLES = 1920
-SAMPLE_RATE = 24_000
-MIMI_SLIDING_WINDOW = 6
+from duplex_server.bench.tiny_moshi import (
+    AUDIO_VOCAB,
+    FRAME_SAMPLES,
+    MIMI_SLIDING_WINDOW,
+    NUM_CODEBOOKS,
+    SAMPLE_RATE,
+    TEXT_VOCAB,
+)
+from duplex_server.bench.tiny_moshi import tiny_moshi as build_tiny_moshi
+
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3; <pad> is the text pad, as Moshi's
 PAD = 3
+# the checkpoint's shape is the bench's; tests name it from here
+__all__ = ["AUDIO_VOCAB", "FRAME_SAMPLES", "MIMI_SLIDING_WINDOW", "NUM_CODEBOOKS", "SAMPLE_RATE"]
+
 WORDS = ("hello", "there", "how", "are", "you", "doing", "today", "friend")
 PROMPT_WORDS = ("<system>", "be", "a", "kind", "pirate", "speak", "slowly")
 ANSWER = "".join(" " + word for word in WORDS)  # the talking model's transcript
 SPEECH_AMPLITUDE = 0.3
 
 
-def tiny_mimi_config() -> dict[str, object]:
-    """Mimi at 24 kHz, ratios [8, 6, 5, 4] and a stride-2 downsample: 1920 samples a frame."""
-    return {
-        "sampling_rate": SAMPLE_RATE,
-        "upsampling_ratios": [8, 6, 5, 4],
-        "hidden_size": 16,
-        "num_filters": 4,
-        "num_residual_layers": 1,
-        "codebook_size": AUDIO_VOCAB,
-        "codebook_dim": 8,
-        "vector_quantization_hidden_dimension": 8,
-        "num_quantizers": NUM_CODEBOOKS,
-        "num_semantic_quantizers": 1,
-        "upsample_groups": 16,
-        "num_hidden_layers": 2,
-        "intermediate_size": 32,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "sliding_window": MIMI_SLIDING_WINDOW,
-    }
-
-
 def tiny_moshi(directory: Path, seed: int = 0, window: int = 3000) -> Path:
-    """Build, randomise and save a tiny ``MoshiForConditionalGeneration`` (its Mimi
-    inside); ``window``: its temporal transformer's sliding window, in frames."""
-    import torch
-    from transformers import MoshiConfig, MoshiForConditionalGeneration
-
-    config = MoshiConfig(
-        vocab_size=TEXT_VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        ffn_dim=64,
-        num_codebooks=NUM_CODEBOOKS,
-        max_position_embeddings=3000,
-        sliding_window=window,
-        audio_encoder_config=tiny_mimi_config(),
-        depth_decoder_config={
-            "hidden_size": 32,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "ffn_dim": 64,
-            "sliding_window": NUM_CODEBOOKS + 1,
-            "max_position_embeddings": NUM_CODEBOOKS + 1,
-        },
-    )
-    torch.manual_seed(seed)
-    model = MoshiForConditionalGeneration(config)
-    randomise_codebooks(model.audio_encoder, seed)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
+    """The bench's tiny random checkpoint (``duplex_server.bench.tiny_moshi``)
+    with the word-level tokenizer below saved beside it."""
+    build_tiny_moshi(directory, seed, window)
     save_tokenizer(directory)
     return directory
 
@@ -229,17 +188,3 @@ def speech_pcm16(directory: Path, units: int) -> bytes:
     """``units`` 80 ms units of the noise ``talking_moshi`` hears as speech."""
     seed = json.loads((directory / "talking.json").read_text())["speech_seed"]
     return (speech_samples(seed, units) * 32767).astype("<i2").tobytes()
-
-
-def randomise_codebooks(mimi: object, seed: int) -> None:
-    """Give every Mimi codebook distinct random centroids (a fresh model has zeros)."""
-    import torch
-    from transformers.models.mimi.modeling_mimi import MimiEuclideanCodebook
-
-    generator = torch.Generator().manual_seed(seed + 1)
-    for module in mimi.modules():  # type: ignore[attr-defined]
-        if isinstance(module, MimiEuclideanCodebook):
-            with torch.no_grad():
-                module.embed_sum.copy_(torch.randn(module.embed_sum.shape, generator=generator))
-                module.cluster_usage.fill_(1.0)
-            module._embed = None

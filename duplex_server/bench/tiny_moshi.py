@@ -1,6 +1,6 @@
 """A tiny random Moshi-architecture checkpoint built here with ``save_pretrained``
-(the one ``bench duplex-model`` serves without ``--model``; benches cannot
-import ``tests/``, whose ``tiny_moshi`` is the same builder).
+(the one ``bench duplex-model`` serves without ``--model``; ``tests/tiny_moshi``
+builds on it, adding a tokenizer and a hand-set talking model).
 
 It has the real structure (a temporal transformer over text + user and model
 audio codes, a depth decoder that emits a frame's codebooks one by one, and a
@@ -51,8 +51,9 @@ def tiny_mimi_config() -> dict[str, object]:
     }
 
 
-def tiny_moshi(directory: Path, seed: int = 0) -> Path:
-    """Build, randomise and save a tiny ``MoshiForConditionalGeneration`` (its Mimi inside)."""
+def tiny_moshi(directory: Path, seed: int = 0, window: int = 3000) -> Path:
+    """Build, randomise and save a tiny ``MoshiForConditionalGeneration`` (its Mimi
+    inside); ``window``: its temporal transformer's sliding window, in frames."""
     import torch
     from transformers import MoshiConfig, MoshiForConditionalGeneration
 
@@ -64,7 +65,7 @@ def tiny_moshi(directory: Path, seed: int = 0) -> Path:
         ffn_dim=64,
         num_codebooks=NUM_CODEBOOKS,
         max_position_embeddings=3000,
-        sliding_window=3000,
+        sliding_window=window,
         audio_encoder_config=tiny_mimi_config(),
         depth_decoder_config={
             "hidden_size": 32,

@@ -162,10 +162,7 @@ class FastDuplexStepper(DuplexStepper):
         write, marked valid; its RoPE position, codec state, next column."""
         source = 0
         row = self.join()
-        self.step[row] = alone.step[source]
-        self.text_in[row] = alone.text_in[source]
-        self.audio_in[row] = alone.audio_in[source]
-        self.user_late[row] = alone.user_late[source]
+        self._adopt_columns(row, alone)
         own = alone.timeline.length - int(alone.timeline.start[source])
         for index, layer in enumerate(alone.cache.layers):
             if not isinstance(layer, DynamicLayer):
@@ -180,8 +177,6 @@ class FastDuplexStepper(DuplexStepper):
             self.values[index, row].index_copy_(1, slots, values[source, :, -stored:])
             self.valid[row].index_fill_(0, slots, True)
         self.positions[row] = own
-        self.encoder.adopt(row, alone.encoder)
-        self.decoder.adopt(row, alone.decoder)
         return row
 
     # --- the step ----------------------------------------------------------------

@@ -235,16 +235,20 @@ class DuplexStepper:
     def adopt(self, alone: DuplexStepper) -> int:
         """Take a free row for ``alone``'s row 0 (from ``rebuild``) and splice
         its state in: its caches, codec state and next column."""
-        source = 0
         row = self.join()
-        self.step[row] = alone.step[source]
-        self.text_in[row] = alone.text_in[source]
-        self.audio_in[row] = alone.audio_in[source]
-        self.user_late[row] = alone.user_late[source]
+        self._adopt_columns(row, alone)
         splice_row(self.cache, self.timeline, row, alone.cache, alone.timeline)
+        return row
+
+    def _adopt_columns(self, row: int, alone: DuplexStepper) -> None:
+        """``row`` takes ``alone``'s row 0 as a tick leaves it outside the
+        temporal cache: its step, next column, late user codes, codec state."""
+        self.step[row] = alone.step[0]
+        self.text_in[row] = alone.text_in[0]
+        self.audio_in[row] = alone.audio_in[0]
+        self.user_late[row] = alone.user_late[0]
         self.encoder.adopt(row, alone.encoder)
         self.decoder.adopt(row, alone.decoder)
-        return row
 
     def leave(self, row: int) -> None:
         """Free the row; what it computes until reused is ignored."""
