@@ -1,9 +1,10 @@
 """Resume of a native full-duplex Moshi session after kill -9, through the
-real server: ``duplex-server serve --model moshi:TINY --voices DIR --store
-sqlite`` serves a session primed with a persona and a voice prompt, fed a
-fixed signal over a real WebSocket; it is killed mid-conversation,
-restarted on the same database, and the session resumed and fed the rest
-of the signal.
+real server: ``duplex-server serve --model moshi:TINY --voices DIR`` serves
+a session primed with a persona and a voice prompt, fed a fixed signal over
+a real WebSocket; it is killed mid-conversation, and the session resumed
+and fed the rest of the signal, two ways: a server restarted on the same
+SQLite database, or a second replica on the same Redis that takes the
+session over (its lease expired with the dead one).
 
 The log's ``unit`` records say exactly what the model heard (the client's
 frames, and the silence the server clocked while nobody spoke, the restart
@@ -23,6 +24,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 
 import numpy as np
@@ -42,6 +44,7 @@ CRASH_AFTER_UNITS = 6  # logged units before the kill
 LOAD_TIMEOUT_S = 180.0
 UNITS_TIMEOUT_S = 180.0
 PCM16_TOLERANCE = 2  # float32 rows rebuilt in a batch of one round alike to within this
+LEASE_TTL_MS = "1000"  # a dead replica's sessions are free to take over after this
 PERSONA = {"instructions": "be a kind pirate", "voice": "pirate"}
 
 
@@ -167,10 +170,10 @@ def voices(tmp_path_factory):
     return directory
 
 
-def moshi_server(db: str, checkpoint, voices, port: int | None = None) -> ServerProcess:
+def moshi_server(store: str, checkpoint, voices, *extra: str) -> ServerProcess:
     return ServerProcess(
-        db,
-        port=port,
+        store,
+        *extra,
         model=f"moshi:{checkpoint}",
         voices=str(voices),
         moshi_rows=ROWS,
@@ -178,12 +181,41 @@ def moshi_server(db: str, checkpoint, voices, port: int | None = None) -> Server
     ).start(timeout_s=LOAD_TIMEOUT_S)
 
 
+def replica(redis_url: str, prefix: str, name: str, checkpoint, voices) -> ServerProcess:
+    lease = ("--redis-prefix", prefix, "--replica-id", name, "--lease-ttl-ms", LEASE_TTL_MS)
+    return moshi_server(redis_url, checkpoint, voices, *lease)
+
+
+@pytest.fixture(params=["sqlite-restart", "redis-takeover"])
+def deployment(request, tmp_path, checkpoint, voices) -> Callable[[], tuple]:
+    """``start()``: the first server, and a function that gives the one the
+    session resumes on once the first is dead (restarted on its SQLite
+    database, or the other replica on its Redis, running all along)."""
+    if request.param == "sqlite-restart":
+        db = f"sqlite:{tmp_path / 'moshi.db'}"
+
+        def start_and_restart() -> tuple:
+            first = moshi_server(db, checkpoint, voices)
+            return first, lambda: moshi_server(db, checkpoint, voices)
+
+        return start_and_restart
+    redis_url = request.getfixturevalue("redis_server").url
+    prefix = f"m{uuid.uuid4().hex[:10]}"
+
+    def start_replicas() -> tuple:
+        a = replica(redis_url, prefix, "replica-a", checkpoint, voices)
+        b = replica(redis_url, prefix, "replica-b", checkpoint, voices)
+        return a, lambda: b
+
+    return start_replicas
+
+
 async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_run(
-    tmp_path, checkpoint, voices
+    deployment, checkpoint, voices
 ):
     frames = signal()
-    db = f"sqlite:{tmp_path / 'moshi.db'}"
-    first = moshi_server(db, checkpoint, voices)
+    first, then = deployment()
+    second: ServerProcess | None = None
     seen: list[dict] = []
     try:
         await wait_ready(first)
@@ -200,21 +232,10 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
         with pytest.raises(websockets.ConnectionClosed):
             while True:
                 seen.append(await client.recv(timeout=10))
-    finally:
-        first.stop()
-    cursor = max((e.get("server_event_seq") or 0 for e in seen), default=0)
+        cursor = max((e.get("server_event_seq") or 0 for e in seen), default=0)
 
-    second = moshi_server(db, checkpoint, voices, port=first.port)
-    try:
+        second = then()
         await wait_ready(second)
-        restored = log_lines(second, session_id)
-        takeover = next(
-            line["seq"]
-            for line in restored
-            if line["kind"] == "lease" and line["body"]["action"] == "takeover"
-        )
-        before_crash = [u for u in units(restored) if u["seq"] < takeover]
-        assert len(before_crash) >= CRASH_AFTER_UNITS
         again = await WsClient.connect(second.ws_url + "&autostart=0")
         await again.send(
             {
@@ -225,6 +246,11 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
             }
         )
         resumed = await again.expect("session.resumed")
+        takeover = next(
+            line["seq"]
+            for line in log_lines(second, session_id)
+            if line["kind"] == "lease" and line["body"]["action"] == "takeover"
+        )
         for pcm in frames[BEFORE:]:
             await again.append(pcm)
         # every frame sent after the resume stepped
@@ -237,8 +263,11 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
         last = max((seq for seq, _ in spoken.values()), default=cursor)
         received = await receive_through(again, last)
     finally:
-        second.stop()
+        first.stop()
+        if second is not None:
+            second.stop()
 
+    assert len([u for u in units(lines) if u["seq"] < takeover]) >= CRASH_AFTER_UNITS
     logged = units(lines)
     assert [u["body"]["index"] for u in logged] == list(range(len(logged)))  # no gap, no repeat
     after_crash = [u for u in logged if u["seq"] > takeover]
