@@ -28,7 +28,7 @@ ENGINE_MANAGED = "engine_managed"
 # Session fields a model may declare fixed once the session is open
 # (``immutable_after_open``); gates.py maps each to its refusal code.
 # ``voice`` is fixed only once output audio has started.
-IMMUTABLE_FIELDS = ("model", "voice", "instructions")
+IMMUTABLE_FIELDS = ("model", "voice", "instructions", "temperature")
 
 
 class Capabilities(msgspec.Struct):

@@ -41,6 +41,7 @@ ERROR_CLASS: dict[str, str] = {
     "model_update_unsupported": INVALID_REQUEST,
     "voice_update_after_audio_unsupported": INVALID_REQUEST,
     "instructions_update_unsupported": INVALID_REQUEST,
+    "temperature_update_unsupported": INVALID_REQUEST,
     "config_update_mid_utterance": INVALID_REQUEST,  # speech stream: after input.text
     "resource_exhausted": RATE_LIMIT,
     "rate_limited": RATE_LIMIT,

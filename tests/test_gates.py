@@ -149,6 +149,12 @@ SURFACES = [
         "instructions_update_unsupported",
         "session.instructions",
     ),
+    (
+        "temperature",
+        update(temperature=0.3),
+        "temperature_update_unsupported",
+        "session.temperature",
+    ),
 ]
 
 

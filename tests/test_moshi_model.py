@@ -75,7 +75,7 @@ def test_capabilities_say_what_is_true(model):
     # it takes and yields the floor itself: no client turn commands
     assert caps.supports_barge_in is False and caps.supports_external_turn_signal is False
     assert caps.signal_sources == ["model_native"] and caps.supports_model_native_turn_policy
-    assert set(caps.immutable_after_open) == {"model", "voice", "instructions"}
+    assert set(caps.immutable_after_open) == {"model", "voice", "instructions", "temperature"}
     assert model.primes_at_input
     assert model.streaming is model and model.answering is None
     assert model.sample_rate_hz == 24_000 and model.unit_ms == 80

@@ -9,8 +9,10 @@ session over (its lease expired with the dead one).
 The log's ``unit`` records say exactly what the model heard (the client's
 frames, and the silence the server clocked while nobody spoke, the restart
 included) and what it generated; the priming is the session's logged
-config. The proof: one uninterrupted run of the same checkpoint, primed
-with the same persona and voice and fed those units (a ``DuplexStepper``
+config. The model samples (temperature 0.8), its noise drawn from the
+session's seed (a function of its id) and each frame's number. The proof:
+one uninterrupted run of the same checkpoint, primed with the same persona
+and voice, sampling with the same seed and fed those units (a ``DuplexStepper``
 in this process, the same batch shape as the server's), generates every
 logged token, before and after the crash, and the audio the resumed server
 sent equals its voice.
@@ -45,7 +47,8 @@ LOAD_TIMEOUT_S = 180.0
 UNITS_TIMEOUT_S = 180.0
 PCM16_TOLERANCE = 2  # float32 rows rebuilt in a batch of one round alike to within this
 LEASE_TTL_MS = "1000"  # a dead replica's sessions are free to take over after this
-PERSONA = {"instructions": "be a kind pirate", "voice": "pirate"}
+TEMPERATURE = 0.8  # it samples: its noise comes from its session's seed and frame numbers
+PERSONA = {"instructions": "be a kind pirate", "voice": "pirate", "temperature": TEMPERATURE}
 
 
 def log_lines(server: ServerProcess, session_id: str) -> list[dict]:
@@ -115,12 +118,15 @@ def prime_frames(checkpoint, voices) -> list:
         service.close()
 
 
-def uninterrupted(checkpoint, voices, logged: list[dict]) -> list:
-    """One run of the primed model over the logged units, never stopped."""
+def uninterrupted(checkpoint, voices, logged: list[dict], session_id: str) -> list:
+    """One run of the primed model over the logged units, never stopped,
+    sampling as the session does (its temperature, its id's seed)."""
     import torch
     import transformers
 
+    from duplex_server.engine.duplex.sampling import Sampling
     from duplex_server.engine.duplex.stepper import DuplexStepper
+    from duplex_server.models.moshi.model import session_seed
 
     prefix = prime_frames(checkpoint, voices)
     assert prefix  # the persona and the voice prompt are primed
@@ -129,6 +135,7 @@ def uninterrupted(checkpoint, voices, logged: list[dict]) -> list:
     ).eval()
     stepper = DuplexStepper(model, ROWS)
     row = stepper.join(prefix)
+    stepper.sample(row, Sampling(TEMPERATURE, session_seed(session_id)))
     frames = []
     for unit in logged:
         body = unit["body"]
@@ -276,7 +283,7 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
     # before the resume, then the client's frames in order (and the clock's).
     assert heard(lines, takeover)[-AFTER:] == frames[BEFORE:]
 
-    reference = uninterrupted(checkpoint, voices, logged)
+    reference = uninterrupted(checkpoint, voices, logged, session_id)
     expected = [[f.tokens.text, *f.tokens.audio] for f in reference]
     assert [u["body"]["tokens"] for u in logged] == expected  # before and after the crash
 

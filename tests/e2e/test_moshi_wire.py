@@ -113,14 +113,16 @@ async def test_a_spoken_conversation_on_the_wire(served, checkpoint):
     # barge-in is the model's own yield, not a client command
     assert caps["supports_barge_in"] is False and caps["signal_sources"] == ["model_native"]
     assert caps["supports_model_native_turn_policy"] is True
-    assert set(caps["immutable_after_open"]) == {"model", "voice", "instructions"}
+    assert set(caps["immutable_after_open"]) == {"model", "voice", "instructions", "temperature"}
     with urllib.request.urlopen(served.http_url + "/v1/models", timeout=10) as reply:
         listed = json.load(reply)["data"]
     assert [(m["id"], m["capabilities"]) for m in listed] == [("moshi", caps)]
-    persona = {"instructions": "be a kind pirate", "voice": "pirate"}
+    # greedy: the hand-set model says its words only as its argmax
+    persona = {"instructions": "be a kind pirate", "voice": "pirate", "temperature": 0}
     await client.send({"type": "session.update", "session": persona})
     updated = (await client.recv_until("session.updated"))[-1]["session"]
     assert (updated["instructions"], updated["voice"]) == ("be a kind pirate", "pirate")
+    assert updated["temperature"] == 0
 
     # The user speaks, then falls silent (the server clocks the silence): no commit.
     await speak(client, speech_pcm16(checkpoint, 6))
@@ -164,7 +166,16 @@ async def test_a_spoken_conversation_on_the_wire(served, checkpoint):
     listened = next(e for e in after if e["type"] == "response.listen")
     assert listened["reason"] == "model_yield"
 
-    # Its persona and voice were primed with the first audio: fixed now.
+    # Its persona, voice and sampling were set with the first audio: fixed
+    # now (the value it has is no change).
+    await refused(
+        client,
+        {"type": "session.update", "session": {"temperature": 0.8}},
+        "temperature_update_unsupported",
+        "session.temperature",
+    )
+    await client.send({"type": "session.update", "session": {"temperature": 0}})
+    await client.recv_until("session.updated")
     await refused(
         client,
         {"type": "session.update", "session": {"instructions": "be a grumpy pirate"}},

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import time
 from collections.abc import Callable
@@ -29,18 +30,30 @@ from transformers import MoshiConfig, MoshiForConditionalGeneration
 
 from duplex_server.engine.duplex.checkpoint import DTYPES, check_moshi_checkpoint
 from duplex_server.engine.duplex.fast_step import FastDuplexStepper, make_stepper
+from duplex_server.engine.duplex.sampling import Sampling
 from duplex_server.engine.duplex.service import FRAME_SAMPLES, load_moshi
 from duplex_server.engine.duplex.stepper import DuplexStepper
 
 BUDGET_MS = 80.0
+SESSION_TEMPERATURE = 0.8  # a session's default (OpenAI's): its rows sample
 WARMUP_TICKS = 4  # the fast step's graphs are captured at its third tick
 RANDOM_7B = "random-7b"
 STEPS = ("eager", "fast")
 
 
-def measure(stepper: DuplexStepper, frames: int, context: int = 0, seed: int = 0) -> dict[str, Any]:
-    """Join every row, give them ``context`` positions, and time ``frames`` ticks."""
+def measure(
+    stepper: DuplexStepper,
+    frames: int,
+    context: int = 0,
+    seed: int = 0,
+    temperature: float = SESSION_TEMPERATURE,
+) -> dict[str, Any]:
+    """Join every row, give them ``context`` positions, and time ``frames``
+    ticks; every row samples at ``temperature`` (0: greedy), as a session
+    does by default, each with a seed of its own."""
     rows = [stepper.join() for _ in range(stepper.rows)]
+    for row in rows:
+        stepper.sample(row, Sampling(temperature, seed=seed * stepper.rows + row))
     if context:
         fill_context(stepper, context)
     noise = np.random.default_rng(seed)
@@ -60,6 +73,7 @@ def measure(stepper: DuplexStepper, frames: int, context: int = 0, seed: int = 0
         "rows": len(rows),
         "frames": frames,
         "context": context,
+        "temperature": temperature,
         "tick_ms_p50": round(float(np.percentile(spent, 50)), 2),
         "tick_ms_p99": round(float(np.percentile(spent, 99)), 2),
         "tick_ms_max": round(float(spent.max()), 2),
@@ -146,6 +160,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        nargs="+",
+        default=[SESSION_TEMPERATURE],
+        help="each row's sampling temperature (0: greedy); several: measured in turn",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -153,9 +174,9 @@ def main(argv: list[str] | None = None) -> None:
         model = random_7b(args.device, args.dtype)
     else:
         model = load_moshi(check_moshi_checkpoint(args.path), args.device, args.dtype)
-    for step in args.step:
+    for step, temperature in itertools.product(args.step, args.temperature):
         for rows in args.rows:
-            figures = _one(model, step, rows, args.frames, args.context)
+            figures = _one(model, step, rows, args.frames, args.context, temperature)
             print(
                 json.dumps({"device": args.device, "dtype": args.dtype, "step": step, **figures}),
                 flush=True,
@@ -165,11 +186,17 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _one(
-    model: MoshiForConditionalGeneration, step: str, rows: int, frames: int, context: int
+    model: MoshiForConditionalGeneration,
+    step: str,
+    rows: int,
+    frames: int,
+    context: int,
+    temperature: float,
 ) -> dict[str, Any]:
     """One measurement; running out of device memory is a figure, not a crash."""
     try:
-        return measure(make_stepper(model, rows, step), frames, context)
+        stepper = make_stepper(model, rows, step)
+        return measure(stepper, frames, context, temperature=temperature)
     except torch.OutOfMemoryError as exc:
         return {"rows": rows, "context": context, "error": f"out of memory: {str(exc)[:120]}"}
     finally:

@@ -40,6 +40,7 @@ import torch.nn.functional as F  # noqa: N812
 from transformers import MoshiForConditionalGeneration
 from transformers.cache_utils import DynamicLayer
 
+from duplex_server.engine.duplex.sampling import AUDIO_TOP_K, Draw, choose
 from duplex_server.engine.duplex.stepper import DuplexStepper
 from duplex_server.engine.duplex.tokens import FrameTokens, PrimeFrame
 
@@ -115,6 +116,7 @@ class FastDuplexStepper(DuplexStepper):
         self.keys = self.values = self.depth_keys = self.depth_values = torch.empty(0)
         self.valid = self.positions = self.slot = torch.empty(0)
         self.forced_mask = self.forced_codes = torch.empty(0)
+        self.greedy_inverse = self.greedy_noise = torch.empty(0)
         self.use_graphs = model.device.type == "cuda" if graphs is None else graphs
         self._temporal_replay = _Replay(self._temporal)
         self._depth_replay = _Replay(self._depth)
@@ -144,6 +146,8 @@ class FastDuplexStepper(DuplexStepper):
         self.depth_values = torch.zeros_like(self.depth_keys)
         self.forced_mask = torch.zeros(rows, dtype=torch.bool, device=device)
         self.forced_codes = torch.zeros(rows, k, dtype=torch.long, device=device)
+        self.greedy_inverse = torch.ones(rows, dtype=torch.float32, device=device)
+        self.greedy_noise = torch.zeros(rows, k, self.audio_vocab, device=device)
         self._allocated = True
 
     def join(self, prefix: Sequence[PrimeFrame] = ()) -> int:
@@ -188,7 +192,11 @@ class FastDuplexStepper(DuplexStepper):
         return hidden, logits
 
     def _depth_step(
-        self, hidden: torch.Tensor, text: torch.Tensor, forced: dict[int, FrameTokens]
+        self,
+        hidden: torch.Tensor,
+        text: torch.Tensor,
+        forced: dict[int, FrameTokens],
+        noise: Draw | None,
     ) -> torch.Tensor:
         self.forced_mask.zero_()
         for row, tokens in forced.items():
@@ -197,7 +205,11 @@ class FastDuplexStepper(DuplexStepper):
         if forced and all(self.live[row] == (row in forced) for row in range(self.rows)):
             return self.forced_codes.clone()  # a pure prefill tick: nothing to choose
         run = self._depth_replay if self.use_graphs else self._depth
-        (codes,) = run(hidden, text, self.forced_mask, self.forced_codes)
+        if noise is None:  # greedy rows: 1 / T is 1, no noise (static inputs of the graph)
+            inverse, audio = self.greedy_inverse, self.greedy_noise
+        else:
+            inverse, audio = noise.inverse_temperature, noise.audio
+        (codes,) = run(hidden, text, self.forced_mask, self.forced_codes, inverse, audio)
         return codes
 
     def _temporal(
@@ -268,8 +280,12 @@ class FastDuplexStepper(DuplexStepper):
         text: torch.Tensor,
         forced_mask: torch.Tensor,
         forced_codes: torch.Tensor,
+        inverse_temperature: torch.Tensor,
+        noise: torch.Tensor,
     ) -> tuple[torch.Tensor]:
-        """The frame's codebooks one by one (``forced_mask`` rows take ``forced_codes``)."""
+        """The frame's codebooks one by one (``forced_mask`` rows take
+        ``forced_codes``; the others choose, greedy rows with ``1 / T`` 1 and
+        no noise, which is the argmax)."""
         depth = self.model.depth_decoder
         previous = text
         chosen_all = []
@@ -286,7 +302,8 @@ class FastDuplexStepper(DuplexStepper):
                     h, mlp.activation_fn, mlp.fc1.weight[codebook], mlp.fc2.weight[codebook]
                 )
             logits = F.linear(x, depth.lm_heads.weight[codebook])
-            chosen = torch.where(forced_mask, forced_codes[:, codebook], logits.argmax(dim=-1))
+            picked = choose(logits, inverse_temperature, noise[:, codebook], AUDIO_TOP_K)
+            chosen = torch.where(forced_mask, forced_codes[:, codebook], picked)
             chosen_all.append(chosen)
             previous = chosen
         return (torch.stack(chosen_all, dim=1),)

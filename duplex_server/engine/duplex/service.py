@@ -44,6 +44,7 @@ from duplex_server.engine.duplex.checkpoint import MoshiCheckpoint, MoshiCheckpo
 from duplex_server.engine.duplex.fast_step import make_stepper
 from duplex_server.engine.duplex.prime import PromptCodes, prime_frames, system_text
 from duplex_server.engine.duplex.prompt_codec import encode_frames, prompt_codes
+from duplex_server.engine.duplex.sampling import GREEDY, Sampling
 from duplex_server.engine.duplex.stepper import DuplexStepper, RowFrame, RowsFull
 from duplex_server.engine.duplex.tokens import FrameTokens, PrimeFrame
 
@@ -85,6 +86,7 @@ class _Stream:
     pending: deque[tuple[np.ndarray, Deliver]] = field(default_factory=deque)
     history: list[tuple[np.ndarray, FrameTokens]] | None = None  # to resume from
     prompt: Prompt = NO_PROMPT
+    sampling: Sampling = GREEDY
     prefix: list[PrimeFrame] = field(default_factory=list)  # its prompt's frames
     rebuilding: bool = False  # being primed / prefilled off the tick thread
     rebuilt: DuplexStepper | None = None  # ... and is, ready to splice in
@@ -227,15 +229,17 @@ class DuplexService:
         self,
         history: list[tuple[np.ndarray, FrameTokens]] | None = None,
         prompt: Prompt = NO_PROMPT,
+        sampling: Sampling = GREEDY,
     ) -> int:
         """A new stream, primed with ``prompt`` as it joins; ``history``
-        (logged frames, after that priming) makes it resume where those left off."""
+        (logged frames, after that priming) makes it resume where those left
+        off; ``sampling``: greedy, or a temperature and the stream's seed."""
         if prompt.voice is not None and prompt.voice not in self.voices:
             raise ValueError(f"no voice {prompt.voice!r} (--voices names {sorted(self.voices)})")
         with self._cond:
             stream = self._next_stream
             self._next_stream += 1
-            self._streams[stream] = _Stream(history=history, prompt=prompt)
+            self._streams[stream] = _Stream(history=history, prompt=prompt, sampling=sampling)
             return stream
 
     def submit(self, stream: int, samples: np.ndarray, deliver: Deliver) -> None:
@@ -355,9 +359,9 @@ class DuplexService:
 
     def _join(self, stepper: DuplexStepper, stream: _Stream) -> int:
         rebuilt, stream.rebuilt, stream.history = stream.rebuilt, None, None
-        if rebuilt is not None:
-            return stepper.adopt(rebuilt)
-        return stepper.join()
+        row = stepper.adopt(rebuilt) if rebuilt is not None else stepper.join()
+        stepper.sample(row, stream.sampling)
+        return row
 
     def _ask_rebuild(self, stream: _Stream) -> None:
         """Queue the stream's priming and prefill (its prompt's frames are

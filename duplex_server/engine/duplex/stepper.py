@@ -28,9 +28,11 @@ same prefix before the logged frames.
 Rows join and leave between ticks. A joining row's transformer positions
 restart behind a mask (``RowTimeline``) and its codec state is reset, so
 it computes what it would alone; a freed row is reused by the next join.
-Decoding is greedy, so a row's output is a function of its input alone:
-what makes "batched equals alone" and the teacher-forced ``prefill`` (a
-restarted replica rebuilding a row from its logged frames) testable.
+A row decodes greedily, or samples at its stream's temperature with noise
+drawn from its own seed and frame number (``sampling``); either way its
+output is a function of its input (and seed) alone: what makes "batched
+equals alone" and the teacher-forced ``prefill`` (a restarted replica
+rebuilding a row from its logged frames) testable.
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ import torch
 from transformers import DynamicCache, MoshiForConditionalGeneration
 
 from duplex_server.engine.duplex.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
+from duplex_server.engine.duplex.sampling import (
+    AUDIO_TOP_K,
+    GREEDY,
+    TEXT_TOP_K,
+    Draw,
+    Sampling,
+    choose,
+    draw,
+)
 from duplex_server.engine.duplex.splice import splice_row
 from duplex_server.engine.duplex.timeline import RowTimeline
 from duplex_server.engine.duplex.tokens import FrameTokens, PrimeFrame
@@ -77,8 +88,10 @@ class DuplexStepper:
         self.frame_samples = int(model.audio_encoder.config.frame_size)
         self.text_start = config.vocab_size  # the begin-of-stream ids: one past each vocabulary
         self.audio_start = int(config.audio_vocab_size or model.audio_encoder.config.codebook_size)
+        self.audio_vocab = int(model.depth_decoder.lm_heads.weight.shape[1])
         self.live = [False] * rows
         self.step = [0] * rows
+        self.sampling = [GREEDY] * rows
         self._fresh_state()
 
     def _fresh_state(self) -> None:
@@ -114,6 +127,7 @@ class DuplexStepper:
             raise RowsFull(f"all {self.rows} rows are live") from None
         self.live[row] = True
         self.step[row] = 0
+        self.sampling[row] = GREEDY
         self.text_in[row] = self.text_start
         self.audio_in[row] = self.audio_start
         self.user_late[row] = self.audio_start
@@ -250,6 +264,11 @@ class DuplexStepper:
         self.encoder.adopt(row, alone.encoder)
         self.decoder.adopt(row, alone.decoder)
 
+    def sample(self, row: int, sampling: Sampling) -> None:
+        """How ``row`` picks its tokens from its next tick on (a joined row
+        starts greedy)."""
+        self.sampling[row] = sampling
+
     def leave(self, row: int) -> None:
         """Free the row; what it computes until reused is ignored."""
         self.live[row] = False
@@ -296,9 +315,13 @@ class DuplexStepper:
         user_column = torch.cat([user[:, :1], self.user_late], dim=1)
         self.user_late = user[:, 1:].clone()
         hidden, text_logits = self._temporal_step(user_column)
-        text = text_logits.argmax(dim=-1)
+        noise = self._draw(text_logits.shape[-1])
+        if noise is None:
+            text = text_logits.argmax(dim=-1)
+        else:
+            text = choose(text_logits, noise.inverse_temperature, noise.text, TEXT_TOP_K)
         text = self._force_text(text, forced)
-        audio = self._depth_step(hidden, text, forced)
+        audio = self._depth_step(hidden, text, forced, noise)
         frame_codes = torch.cat([self.audio_in[:, :1], audio[:, 1:]], dim=1)
         frame_codes = frame_codes.clamp(max=self.audio_start - 1)  # rows at step 0: ignored
         voice = self.decoder.decode(frame_codes).float().cpu().numpy()
@@ -306,6 +329,13 @@ class DuplexStepper:
         self.text_in = text
         self.audio_in = audio
         return out
+
+    def _draw(self, text_vocab: int) -> Draw | None:
+        """This tick's noise: each sampling live row's, at its frame number."""
+        sampling = [s if live else GREEDY for s, live in zip(self.sampling, self.live, strict=True)]
+        return draw(
+            sampling, self.step, text_vocab, self.num_codebooks, self.audio_vocab, self.model.device
+        )
 
     def _check_inputs(self, samples: dict[int, np.ndarray], forced: dict[int, FrameTokens]) -> None:
         live = {row for row, is_live in enumerate(self.live) if is_live}
@@ -352,7 +382,11 @@ class DuplexStepper:
         return text
 
     def _depth_step(
-        self, hidden: torch.Tensor, text: torch.Tensor, forced: dict[int, FrameTokens]
+        self,
+        hidden: torch.Tensor,
+        text: torch.Tensor,
+        forced: dict[int, FrameTokens],
+        noise: Draw | None,
     ) -> torch.Tensor:
         """The frame's codebooks one by one, each fed the one before (or the forced one)."""
         codes = torch.zeros_like(self.audio_in)  # rows neither live nor forced: a valid code
@@ -367,7 +401,11 @@ class DuplexStepper:
             logits = depth(
                 input_ids=previous, last_hidden_state=hidden, cache=cache, use_cache=True
             ).logits[:, -1, :]
-            chosen = logits.argmax(dim=-1)
+            if noise is None:
+                chosen = logits.argmax(dim=-1)
+            else:
+                inverse, audio = noise.inverse_temperature, noise.audio[:, codebook]
+                chosen = choose(logits, inverse, audio, AUDIO_TOP_K)
             for row in forced:
                 chosen[row] = codes[row, codebook]
             codes[:, codebook] = chosen

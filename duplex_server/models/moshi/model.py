@@ -4,14 +4,17 @@ and its text token out, the floor read off its text (``floor``).
 
 A session's stream opens at its first input audio, primed with the
 session's ``instructions`` (a text persona) and ``voice`` (a voice prompt
-of ``--voices DIR``), as PersonaPlex conditions the model; both are fixed
-from then on (gates.py refuses a change).
+of ``--voices DIR``), as PersonaPlex conditions the model, and sampling at
+the session's ``temperature`` (0: greedy) with a seed derived from the
+session's id, so a resumed session draws what it would have drawn; all
+three are fixed from then on (gates.py refuses a change).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -28,7 +31,7 @@ from duplex_server.sessions.core.model_port import InputUnit, SteppedUnit, Strea
 from protocol.capabilities import MODEL_NATIVE
 
 if TYPE_CHECKING:
-    from duplex_server.engine.duplex.service import DuplexService, Prompt
+    from duplex_server.engine.duplex.service import DuplexService, Prompt, Sampling
     from duplex_server.engine.duplex.stepper import RowFrame
 
 RATE_HZ = 24_000
@@ -53,14 +56,18 @@ class MoshiSession:
     """One session's stream; ``step`` is called once per unit, in order."""
 
     def __init__(
-        self, service: DuplexService, prompt: Prompt, history: Sequence[SteppedUnit] = ()
+        self,
+        service: DuplexService,
+        prompt: Prompt,
+        sampling: Sampling,
+        history: Sequence[SteppedUnit] = (),
     ) -> None:
         self._service = service
         # A restored session's row is primed again with the same prompt and
         # rebuilt from its logged units (a teacher-forced prefill) when its
         # first new frame joins the batch.
         logged = [(_samples(s.unit), FrameTokens(s.tokens[0], s.tokens[1:])) for s in history]
-        self._stream = service.open_stream(logged or None, prompt=prompt)
+        self._stream = service.open_stream(logged or None, prompt=prompt, sampling=sampling)
         self._floor = Floor()
 
     async def step(self, unit: InputUnit) -> list[UnitOutput]:
@@ -113,6 +120,12 @@ def _settle(result: asyncio.Future[RowFrame], frame: RowFrame | BaseException) -
         result.set_result(frame)
 
 
+def session_seed(session_id: str) -> int:
+    """The seed a session's sampling draws from: a function of its id alone,
+    so a restarted or taking-over replica draws the same."""
+    return int.from_bytes(hashlib.blake2b(session_id.encode(), digest_size=8).digest()) >> 1
+
+
 class MoshiModel:
     name = "moshi"
     turn_detection_types: tuple[str, ...] = ()
@@ -135,7 +148,7 @@ class MoshiModel:
         supports_client_commit=False,
         supports_external_turn_signal=False,
         supports_barge_in=False,
-        immutable_after_open=["model", "voice", "instructions"],
+        immutable_after_open=["model", "voice", "instructions", "temperature"],
     )
     sample_rate_hz = RATE_HZ
     unit_ms = UNIT_MS
@@ -157,11 +170,13 @@ class MoshiModel:
     def open(
         self, session_id: str, setup: StreamSetup, history: Sequence[SteppedUnit] = ()
     ) -> MoshiSession:
-        from duplex_server.engine.duplex.service import Prompt
+        from duplex_server.engine.duplex.service import Prompt, Sampling
 
         voice = setup.voice if setup.voice in self.service.voices else None
         tokens = self.service.prompt_tokens(setup.instructions)
-        return MoshiSession(self.service, Prompt(text_tokens=tokens, voice=voice), history)
+        prompt = Prompt(text_tokens=tokens, voice=voice)
+        sampling = Sampling(setup.temperature, session_seed(session_id))
+        return MoshiSession(self.service, prompt, sampling, history)
 
     def accepts_voice(self, voice: str) -> bool:
         """A voice prompt of ``--voices DIR`` by name, or the checkpoint's own

@@ -153,10 +153,21 @@ def _instructions_changed(state: SessionState, patch: SessionUpdate) -> str | No
     return None
 
 
+def _temperature_changed(state: SessionState, patch: SessionUpdate) -> str | None:
+    """The temperature is fixed once the session has input: a model that
+    declares it fixed sets its sampling when its stream opens (Moshi, at the
+    first input audio, with the seed a resume draws the same noise from)."""
+    changed = isinstance(patch.temperature, float) and patch.temperature != state.config.temperature
+    if changed and state.input_started:
+        return "session.temperature"
+    return None
+
+
 IMMUTABLE_AFTER_OPEN: dict[str, Immutable] = {
     "model": Immutable("model_update_unsupported", _model_changed),
     "voice": Immutable("voice_update_after_audio_unsupported", _voice_changed_after_audio),
     "instructions": Immutable("instructions_update_unsupported", _instructions_changed),
+    "temperature": Immutable("temperature_update_unsupported", _temperature_changed),
 }
 
 

@@ -176,15 +176,19 @@ class SteppedUnit(msgspec.Struct, frozen=True):
 class StreamSetup(msgspec.Struct, frozen=True):
     """What a native duplex model that is primed (``Streaming.primes_at_input``)
     hears before the session's first unit: the session's ``instructions``
-    as its persona and its ``voice`` as a voice prompt, as they stood when
-    the session's input began (they are fixed from then on: gates.py)."""
+    as its persona and its ``voice`` as a voice prompt, and the
+    ``temperature`` it samples at (0: greedy), as they stood when the
+    session's input began (they are fixed from then on: gates.py)."""
 
     instructions: str = ""
     voice: str = "default"
+    temperature: float = 0.0
 
 
 def stream_setup(config: EffectiveConfig) -> StreamSetup:
-    return StreamSetup(instructions=config.instructions, voice=config.voice)
+    return StreamSetup(
+        instructions=config.instructions, voice=config.voice, temperature=config.temperature
+    )
 
 
 class UnitSession(Protocol):
