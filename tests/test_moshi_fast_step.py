@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-import transformers
 
 from duplex_server.engine.duplex.fast_step import FastDuplexStepper, make_stepper
 from duplex_server.engine.duplex.prime import prime_frames
 from duplex_server.engine.duplex.prompt_codec import encode_frames, prompt_codes
 from duplex_server.engine.duplex.stepper import DuplexStepper
-from tests.tiny_moshi import FRAME_SAMPLES, tiny_moshi
+from tests.tiny_moshi import FRAME_SAMPLES, noise_frames, tiny_moshi, windowed
 
 WINDOW = 6
 TICKS = 14
@@ -24,20 +22,12 @@ TICKS = 14
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    directory = tiny_moshi(tmp_path_factory.mktemp("moshi"))
-    loaded = transformers.MoshiForConditionalGeneration.from_pretrained(
-        directory, dtype=torch.float64, sliding_window=WINDOW
-    )
-    return loaded.eval()
+    return windowed(tiny_moshi(tmp_path_factory.mktemp("moshi")), WINDOW)
 
 
 @pytest.fixture(scope="module")
 def signals():
-    noise = np.random.default_rng(5)
-    return [
-        [(noise.standard_normal(FRAME_SAMPLES) * 0.3).astype(np.float32) for _ in range(TICKS)]
-        for _ in range(3)
-    ]
+    return noise_frames(5, streams=3, ticks=TICKS)
 
 
 def churn(stepper, signals):

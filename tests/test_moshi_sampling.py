@@ -9,13 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from duplex_server.engine.duplex.fast_step import FastDuplexStepper
 from duplex_server.engine.duplex.sampling import GREEDY, Sampling, choose, draw, gumbel
 from duplex_server.engine.duplex.stepper import DuplexStepper
 from duplex_server.models.moshi.model import session_seed
-from tests.tiny_moshi import FRAME_SAMPLES, tiny_moshi
+from tests.tiny_moshi import noise_frames, tiny_moshi, windowed
 
 TICKS = 12
 WINDOW = 6
@@ -24,20 +23,12 @@ HOT = Sampling(temperature=1.2, seed=77)
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    directory = tiny_moshi(tmp_path_factory.mktemp("moshi"))
-    loaded = transformers.MoshiForConditionalGeneration.from_pretrained(
-        directory, dtype=torch.float64, sliding_window=WINDOW
-    )
-    return loaded.eval()
+    return windowed(tiny_moshi(tmp_path_factory.mktemp("moshi")), WINDOW)
 
 
 @pytest.fixture(scope="module")
 def signals():
-    noise = np.random.default_rng(9)
-    return [
-        [(noise.standard_normal(FRAME_SAMPLES) * 0.3).astype(np.float32) for _ in range(TICKS)]
-        for _ in range(2)
-    ]
+    return noise_frames(9, streams=2, ticks=TICKS)
 
 
 def run(stepper, row, frames):

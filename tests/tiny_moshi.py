@@ -1,18 +1,6 @@
-"""A tiny random Moshi-architecture checkpoint built here with ``save_pretrained``.
-
-It has the real structure (a temporal transformer over text + user and model
-audio codes, a depth decoder that emits a frame's codebooks one by one, and a
-Mimi codec at 24 kHz with the standard up-sampling ratios, so a frame is 1920
-samples) at toy widths, and loads through the same code path as a converted
-Moshi or PersonaPlex checkpoint. Two details make a random one usable:
-
-- a random ``MimiModel`` starts with all-zero codebooks (every frame would
-  quantise to code 0), so the codebooks are randomised before saving;
-- the depth decoder's ``sliding_window`` must be at least its number of
-  codebooks, or its cache forgets the frame's first codes.
-
-Mimi's transformers get a sliding window of a few steps so that tests which
-stream a few seconds cross it. Every checkpoint ships a word-level tokenizer
+"""The tests' tiny random Moshi-architecture checkpoints: the bench's
+(``duplex_server.bench.tiny_moshi``: the real structure at toy widths, built
+with ``save_pretrained``), and every one ships a word-level tokenizer
 (``<pad>`` at id 3, as in Moshi's), so text tokens become transcript words
 and a persona can be primed.
 
@@ -182,6 +170,26 @@ def _speech_seed(model: object, silent: set[int]) -> int:
         if not silent & set(spoken) and set(settled) <= silent:
             return seed
     raise RuntimeError("no noise seed that Mimi tells from silence: change the tiny codec")
+
+
+def windowed(directory: Path, window: int) -> object:
+    """The checkpoint loaded in float64 with a temporal window of ``window``
+    frames (short, so that a few ticks cross it)."""
+    import torch
+    from transformers import MoshiForConditionalGeneration
+
+    return MoshiForConditionalGeneration.from_pretrained(
+        directory, dtype=torch.float64, sliding_window=window
+    ).eval()
+
+
+def noise_frames(seed: int, streams: int, ticks: int) -> list[list[np.ndarray]]:
+    """``streams`` streams of ``ticks`` frames of speech-level noise."""
+    noise = np.random.default_rng(seed)
+    return [
+        [(noise.standard_normal(FRAME_SAMPLES) * 0.3).astype(np.float32) for _ in range(ticks)]
+        for _ in range(streams)
+    ]
 
 
 def speech_pcm16(directory: Path, units: int) -> bytes:
