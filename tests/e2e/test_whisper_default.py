@@ -51,11 +51,17 @@ async def test_open_speech_is_heard_and_answered_with_stage_times(whisper_server
     assert words(transcript) == ["you", "said", *words(question)]
     done = events[-1]
     stages = done["response"]["duplex"]["stage_metrics"]
-    assert set(stages) == {"vad_hangover_ms", "asr_final_ms", "tts_first_clause_ms"}
+    assert set(stages) == {
+        "vad_hangover_ms",
+        "asr_final_ms",
+        "first_clause_ready_ms",
+        "tts_first_clause_ms",
+    }
     # The VAD waited out the session's silence_duration_ms (500), give or
     # take a scoring window and a chunk.
     assert 450 <= stages["vad_hangover_ms"] <= 600
     assert stages["asr_final_ms"] >= 0 and stages["tts_first_clause_ms"] > 0
+    assert stages["first_clause_ready_ms"] >= 0
     assert done["vllm_omni"]["stage_metrics"] == stages
 
 
