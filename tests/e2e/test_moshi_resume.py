@@ -36,6 +36,7 @@ import websockets
 from duplex_server.models import build_model
 from tests.e2e.serverproc import ServerProcess
 from tests.e2e.test_moshi_wire import write_wav
+from tests.e2e.test_replicas import resume
 from tests.tiny_moshi import FRAME_SAMPLES, tiny_moshi
 from tests.wsclient import WsClient
 
@@ -243,16 +244,7 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
 
         second = then()
         await wait_ready(second)
-        again = await WsClient.connect(second.ws_url + "&autostart=0")
-        await again.send(
-            {
-                "type": "session.resume",
-                "session_id": session_id,
-                "resume_token": token,
-                "last_received_server_event_seq": cursor,
-            }
-        )
-        resumed = await again.expect("session.resumed")
+        again, resumed, _ = await resume(second, session_id, token, cursor)
         takeover = next(
             line["seq"]
             for line in log_lines(second, session_id)
