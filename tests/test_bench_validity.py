@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import psutil
+
 from duplex_server.bench.generator import (
     GeneratorCpu,
     ProcessCpu,
@@ -22,10 +24,22 @@ def test_a_saturated_generator_makes_the_run_invalid():
 def test_the_generator_reports_its_own_cpu():
     generator = GeneratorCpu()
     generator.start()
-    sum(i * i for i in range(200_000))  # some work of this process's own
+    spend_cpu(0.05)
     report = generator.report()
     assert report["generator_cpu_percent"] > 0.0
     assert report["generator_saturated"] == (report["generator_cpu_percent"] >= 90.0)
+
+
+def spend_cpu(seconds: float) -> None:
+    """Work until the kernel has charged this process ``seconds`` more CPU.
+
+    A fixed amount of work can finish inside one 10 ms accounting tick on a
+    fast machine, and then the process reads as 0 % busy.
+    """
+    process = psutil.Process()
+    start = sum(process.cpu_times()[:2])
+    while sum(process.cpu_times()[:2]) - start < seconds:
+        sum(i * i for i in range(10_000))
 
 
 def generator(busy_percent: float, core: int | None = 1) -> ProcessCpu:
