@@ -118,6 +118,7 @@ def create_app(config: ServerConfig) -> Starlette:
                 max_input_realtime_factor=config.max_input_realtime_factor,
                 input_burst_ms=config.input_burst_ms,
                 max_session_media_bytes=config.max_session_media_bytes,
+                text_delta_interval_ms=config.text_delta_interval_ms,
             ),
             max_sessions=config.max_sessions,
             idle_ttl_s=config.idle_ttl_s,

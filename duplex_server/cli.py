@@ -267,6 +267,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "(0: unbounded); beyond it, appends get resource_exhausted",
     )
     p.add_argument(
+        "--text-delta-interval-ms",
+        type=_delta_interval_ms,
+        default=DEFAULTS.text_delta_interval_ms,
+        help="after an answer's first text delta, text gathers this long before the next "
+        "(0: a delta per token)",
+    )
+    p.add_argument(
         "--mailbox-size",
         type=int,
         default=DEFAULTS.mailbox_size,
@@ -432,6 +439,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 MIN_API_KEY_CHARS = 16
+# Longer and a streamed answer stops reading as streamed (a second is a sentence).
+MAX_TEXT_DELTA_INTERVAL_MS = 1000.0
 
 
 def _api_key(value: str) -> str:
@@ -448,6 +457,15 @@ def _positive_int(value: str) -> int:
     number = int(value)
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
+
+
+def _delta_interval_ms(value: str) -> float:
+    number = float(value)
+    if not 0 <= number <= MAX_TEXT_DELTA_INTERVAL_MS:
+        raise argparse.ArgumentTypeError(
+            f"{value}: give milliseconds in [0, {MAX_TEXT_DELTA_INTERVAL_MS}]"
+        )
     return number
 
 

@@ -35,6 +35,7 @@ class ServerConfig:
     max_input_realtime_factor: float = ActorSettings.max_input_realtime_factor
     input_burst_ms: float = ActorSettings.input_burst_ms
     max_session_media_bytes: int = ActorSettings.max_session_media_bytes
+    text_delta_interval_ms: float = ActorSettings.text_delta_interval_ms
     retention_s: float = ManagerSettings.retention_s
     purge_interval_s: float = ManagerSettings.purge_interval_s
     ended_sessions_kept: int = ManagerSettings.ended_sessions_kept

@@ -125,6 +125,8 @@ def test_environment_names_follow_the_flags():
         ("ws_per_message_deflate = 1\n", "key 'ws_per_message_deflate': expected true or false"),
         ("durability = 'never'\n", "key 'durability': 'never' is not one of fsync-per-batch"),
         ("ended_sessions_kept = 0\n", "key 'ended_sessions_kept': must be at least 1"),
+        ("text_delta_interval_ms = 5000\n", "5000: give milliseconds in [0, 1000.0]"),
+        ("text_delta_interval_ms = -1\n", "-1: give milliseconds in [0, 1000.0]"),
         ("allowed_hosts = [1, 2]\n", "key 'allowed_hosts': [1, 2] is not a value"),
         ("[serve]\nport = 1\n", "unknown key 'serve'"),
         ("config = 'x.toml'\n", "cannot name another"),

@@ -303,3 +303,110 @@ async def test_a_restored_session_with_input_opens_its_primed_model_at_once():
     feed.start()
     await feed.close()
     assert model.opened == [setup]
+
+
+class Paced:
+    """A turn model whose chunks come when the test hands them over (None ends it)."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[ModelChunk | None] = asyncio.Queue()
+        self.aborted: list[str] = []
+
+    def wants_to_speak(self, history: list[HistoryItem], config: SessionView) -> bool:
+        return True
+
+    async def stream(self, request: ResponseRequest) -> AsyncIterator[ModelChunk]:
+        while (chunk := await self.queue.get()) is not None:
+            yield chunk
+
+    def abort(self, response_id: str) -> None:
+        self.aborted.append(response_id)
+
+    async def say(self, *chunks: ModelChunk | None) -> None:
+        """Hand the chunks over and let the feed's pump take them all."""
+        for chunk in chunks:
+            self.queue.put_nowait(chunk)
+        while not self.queue.empty():
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+
+def notices(posted: list[object]) -> list[object]:
+    return [message for message in posted if isinstance(message, mb.Chunks)]
+
+
+async def test_text_after_the_first_delta_gathers_and_the_end_releases_it():
+    posted: list[object] = []
+    model = Paced()
+    feed = TurnFeed(model, posted.append, text_delta_interval_s=3600.0)
+    feed.answer(request())
+    await model.say(ModelChunk(text="a"))
+    assert posted == [mb.Chunks("resp_1", 3)]  # the first text goes at once
+    assert feed.take("resp_1") == [UnitOutput(text="a")]
+    await model.say(ModelChunk(text="b"), ModelChunk(text="c"), ModelChunk(text="d"))
+    assert len(notices(posted)) == 1  # held: no notice per token
+    await model.say(None)
+    await settle(posted)
+    # the end posts the held notice before itself: nothing is lost or reordered
+    assert posted[1:] == [mb.Chunks("resp_1", 3), mb.StreamEnd("resp_1", 3, None)]
+    assert feed.take("resp_1") == [UnitOutput(text="bcd")]
+
+
+async def test_held_text_is_released_after_the_interval():
+    posted: list[object] = []
+    model = Paced()
+    feed = TurnFeed(model, posted.append, text_delta_interval_s=0.01)
+    feed.answer(request())
+    await model.say(ModelChunk(text="a"))
+    feed.take("resp_1")
+    await model.say(ModelChunk(text="b"), ModelChunk(text="c"))
+    while len(notices(posted)) < 2:  # the timer's notice, whenever the loop gets to it
+        await asyncio.sleep(0.005)
+    assert feed.take("resp_1") == [UnitOutput(text="bc")]
+    feed.stop("resp_1")
+
+
+async def test_audio_and_tool_calls_never_wait_behind_the_interval():
+    from duplex_server.sessions.core.model_port import FunctionCallPart
+
+    posted: list[object] = []
+    model = Paced()
+    feed = TurnFeed(model, posted.append, text_delta_interval_s=3600.0)
+    feed.answer(request())
+    await model.say(ModelChunk(text="a"))
+    feed.take("resp_1")
+    await model.say(ModelChunk(audio=b"\x01\x00" * 4, text="b"))
+    assert len(notices(posted)) == 2
+    feed.take("resp_1")
+    call = FunctionCallPart(call_id="call_1", name="lookup", arguments="{}")
+    await model.say(ModelChunk(function_call=call))
+    assert len(notices(posted)) == 3
+    assert feed.take("resp_1") == [UnitOutput(function_call=call)]
+    feed.stop("resp_1")
+
+
+async def test_a_stop_drops_held_text_and_its_notice():
+    posted: list[object] = []
+    model = Paced()
+    feed = TurnFeed(model, posted.append, text_delta_interval_s=0.01)
+    feed.answer(request())
+    await model.say(ModelChunk(text="a"))
+    feed.take("resp_1")
+    await model.say(ModelChunk(text="b"))
+    feed.stop("resp_1")
+    await asyncio.sleep(0.05)  # past the interval: a notice left armed would have come
+    assert model.aborted == ["resp_1"]
+    assert notices(posted) == [mb.Chunks("resp_1", 3)]
+    assert feed.take("resp_1") == []
+
+
+async def test_with_no_interval_each_token_is_posted_as_it_comes():
+    posted: list[object] = []
+    model = Paced()
+    feed = TurnFeed(model, posted.append)
+    feed.answer(request())
+    for text in "abc":
+        await model.say(ModelChunk(text=text))
+        assert feed.take("resp_1") == [UnitOutput(text=text)]
+    assert len(notices(posted)) == 3
+    feed.stop("resp_1")

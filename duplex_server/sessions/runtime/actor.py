@@ -127,6 +127,10 @@ class ActorSettings:
     input_burst_ms: float = 10_000.0
     # Media (audio samples, video frames) one session may put in the log.
     max_session_media_bytes: int = 1024 * 1024 * 1024
+    # After a response's first text delta, text gathers this long before the
+    # next one: a delta, record and frame per interval, not per token (0: each
+    # token as it comes). Audio and function calls never wait.
+    text_delta_interval_ms: float = 20.0
 
 
 def _now_ms() -> int:
@@ -190,7 +194,14 @@ class SessionActor:
         # cyclic GC, whose thresholds ``serve`` raises far out of the way.
         post = self._mailbox.put_nowait
         me = weakref.ref(self)
-        self._feed = open_feed(model, session_id, post, _epoch_reader(me), _setup_reader(me))
+        self._feed = open_feed(
+            model,
+            session_id,
+            post,
+            _epoch_reader(me),
+            _setup_reader(me),
+            text_delta_interval_s=settings.text_delta_interval_ms / 1000,
+        )
         self._task: asyncio.Task[None] | None = None  # held: the loop keeps only weak refs
         self.last_activity = time.monotonic()
         self.closed = asyncio.Event()

@@ -102,10 +102,13 @@ def open_feed(
     post: Callable[[object], None],
     epoch: Callable[[], int],
     setup: Callable[[], StreamSetup | None] = StreamSetup,
+    text_delta_interval_s: float = 0.0,
 ) -> ModelFeed:
     """The feed for ``model``'s way of taking input; ``post`` queues on the
     session's mailbox, ``epoch`` reads the session's current epoch, ``setup``
-    what a primed model hears first (None while the session has no input)."""
+    what a primed model hears first (None while the session has no input),
+    ``text_delta_interval_s`` how long a turn model's text gathers after
+    its first delta."""
     # Imported here: each feed imports this module for its protocol.
     from duplex_server.sessions.runtime.turn_feed import TurnFeed
     from duplex_server.sessions.runtime.unit_feed import UnitFeed
@@ -115,5 +118,5 @@ def open_feed(
     if model.streaming is not None:
         return UnitFeed(model.streaming, session_id, post, epoch, setup)
     if model.answering is not None:
-        return TurnFeed(model.answering, post)
+        return TurnFeed(model.answering, post, text_delta_interval_s)
     raise ValueError(f"model {model.name!r} takes input neither by unit nor by turn")

@@ -19,6 +19,16 @@ unchanged: the end-of-stream notice is posted after the last chunk's. Text
 that queues behind text (an LLM's tokens while the actor is busy) is
 merged into one output, so a busy server sends fewer, longer deltas rather
 than falling further behind.
+
+A response's first text goes at once (time to first token is the figure a
+client feels). After it, text waits ``text_delta_interval_s`` for the
+tokens behind it before its notice is posted: at 32 answers decoding a
+token every few milliseconds the event loop otherwise spends itself on one
+delta, log record and WebSocket frame per token (``bench llm`` measured the
+server's throughput at 0.51x of the engine's with none, 0.68x with 20 ms,
+both sharing one GIL with a transformers decode thread). The end of the
+stream and a cancel release or drop the held text first, so nothing is
+reordered, and nothing of a cancelled answer reaches the log.
 """
 
 from __future__ import annotations
@@ -43,11 +53,19 @@ RECENT_TURNS = 8  # user turns whose pcm the feed keeps for the model
 class TurnFeed:
     full = False  # input is the session's buffer: nothing queues here
 
-    def __init__(self, model: Answering, post: Callable[[object], None]) -> None:
+    def __init__(
+        self,
+        model: Answering,
+        post: Callable[[object], None],
+        text_delta_interval_s: float = 0.0,
+    ) -> None:
         self.model = model
         self._post = post
+        self._interval_s = text_delta_interval_s
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._pending: dict[str, list[UnitOutput]] = {}
+        self._held: dict[str, asyncio.TimerHandle] = {}
+        self._texted: set[str] = set()
         self._turns: OrderedDict[str, bytes] = OrderedDict()
 
     def start(self) -> None:
@@ -91,7 +109,7 @@ class TurnFeed:
                 if not _merge_text(pending, output):
                     pending.extend(bounded(output))
                 if was_empty:
-                    self._post(mb.Chunks(request.response_id, request.epoch))
+                    self._notify(request, output)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - surfaced below, never swallowed
@@ -100,7 +118,34 @@ class TurnFeed:
             # it must not leave the response in progress forever or end the session.
             error = f"{type(exc).__name__}: {exc}"
             log.exception("engine stream for %s failed", request.response_id)
+        self._release(request)
         self._post(mb.StreamEnd(request.response_id, request.epoch, error, figures or None))
+
+    def _notify(self, request: ResponseRequest, output: UnitOutput) -> None:
+        """Tell the actor output is waiting: at once, or (text after the
+        response's first) once the text behind it has had time to join."""
+        response_id = request.response_id
+        text_only = not (output.audio or output.function_call)
+        if text_only and self._interval_s > 0 and response_id in self._texted:
+            loop = asyncio.get_running_loop()
+            self._held[response_id] = loop.call_later(self._interval_s, self._release, request)
+            return
+        if text_only:
+            self._texted.add(response_id)
+        self._post(mb.Chunks(response_id, request.epoch))
+
+    def _release(self, request: ResponseRequest) -> None:
+        """Post the notice a held batch waits for (its end must not outrun it)."""
+        held = self._held.pop(request.response_id, None)
+        if held is not None:
+            held.cancel()
+            self._post(mb.Chunks(request.response_id, request.epoch))
+
+    def _drop_held(self, response_id: str) -> None:
+        held = self._held.pop(response_id, None)
+        if held is not None:
+            held.cancel()
+        self._texted.discard(response_id)
 
     def take(self, response_id: str) -> list[UnitOutput]:
         return self._pending.pop(response_id, [])
@@ -108,10 +153,12 @@ class TurnFeed:
     def forget(self, response_id: str) -> None:
         self._tasks.pop(response_id, None)
         self._pending.pop(response_id, None)
+        self._drop_held(response_id)
 
     def stop(self, response_id: str) -> None:
         self.model.abort(response_id)
         self._pending.pop(response_id, None)
+        self._drop_held(response_id)
         task = self._tasks.pop(response_id, None)
         if task is not None:
             task.cancel()
