@@ -141,10 +141,13 @@ async def measure(args: argparse.Namespace) -> dict:
     began_load = _load_average()
     with ExitStack() as stack:
         image_model = _image_model(args, stack)
+        # The image comparison alone needs no voice: the server then runs the
+        # echo model, and loads no recogniser or synthesiser.
+        voice = bool(_parts(args) & {"speech", "realtime"})
         server = ServerProcess(
             args.store or "memory",
-            model="cascade",
-            asr="pocketsphinx",
+            model="cascade" if voice else "echo",
+            asr="pocketsphinx" if voice else None,
             port=args.port or None,
             blob_dir=args.blob_dir,
             image_model=image_model,
@@ -157,6 +160,10 @@ async def measure(args: argparse.Namespace) -> dict:
     return report
 
 
+def _parts(args: argparse.Namespace) -> set[str]:
+    return set(args.parts.split(","))
+
+
 def _load_average() -> list[float]:
     return [round(x, 2) for x in psutil.getloadavg()]
 
@@ -166,8 +173,9 @@ async def _measure(
 ) -> dict:
     proc = psutil.Process(server.pid)
     ws_url = server.ws_at("/v1/realtime")
-    await realtime_turns(ws_url, 2)  # warm: the voice loaded, the first clause cached
-    parts = set(args.parts.split(","))
+    parts = _parts(args)
+    if parts & {"speech", "realtime"}:
+        await realtime_turns(ws_url, 2)  # warm: the voice loaded, the first clause cached
     report: dict = {"bench": "batch", "turns": args.turns, "response_format": args.response_format}
     report["parts"] = sorted(parts)
     if "speech" in parts:

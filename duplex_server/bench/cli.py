@@ -62,10 +62,11 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--image-shape",
-        choices=["small", "tiny", "none"],
+        choices=["small", "tiny", "sd15", "none"],
         default="small",
         help="the built pipeline: small (SD's layout, narrowed: 128 px), tiny (the tests' "
-        "16 px one), none (no image parts)",
+        "16 px one), sd15 (SD 1.5's UNet and VAE at full size, 512 px: for a GPU), none (no "
+        "image parts)",
     )
     p.add_argument("--image-steps", type=int, default=4, help="denoising steps per image job")
     p.add_argument("--image-n", type=int, default=1, help="pictures per image job")

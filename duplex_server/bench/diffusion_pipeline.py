@@ -10,7 +10,9 @@ pipeline (16 px, a step costs less than the HTTP request around it),
 ``small`` is SD's layout (VAE factor 8, cross-attention UNet) narrowed to
 128 px, where a 4-step job takes about a third of a second on two quiet CPU
 cores: long enough that the route's fixed cost (HTTP, the job's records,
-PNG) is a few percent of it, not most of it.
+PNG) is a few percent of it, not most of it. ``sd15`` is Stable Diffusion
+1.5's UNet and VAE at full size (512 px, 860 M UNet parameters) with a text
+encoder of its width and depth: a GPU's job, a real one's cost per step.
 
 torch, transformers and diffusers are imported inside the functions: the
 bench imports this module only when it benchmarks images."""
@@ -41,9 +43,23 @@ class Shape:
     groups: int
     head_dim: int
     sample_size: int  # latent side; pixels = sample_size * 2 ** (len(vae_channels) - 1)
+    layers_per_block: int = 1  # of the UNet and the VAE
 
 
 SHAPES = {
+    "sd15": Shape(
+        text_hidden=768,
+        text_layers=12,
+        max_tokens=77,
+        vae_channels=(128, 256, 512, 512),
+        unet_channels=(320, 640, 1280, 1280),
+        unet_down=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+        unet_up=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+        groups=32,
+        head_dim=8,
+        sample_size=64,
+        layers_per_block=2,
+    ),
     "tiny": Shape(
         text_hidden=8,
         text_layers=1,
@@ -127,12 +143,13 @@ def build(shape_name: str, directory: Path) -> Path:
         down_block_types=("DownEncoderBlock2D",) * levels,
         up_block_types=("UpDecoderBlock2D",) * levels,
         latent_channels=4,
+        layers_per_block=shape.layers_per_block,
         norm_num_groups=min(shape.groups, min(shape.vae_channels)),
         sample_size=default_side(shape_name),
     )
     unet = UNet2DConditionModel(
         block_out_channels=shape.unet_channels,
-        layers_per_block=1,
+        layers_per_block=shape.layers_per_block,
         sample_size=shape.sample_size,
         in_channels=4,
         out_channels=4,
