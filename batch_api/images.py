@@ -154,15 +154,21 @@ def job_seed(job_id: str) -> int:
     return int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big") >> 1
 
 
+# zlib's fastest level: a 512 px photograph encodes in a quarter of the time
+# of Pillow's default (6) for about 7 % more bytes (measured: 18 against 71 ms,
+# 425 against 396 KiB); the encode is on every image's path to the client.
+PNG_ZLIB_LEVEL = 1
+
+
 def encode_image(pixels: Pixels, output_format: str, compression: int | None = None) -> bytes:
     """``compression`` (0-100, OpenAI's ``output_compression``): how much
     smaller a JPEG or WebP may get at the cost of detail; PNG is lossless."""
     from PIL import Image
 
     name, _ = OUTPUT_FORMATS[output_format]
-    options: dict[str, object] = {}
+    options: dict[str, object] = {"compress_level": PNG_ZLIB_LEVEL}
     if name != "PNG":
-        options["quality"] = 100 - (compression if compression is not None else 25)
+        options = {"quality": 100 - (compression if compression is not None else 25)}
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, format=name, **options)
     return out.getvalue()

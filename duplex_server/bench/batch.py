@@ -33,7 +33,7 @@ import httpx
 import psutil
 import websockets
 
-from duplex_server.bench.batch_images import PROMPT, ImageLoad, compare
+from duplex_server.bench.batch_images import PROMPT, ImageLoad, compare, throughput
 from duplex_server.bench.batch_speech import ms, seconds_of, time_speech
 from duplex_server.bench.diffusion_pipeline import ImageAsk
 from duplex_server.bench.generator import GeneratorCpu, validity
@@ -192,6 +192,9 @@ async def _measure(
         if "images" in parts:
             report["images"] = await compare(
                 server.http_url, direct, ask, args.image_jobs, server.pid
+            )
+            report["images"]["throughput"] = await throughput(
+                server.http_url, direct, ask, args.image_jobs
             )
         del direct  # its memory back before the realtime phases
     if "realtime" in parts:
