@@ -68,6 +68,7 @@ def test_image_steps_through_the_server_against_the_pipeline_called_directly(rep
         direct["min_job_s"] / server["min_job_s"], rel=0.01, abs=0.02
     )
     assert images["overhead_percent"] == pytest.approx((1 - images["ratio"]) * 100, abs=0.2)
+    assert images["overhead_target_met"] == (images["overhead_percent"] <= 5.0)
     assert images["server_cpu_s_per_job"] > 0 and images["direct_cpu_s_per_job"] > 0
     assert images["cpu_overhead_percent"] == pytest.approx(
         (images["server_cpu_s_per_job"] / images["direct_cpu_s_per_job"] - 1) * 100, abs=5
