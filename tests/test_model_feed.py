@@ -331,6 +331,17 @@ class Paced:
         await asyncio.sleep(0)
 
 
+async def past_the_first_delta(interval_s: float) -> tuple[Paced, TurnFeed, list[object]]:
+    """A feed answering with ``interval_s``, its first text already taken."""
+    posted: list[object] = []
+    model = Paced()
+    feed = TurnFeed(model, posted.append, text_delta_interval_s=interval_s)
+    feed.answer(request())
+    await model.say(ModelChunk(text="a"))
+    assert feed.take("resp_1") == [UnitOutput(text="a")]
+    return model, feed, posted
+
+
 def notices(posted: list[object]) -> list[object]:
     return [message for message in posted if isinstance(message, mb.Chunks)]
 
@@ -353,12 +364,7 @@ async def test_text_after_the_first_delta_gathers_and_the_end_releases_it():
 
 
 async def test_held_text_is_released_after_the_interval():
-    posted: list[object] = []
-    model = Paced()
-    feed = TurnFeed(model, posted.append, text_delta_interval_s=0.01)
-    feed.answer(request())
-    await model.say(ModelChunk(text="a"))
-    feed.take("resp_1")
+    model, feed, posted = await past_the_first_delta(0.01)
     await model.say(ModelChunk(text="b"), ModelChunk(text="c"))
     while len(notices(posted)) < 2:  # the timer's notice, whenever the loop gets to it
         await asyncio.sleep(0.005)
@@ -369,12 +375,7 @@ async def test_held_text_is_released_after_the_interval():
 async def test_audio_and_tool_calls_never_wait_behind_the_interval():
     from duplex_server.sessions.core.model_port import FunctionCallPart
 
-    posted: list[object] = []
-    model = Paced()
-    feed = TurnFeed(model, posted.append, text_delta_interval_s=3600.0)
-    feed.answer(request())
-    await model.say(ModelChunk(text="a"))
-    feed.take("resp_1")
+    model, feed, posted = await past_the_first_delta(3600.0)
     await model.say(ModelChunk(audio=b"\x01\x00" * 4, text="b"))
     assert len(notices(posted)) == 2
     feed.take("resp_1")
@@ -386,12 +387,7 @@ async def test_audio_and_tool_calls_never_wait_behind_the_interval():
 
 
 async def test_a_stop_drops_held_text_and_its_notice():
-    posted: list[object] = []
-    model = Paced()
-    feed = TurnFeed(model, posted.append, text_delta_interval_s=0.01)
-    feed.answer(request())
-    await model.say(ModelChunk(text="a"))
-    feed.take("resp_1")
+    model, feed, posted = await past_the_first_delta(0.01)
     await model.say(ModelChunk(text="b"))
     feed.stop("resp_1")
     await asyncio.sleep(0.05)  # past the interval: a notice left armed would have come
