@@ -166,9 +166,11 @@ def encode_image(pixels: Pixels, output_format: str, compression: int | None = N
     from PIL import Image
 
     name, _ = OUTPUT_FORMATS[output_format]
-    options: dict[str, object] = {"compress_level": PNG_ZLIB_LEVEL}
-    if name != "PNG":
-        options = {"quality": 100 - (compression if compression is not None else 25)}
+    options: dict[str, object] = (
+        {"compress_level": PNG_ZLIB_LEVEL}
+        if name == "PNG"
+        else {"quality": 100 - (compression if compression is not None else 25)}
+    )
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, format=name, **options)
     return out.getvalue()

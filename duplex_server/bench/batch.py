@@ -42,6 +42,7 @@ from duplex_server.bench.server_process import ServerProcess
 BATCH_TEXT = " ".join(
     f"Sentence {n} of a long batch text keeps the synthesiser busy for a while." for n in range(40)
 )
+VOICE_PARTS = {"speech", "realtime"}  # the parts that need the cascade's voice
 TURN_TEXTS = ["good morning", "what time is it", "open the door", "play some music"]
 
 
@@ -143,7 +144,7 @@ async def measure(args: argparse.Namespace) -> dict:
         image_model = _image_model(args, stack)
         # The image comparison alone needs no voice: the server then runs the
         # echo model, and loads no recogniser or synthesiser.
-        voice = bool(_parts(args) & {"speech", "realtime"})
+        voice = bool(_parts(args) & VOICE_PARTS)
         server = ServerProcess(
             args.store or "memory",
             model="cascade" if voice else "echo",
@@ -174,7 +175,7 @@ async def _measure(
     proc = psutil.Process(server.pid)
     ws_url = server.ws_at("/v1/realtime")
     parts = _parts(args)
-    if parts & {"speech", "realtime"}:
+    if parts & VOICE_PARTS:
         await realtime_turns(ws_url, 2)  # warm: the voice loaded, the first clause cached
     report: dict = {"bench": "batch", "turns": args.turns, "response_format": args.response_format}
     report["parts"] = sorted(parts)

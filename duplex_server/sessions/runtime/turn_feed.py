@@ -126,25 +126,28 @@ class TurnFeed:
         response's first) once the text behind it has had time to join."""
         response_id = request.response_id
         text_only = not (output.audio or output.function_call)
-        if text_only and self._interval_s > 0 and response_id in self._texted:
-            loop = asyncio.get_running_loop()
-            self._held[response_id] = loop.call_later(self._interval_s, self._release, request)
-            return
-        if text_only:
+        if text_only and self._interval_s > 0:
+            if response_id in self._texted:
+                loop = asyncio.get_running_loop()
+                self._held[response_id] = loop.call_later(self._interval_s, self._release, request)
+                return
             self._texted.add(response_id)
         self._post(mb.Chunks(response_id, request.epoch))
 
-    def _release(self, request: ResponseRequest) -> None:
-        """Post the notice a held batch waits for (its end must not outrun it)."""
-        held = self._held.pop(request.response_id, None)
-        if held is not None:
-            held.cancel()
-            self._post(mb.Chunks(request.response_id, request.epoch))
-
-    def _drop_held(self, response_id: str) -> None:
+    def _unhold(self, response_id: str) -> bool:
+        """Cancel the response's held notice; whether there was one."""
         held = self._held.pop(response_id, None)
         if held is not None:
             held.cancel()
+        return held is not None
+
+    def _release(self, request: ResponseRequest) -> None:
+        """Post the notice a held batch waits for (its end must not outrun it)."""
+        if self._unhold(request.response_id):
+            self._post(mb.Chunks(request.response_id, request.epoch))
+
+    def _drop_held(self, response_id: str) -> None:
+        self._unhold(response_id)
         self._texted.discard(response_id)
 
     def take(self, response_id: str) -> list[UnitOutput]:
