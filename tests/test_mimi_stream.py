@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from duplex_server.engine.duplex.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
 from tests.tiny_moshi import (
@@ -15,6 +14,8 @@ from tests.tiny_moshi import (
     FRAME_SAMPLES,
     MIMI_SLIDING_WINDOW,
     NUM_CODEBOOKS,
+    float64_moshi,
+    frame,
     tiny_moshi,
 )
 
@@ -24,10 +25,7 @@ FRAMES = 12  # 24 decoder-transformer steps: four times its sliding window
 @pytest.fixture(scope="module")
 def mimi(tmp_path_factory):
     directory = tiny_moshi(tmp_path_factory.mktemp("moshi"))
-    model = transformers.MoshiForConditionalGeneration.from_pretrained(
-        directory, dtype=torch.float64
-    )
-    return model.eval().audio_encoder
+    return float64_moshi(directory).audio_encoder
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +38,6 @@ def speech():
 def codes():
     generator = torch.Generator().manual_seed(8)
     return torch.randint(0, AUDIO_VOCAB, (2, NUM_CODEBOOKS, FRAMES), generator=generator)
-
-
-def frame(signal, index):
-    return signal[..., index * FRAME_SAMPLES : (index + 1) * FRAME_SAMPLES]
 
 
 def test_the_tiny_codec_has_real_frames(mimi):

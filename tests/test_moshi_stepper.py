@@ -10,38 +10,34 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from duplex_server.engine.duplex import FrameTokens, PrimeFrame
 from duplex_server.engine.duplex.prime import prime_frames
 from duplex_server.engine.duplex.prompt_codec import encode_frames, prompt_codes
 from duplex_server.engine.duplex.stepper import DuplexStepper, RowsFull
-from tests.tiny_moshi import AUDIO_VOCAB, FRAME_SAMPLES, NUM_CODEBOOKS, TEXT_VOCAB, tiny_moshi
+from tests.tiny_moshi import (
+    AUDIO_VOCAB,
+    FRAME_SAMPLES,
+    NUM_CODEBOOKS,
+    TEXT_VOCAB,
+    float64_moshi,
+    frame,
+    noise_signals,
+    tiny_moshi,
+)
 
 FRAMES = 14
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    directory = tiny_moshi(tmp_path_factory.mktemp("moshi"))
-    loaded = transformers.MoshiForConditionalGeneration.from_pretrained(
-        directory, dtype=torch.float64
-    )
-    return loaded.eval()
+    return float64_moshi(tiny_moshi(tmp_path_factory.mktemp("moshi")))
 
 
 @pytest.fixture(scope="module")
 def voices():
     """Three users' input signals (noise at speech-like level), long enough for any test."""
-    generator = np.random.default_rng(11)
-    return [
-        (generator.standard_normal(3 * FRAMES * FRAME_SAMPLES) * 0.3).astype(np.float32)
-        for _ in range(3)
-    ]
-
-
-def frame(signal: np.ndarray, index: int) -> np.ndarray:
-    return signal[index * FRAME_SAMPLES : (index + 1) * FRAME_SAMPLES]
+    return noise_signals(11, 3, 3 * FRAMES * FRAME_SAMPLES)
 
 
 def alone(model, signal, frames=FRAMES):

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-import transformers
 
 from duplex_server.engine.duplex.checkpoint import check_moshi_checkpoint
 from duplex_server.engine.duplex.stepper import DuplexStepper
-from tests.tiny_moshi import FRAME_SAMPLES, tiny_moshi
+from tests.tiny_moshi import FRAME_SAMPLES, float64_moshi, frame, noise_signals, tiny_moshi
 
 WINDOW = 5
 FRAMES = 3 * WINDOW
@@ -28,23 +26,12 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model(checkpoint):
-    loaded = transformers.MoshiForConditionalGeneration.from_pretrained(
-        checkpoint, dtype=torch.float64
-    )
-    return loaded.eval()
+    return float64_moshi(checkpoint)
 
 
 @pytest.fixture(scope="module")
 def voices():
-    generator = np.random.default_rng(17)
-    return [
-        (generator.standard_normal(2 * FRAMES * FRAME_SAMPLES) * 0.3).astype(np.float32)
-        for _ in range(2)
-    ]
-
-
-def frame(signal: np.ndarray, index: int) -> np.ndarray:
-    return signal[index * FRAME_SAMPLES : (index + 1) * FRAME_SAMPLES]
+    return noise_signals(17, 2, 2 * FRAMES * FRAME_SAMPLES)
 
 
 @pytest.fixture(scope="module")

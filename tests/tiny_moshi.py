@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -172,15 +173,32 @@ def _speech_seed(model: object, silent: set[int]) -> int:
     raise RuntimeError("no noise seed that Mimi tells from silence: change the tiny codec")
 
 
-def windowed(directory: Path, window: int) -> object:
-    """The checkpoint loaded in float64 with a temporal window of ``window``
-    frames (short, so that a few ticks cross it)."""
+def float64_moshi(directory: Path, **config: object) -> Any:
+    """The checkpoint loaded in float64 (the tests compare runs exactly),
+    with ``config`` over its own settings."""
     import torch
     from transformers import MoshiForConditionalGeneration
 
     return MoshiForConditionalGeneration.from_pretrained(
-        directory, dtype=torch.float64, sliding_window=window
+        directory, dtype=torch.float64, **config
     ).eval()
+
+
+def windowed(directory: Path, window: int) -> object:
+    """The checkpoint loaded in float64 with a temporal window of ``window``
+    frames (short, so that a few ticks cross it)."""
+    return float64_moshi(directory, sliding_window=window)
+
+
+def noise_signals(seed: int, streams: int, samples: int) -> list[np.ndarray]:
+    """``streams`` input signals of ``samples`` samples of speech-level noise."""
+    generator = np.random.default_rng(seed)
+    return [(generator.standard_normal(samples) * 0.3).astype(np.float32) for _ in range(streams)]
+
+
+def frame(signal: Any, index: int) -> Any:
+    """Frame ``index`` of a signal (an array or tensor, samples last)."""
+    return signal[..., index * FRAME_SAMPLES : (index + 1) * FRAME_SAMPLES]
 
 
 def noise_frames(seed: int, streams: int, ticks: int) -> list[list[np.ndarray]]:
