@@ -22,6 +22,7 @@ from duplex_server.config import ServerConfig
 from duplex_server.engine.llm import LLMOptions
 from duplex_server.models import build_model, close_model
 from duplex_server.realtime import realtime_endpoint
+from duplex_server.sessions.core.model_names import ModelNames
 from duplex_server.sessions.log.memory_store import MemoryLog
 from duplex_server.sessions.log.redis_store import REDIS_SCHEMES, RedisLog
 from duplex_server.sessions.log.sqlite_store import SqliteLog
@@ -90,6 +91,12 @@ def key_ring(config: ServerConfig) -> KeyRing:
     return KeyRing.single(config.api_key)
 
 
+def model_names(config: ServerConfig, adapter_name: str) -> ModelNames:
+    """The names the served model answers to (``--served-model-name``)."""
+    served = ModelNames.of(adapter_name, config.served_model_name)
+    return ModelNames(served.served, openai_aliases=config.openai_model_aliases)
+
+
 def create_app(config: ServerConfig) -> Starlette:
     keys = key_ring(config)
     log = open_store(config)
@@ -119,6 +126,7 @@ def create_app(config: ServerConfig) -> Starlette:
                 input_burst_ms=config.input_burst_ms,
                 max_session_media_bytes=config.max_session_media_bytes,
                 text_delta_interval_ms=config.text_delta_interval_ms,
+                model_names=model_names(config, model.name),
             ),
             max_sessions=config.max_sessions,
             idle_ttl_s=config.idle_ttl_s,
@@ -167,6 +175,7 @@ def create_app(config: ServerConfig) -> Starlette:
     app.state.ephemeral = EphemeralKeys()
     app.state.log = log
     app.state.model = model
+    app.state.model_names = model_names(config, model.name)
     app.state.manager = manager
     app.state.batch = batch
     app.state.metrics = metrics.app_registry(manager.live_by_model)

@@ -84,6 +84,22 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "full duplex; needs the ml extra)",
     )
     p.add_argument(
+        "--served-model-name",
+        type=_names,
+        action="extend",
+        default=DEFAULTS().served_model_name,
+        help="a name the model answers to in session.update, ?model= and /v1/models "
+        "(repeatable, or comma-separated; the first is the default; default: the --model "
+        "adapter's name)",
+    )
+    p.add_argument(
+        "--no-openai-model-aliases",
+        dest="openai_model_aliases",
+        action="store_false",
+        help="do not take OpenAI's realtime model names (gpt-realtime*, "
+        "gpt-4o-realtime-preview*, gpt-4o-mini-realtime-preview*) as aliases of the model",
+    )
+    p.add_argument(
         "--device",
         default=DEFAULTS.device,
         help="where model weights run ('cpu', 'cuda' or 'cuda:N'): --model moshi:PATH's "

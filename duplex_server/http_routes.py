@@ -95,17 +95,24 @@ async def ready(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
+    """The served model under each name it answers to: the served names, then
+    OpenAI's realtime names it takes as aliases (``root`` names the model
+    behind each, as vLLM's list does)."""
     model = request.app.state.model
+    names = request.app.state.model_names
     return _json(
         {
             "object": "list",
             "data": [
                 {
-                    "id": model.name,
+                    "id": name,
                     "object": "model",
+                    "created": 0,
                     "owned_by": "duplex-server",
+                    "root": model.name,
                     "capabilities": model.capabilities,
                 }
+                for name in names.listed()
             ],
         }
     )

@@ -11,6 +11,8 @@ import asyncio
 import logging
 from collections import Counter
 
+import msgspec
+from msgspec import UNSET
 from starlette.responses import JSONResponse
 from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -35,7 +37,7 @@ from protocol.codec import FrameDecoder, encode_server_event
 from protocol.dialect import negotiate
 from protocol.errors import INVALID_REQUEST, ProtocolError, error_body
 from protocol.server_events import Error
-from protocol.session_config import SessionUpdate
+from protocol.session_config import ExtraBody, SessionUpdate
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,9 @@ class RealtimeConnection:
         self.failed_resumes = 0
         self._flood_pause_s = 0.0  # set when the mailbox refused a frame
         self.duplex = duplex
+        # ?duplex_events=1 on the OpenAI endpoint: the session opts in to the
+        # extension events, as extra_body.duplex_events does.
+        self.duplex_events = _flag(websocket.query_params.get("duplex_events"), False)
         self.manager = manager
         self.decoder = decoder
         self.attachment = Attachment(
@@ -166,6 +171,8 @@ class RealtimeConnection:
     async def _open(
         self, patch: SessionUpdate, handshake: bool, event_id: str | None = None
     ) -> bool:
+        if self.duplex_events:
+            patch = with_duplex_events(patch)
         try:
             self.actor = await self.manager.open(
                 self.attachment,
@@ -268,6 +275,17 @@ class RealtimeConnection:
         metrics.RESUMES.labels("resumed").inc()
         self.attachment = fresh
         self.actor = actor
+
+
+def with_duplex_events(patch: SessionUpdate) -> SessionUpdate:
+    """The opening patch with ``extra_body.duplex_events`` on, unless the
+    client's own patch says otherwise."""
+    extra = patch.extra_body if isinstance(patch.extra_body, ExtraBody) else ExtraBody()
+    if extra.duplex_events is not UNSET:
+        return patch
+    return msgspec.structs.replace(
+        patch, extra_body=msgspec.structs.replace(extra, duplex_events=True)
+    )
 
 
 def _authenticate(websocket: WebSocket) -> tuple[Principal | None, SessionUpdate | None]:

@@ -21,6 +21,8 @@ ERROR_CLASS: dict[str, str] = {
     "input_audio_buffer_full": INVALID_REQUEST,
     "response_create_without_input": INVALID_REQUEST,
     "response_not_found": INVALID_REQUEST,
+    "response_cancel_not_active": INVALID_REQUEST,  # OpenAI's: nothing to cancel
+    "model_not_found": INVALID_REQUEST,
     "item_not_found": INVALID_REQUEST,
     "unknown_function_call": INVALID_REQUEST,
     "stale_function_call_output": INVALID_REQUEST,
@@ -48,6 +50,7 @@ ERROR_CLASS: dict[str, str] = {
     "payload_too_large": INVALID_REQUEST,
     "unauthorized": AUTHENTICATION,
     "forbidden": AUTHENTICATION,
+    "session_expired": INVALID_REQUEST,  # OpenAI's, where session.expired is not sent
     "engine_error": SERVER_ERROR,
     "storage_unavailable": SERVER_ERROR,
 }

@@ -66,6 +66,7 @@ class SessionExtraBody(msgspec.Struct):
     overlap_barge_in_ms: float = 400.0
     overlap_silence_rms: float = 0.01
     return_stage_metrics: bool = True
+    duplex_events: bool = True
 
 
 class SessionDuplex(msgspec.Struct):
@@ -152,6 +153,14 @@ class ResponseDuplex(msgspec.Struct):
     stage_metrics: dict[str, float] | None = None
 
 
+class ResponseVoiceEcho(msgspec.Struct):
+    voice: str
+
+
+class ResponseAudioEcho(msgspec.Struct):
+    output: ResponseVoiceEcho
+
+
 class ResponseObject(msgspec.Struct):
     id: str
     status: Literal["in_progress", "completed", "cancelled", "failed", "incomplete"]
@@ -163,6 +172,13 @@ class ResponseObject(msgspec.Struct):
     duplex: ResponseDuplex | None = None
     usage: dict[str, int] | None = None
     object: str = "realtime.response"
+    # What the response was asked to be, as OpenAI echoes it (beta spells the
+    # voice and temperature at the top; GA the voice under audio.output).
+    conversation_id: str | None = None
+    max_output_tokens: int | Literal["inf"] | None = None
+    voice: str | None = None
+    temperature: float | None = None
+    audio: ResponseAudioEcho | None = None
 
 
 class ServerEvent(msgspec.Struct, tag_field="type"):

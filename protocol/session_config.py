@@ -165,7 +165,7 @@ class RetentionRatio(msgspec.Struct, omit_defaults=True):
 Truncation = Literal["auto", "disabled"] | RetentionRatio
 
 
-class Tool(msgspec.Struct, omit_defaults=True):
+class Tool(msgspec.Struct):
     type: Literal["function"] = "function"
     name: str = ""
     description: str = ""
@@ -204,6 +204,10 @@ class ExtraBody(OverlapThresholds, omit_defaults=True, forbid_unknown_fields=Tru
     # vLLM-Omni's switch for the stage times in response.done (duplex.stage_metrics
     # and vllm_omni.stage_metrics); on unless a client turns it off.
     return_stage_metrics: bool | UnsetType = UNSET
+    # The plain OpenAI endpoint sends OpenAI's event types only; true adds the
+    # duplex extension events (response.speak, response.listen, turn.event,
+    # overlap.decision) there too. The duplex wire always sends them.
+    duplex_events: bool | UnsetType = UNSET
 
 
 class SessionUpdate(OverlapThresholds, omit_defaults=True):

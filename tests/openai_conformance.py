@@ -13,6 +13,12 @@ the ``openai`` SDK and Pipecat are all covered without their cooperation.
 Violations are collected, not raised inside the socket's reader;
 ``tests/conftest.py`` fails the test that saw one.
 
+On the plain OpenAI endpoint (``/v1/realtime`` without ``?duplex=1``) an
+event type OpenAI does not define fails too, unless the session opted in to
+the extensions (``?duplex_events=1``, or a ``session.update`` the client sent
+with ``"duplex_events": true``) or the event answers an extension the client
+itself sent (a heartbeat's ack, its resume, its playback ack).
+
 One documented exception: the beta ``session.model`` is a closed list of
 OpenAI model names; a self-hosted model name cannot be one of them, so the
 check puts an OpenAI name in its place before validating.
@@ -81,8 +87,34 @@ def dialect_of(path: str, headers: Any) -> str:
     return "beta" if "realtime=v1" in beta_header else "ga"
 
 
-def check_event(raw: str, dialect: str) -> Violation | None:
-    """None when ``raw`` is what a client of ``dialect`` may receive."""
+# Extension events a plain socket gets only when the client used the extension.
+ASKED_EXTENSIONS = frozenset(
+    {
+        "session.heartbeat_ack",
+        "session.closed",
+        "session.resumed",
+        "session.replaced",
+        "session.resync_required",
+        "playback.acknowledged",
+    }
+)
+_TRUE = ("1", "true", "on", "yes")
+
+
+def takes_extensions(path: str) -> bool:
+    """Whether a socket opened at ``path`` is sent the duplex extension events:
+    the duplex wire, or the OpenAI endpoint with ``?duplex_events=1``."""
+    split = urlsplit(path)
+    query = parse_qs(split.query)
+    flagged = any(
+        query.get(name, [""])[-1].lower() in _TRUE for name in ("duplex", "duplex_events")
+    )
+    return split.path.rstrip("/").endswith("/v1/duplex") or flagged
+
+
+def check_event(raw: str, dialect: str, extensions: bool = True) -> Violation | None:
+    """None when ``raw`` is what a client of ``dialect`` may receive;
+    ``extensions``: whether the socket takes the duplex extension events."""
     try:
         event = json.loads(raw)
     except ValueError as exc:
@@ -95,6 +127,8 @@ def check_event(raw: str, dialect: str) -> Violation | None:
     if generation == "other":
         return Violation(dialect, event_type, "an event name of the other generation", raw)
     if generation is None:
+        if not extensions and event_type not in ASKED_EXTENSIONS:
+            return Violation(dialect, event_type, "an extension on the OpenAI endpoint", raw)
         return _check_extension(event_type, raw, dialect)
     try:
         if generation == "beta":
@@ -143,12 +177,24 @@ def _observe(connection: ClientConnection, frame: Frame) -> None:
         return
     if frame.opcode is not Opcode.TEXT or not frame.fin:
         return
-    violation = check_event(bytes(frame.data).decode(), dialect_of(request.path, request.headers))
+    extensions = takes_extensions(request.path) or getattr(connection, _OPTED_IN, False)
+    dialect = dialect_of(request.path, request.headers)
+    violation = check_event(bytes(frame.data).decode(), dialect, extensions)
     if violation is not None:
         violations.append(violation)
 
 
 _installed = False
+_OPTED_IN = "_duplex_events_opted_in"
+
+
+def _note_opt_in(connection: ClientConnection, message: Any) -> None:
+    """A ``session.update`` the client sent that turns the extensions on."""
+    text = message if isinstance(message, str) else None
+    if text is not None and '"duplex_events"' in text:
+        extra = (json.loads(text).get("session") or {}).get("extra_body") or {}
+        if "duplex_events" in extra:
+            setattr(connection, _OPTED_IN, bool(extra["duplex_events"]))
 
 
 def install() -> None:
@@ -157,11 +203,17 @@ def install() -> None:
     if _installed:
         return
     original = ClientConnection.process_event
+    original_send = ClientConnection.send
 
     def process_event(self: ClientConnection, event: Any) -> None:
         original(self, event)
         if isinstance(event, Frame):
             _observe(self, event)
 
+    async def send(self: ClientConnection, message: Any, text: bool | None = None) -> None:
+        _note_opt_in(self, message)
+        await original_send(self, message, text=text)
+
     ClientConnection.process_event = process_event  # type: ignore[method-assign]
+    ClientConnection.send = send  # type: ignore[method-assign]
     _installed = True

@@ -1,7 +1,8 @@
 """The capability gates: every gated surface, driven through the pure step
 against a model that offers nothing, is refused with its code and leaves the
-session as it was; the built-in models offer each one; and each model's
-capabilities say what it really does."""
+session as it was; a field the model fixed at open is refused alone, the rest
+of its update applied; the built-in models offer each surface; and each
+model's capabilities say what it really does."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from duplex_server.models import build_model
 from duplex_server.models.cascade.model import CascadeModel
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands import HandlerContext
-from duplex_server.sessions.core.gates import GATES, IMMUTABLE_AFTER_OPEN, gates_of, refuse_gated
+from duplex_server.sessions.core.gates import (
+    GATES,
+    IMMUTABLE_AFTER_OPEN,
+    gates_of,
+    immutable_refusals,
+    refuse_gated,
+)
 from duplex_server.sessions.core.model_port import ModelChunk
 from duplex_server.sessions.core.pipeline import step
 from duplex_server.sessions.core.responses import emit_chunk, finish_response
@@ -130,6 +137,10 @@ SURFACES = [
     ),
     ("playback ack", ce.PlaybackAck(played_ms=50), "capability_unsupported", "type"),
     ("its vLLM-Omni spelling", ce.AudioPlaybackAck(played_ms=50), "capability_unsupported", "type"),
+]
+
+# A session.update changing a field the model fixed: (name, the update, code, param).
+FIXED_FIELDS = [
     ("model", update(model="another"), "model_update_unsupported", "session.model"),
     (
         "voice after audio",
@@ -179,19 +190,53 @@ def test_a_gated_surface_is_refused_and_changes_nothing(surface):
 
 @pytest.mark.parametrize("surface", SURFACES, ids=[s[0] for s in SURFACES])
 def test_a_built_in_model_passes_every_gate(surface):
-    """Echo offers every gated surface: the same events pass its gates
-    (model: a session opened as ``echo`` renamed is the one immutable)."""
+    """Echo offers every gated surface: the same events pass its gates."""
     state = spoken_conversation()
-    event = _event(surface, state)
-    refusal = refuse_gated(state, event, ECHO.capabilities)
-    if surface[0] == "model":
-        assert refusal is not None and refusal.code == "model_update_unsupported"
-    else:
-        assert refusal is None
+    assert refuse_gated(state, _event(surface, state), ECHO.capabilities) is None
+
+
+def _sent(batch: Batch) -> list[dict]:
+    return [msgspec.json.decode(payload) for _, payload in batch.outbound]
+
+
+@pytest.mark.parametrize("fixed", FIXED_FIELDS, ids=[f[0] for f in FIXED_FIELDS])
+def test_a_fixed_field_is_refused_alone(fixed):
+    """The field's refusal names it; the rest of the update applies
+    (PROTOCOL.md: one refused field never throws away the rest)."""
+    _, event, code, param = fixed
+    field = param.rsplit(".", 1)[-1]
+    state = spoken_conversation()
+    before = msgspec.structs.asdict(state.config)
+    patch = msgspec.structs.replace(event.session, speed=1.5, metadata={"k": "v"})
+    event = ce.SessionUpdateEvent(session=patch, event_id="evt_fixed")
+    batch, _ = step(state, event, HandlerContext(LACKING), 5000)
+    error, updated = _sent(batch)
+    assert error["type"] == "error" and updated["type"] == "session.updated"
+    assert (error["error"]["code"], error["error"]["param"]) == (code, param)
+    assert error["error"]["event_id"] == "evt_fixed"
+    after = msgspec.structs.asdict(state.config)
+    assert (after["speed"], after["metadata"]) == (1.5, {"k": "v"})
+    assert after[field] == before[field]
+    assert updated["session"]["speed"] == 1.5
+
+
+@pytest.mark.parametrize("name", ["echo", "gpt-realtime-2.1", "gpt-4o-realtime-preview-2025-06-03"])
+def test_a_name_the_model_answers_to_is_no_change(name):
+    """The session's own name and OpenAI's realtime names (aliases of the
+    served model) change nothing and are not refused; any model fixes its
+    model, so echo refuses another name."""
+    state = spoken_conversation()
+    batch, _ = step(state, update(model=name, speed=1.25), HandlerContext(ECHO), 5000)
+    assert [event["type"] for event in _sent(batch)] == ["session.updated"]
+    assert (state.config.model, state.config.speed) == ("echo", 1.25)
+    batch, _ = step(state, update(model="another"), HandlerContext(ECHO), 5000)
+    error, _updated = _sent(batch)
+    assert error["error"]["code"] == "model_update_unsupported"
 
 
 def test_the_table_test_covers_every_gate():
     tested = {type(_event(s, spoken_conversation())) for s in SURFACES}
+    assert {f[3].rsplit(".", 1)[-1] for f in FIXED_FIELDS} == set(IMMUTABLE_AFTER_OPEN)
     # every spelling of an event has its gates (a subclass with its own tag)
     assert all(
         gates_of(cls) for cls in ce.CLIENT_EVENT_TYPES.values() if issubclass(cls, tuple(GATES))
@@ -207,10 +252,10 @@ def test_unchanged_values_and_voice_before_audio_pass():
     """Sending a fixed field's current value is no change; a voice is fixed
     only once the assistant has spoken."""
     fresh = initial_state("sess_gates0002", "lacking")
-    assert refuse_gated(fresh, update(voice="verse"), LACKING.capabilities) is None
+    assert immutable_refusals(fresh, update(voice="verse"), LACKING.capabilities)[1] == []
     spoken = spoken_conversation()
     same = update(model=spoken.config.model, voice="alloy", instructions="be brief")
-    assert refuse_gated(spoken, same, LACKING.capabilities) is None
+    assert immutable_refusals(spoken, same, LACKING.capabilities) == (same.session, [])
 
 
 def test_a_truncating_ack_needs_truncation():

@@ -23,7 +23,7 @@ from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.hearing import Hearing
 from protocol import client_events as ce
 from protocol.errors import ProtocolError
-from protocol.session_config import TurnDetection
+from protocol.session_config import InputTranscription, TurnDetection
 from tests.wsclient import b64, tone_pcm16
 
 MODEL = build_model("echo")
@@ -41,6 +41,7 @@ class Session:
         self.state = self.initial()
         self.log: list = []
         self.events: list[str] = []
+        self.sent: list[dict] = []
         self.clock = 1000
 
     def initial(self) -> SessionState:
@@ -59,7 +60,9 @@ class Session:
         self.clock += 10
         batch, effects = step(self.state, command, ctx or HandlerContext(MODEL), self.clock)
         self.log.extend(batch.records)
-        self.events += [msgspec.json.decode(payload)["type"] for _, payload in batch.outbound]
+        sent = [msgspec.json.decode(payload) for _, payload in batch.outbound]
+        self.sent += sent
+        self.events += [event["type"] for event in sent]
         return effects
 
     def speak(self, ms: float = 200) -> None:
@@ -100,10 +103,11 @@ def test_openai_semantics_cut_the_answer_when_speech_starts():
     effects = session.run(start)
     assert effects.abort == [response_id]
     cut = session.events[session.events.index("input_audio_buffer.speech_started") :]
-    assert cut[:2] == ["input_audio_buffer.speech_started", "overlap.decision"]
-    assert "response.done" in cut
-    # the cut, then the floor: a barge-in, and the user speaking
-    assert cut[-3:] == ["output_audio_buffer.cleared", "turn.event", "turn.event"]
+    # OpenAI's events only: the cut, without the duplex wire's overlap.decision
+    # and turn.events (core/event_dialect.py)
+    assert cut[:2] == ["input_audio_buffer.speech_started", "response.output_audio.done"]
+    assert "response.done" in cut and cut[-1] == "output_audio_buffer.cleared"
+    assert not {"overlap.decision", "turn.event"} & set(cut)
     # already resolved: sustained speech decides nothing more
     assert hearing.decide(session.state, Transition("speech_sustained", 5400.0)) is None
 
@@ -144,26 +148,44 @@ def test_listen_only_defers_the_turn_until_the_answer_ends():
     assert session.refold() == session.state
 
 
-def test_partial_transcripts_extend_what_the_client_was_told():
+def test_partial_transcripts_tell_only_words_two_decodes_agree_on():
+    """A told word is never taken back (core/transcripts.py): a partial tells
+    the words it and the decode before it agree on, short of its last word."""
     session, hearing = Session(), Hearing(MODEL, lambda message: None)
     session.run(hearing.decide(session.state, Transition("speech_started", 0.0)))
     session.speak(600)
     item_id = f"item_{session.state.session_id[-10:]}_u1"
-    first = hearing.partial(session.state, mb.Partial(item_id, "hello"))
-    assert first == PartialHeard(item_id, "hello")
-    # until it is recorded, the client was told nothing
-    assert hearing.partial(session.state, mb.Partial(item_id, "hello there")) == PartialHeard(
-        item_id, "hello there"
-    )
+    # the first decode has nothing to agree with; the second agrees on "hello "
+    assert hearing.partial(session.state, mb.Partial(item_id, "hello")) is None
+    first = hearing.partial(session.state, mb.Partial(item_id, "hello there"))
+    assert first == PartialHeard(item_id, "hello ")
     session.run(first)
     hearing.recorded(first)
-    assert hearing.partial(session.state, mb.Partial(item_id, "hello there")) == PartialHeard(
-        item_id, " there"
-    )
+    told = hearing.partial(session.state, mb.Partial(item_id, "hello there my friend"))
+    assert told == PartialHeard(item_id, "there ")
+    session.run(told)
+    hearing.recorded(told)
     # a revised hypothesis, or one for another item, is not told
-    assert hearing.partial(session.state, mb.Partial(item_id, "yellow")) is None
+    assert hearing.partial(session.state, mb.Partial(item_id, "yellow theirs")) is None
     assert hearing.partial(session.state, mb.Partial("item_other", "hello there")) is None
     assert session.events[-1] == "conversation.item.input_audio_transcription.delta"
+
+
+def test_the_commit_tells_the_rest_so_deltas_add_up():
+    """OpenAI's endpoint: the commit's last delta is what the partials did
+    not tell, so the deltas concatenate to the completed transcript."""
+    session = Session()
+    session.state.config.openai_semantics = True
+    session.state.config.input_audio_transcription = InputTranscription(model="whisper-1")
+    session.run(SpeechStart(0.0))
+    session.speak(300)
+    item_id = f"item_{session.state.session_id[-10:]}_u1"
+    session.run(PartialHeard(item_id, "what is "))
+    ctx = HandlerContext(MODEL, transcript="what is the weather", transcript_told="what is ")
+    session.run(TurnEnded(300.0, response_create=False), ctx)
+    deltas = [e for e in session.sent if e["type"].endswith("transcription.delta")]
+    (completed,) = [e for e in session.sent if e["type"].endswith("transcription.completed")]
+    assert "".join(d["delta"] for d in deltas) == completed["transcript"] == "what is the weather"
 
 
 def test_a_failed_recognition_is_told_before_the_turn_it_spoils():
@@ -176,9 +198,9 @@ def test_a_failed_recognition_is_told_before_the_turn_it_spoils():
     assert session.events[-7:] == [
         "error",
         "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
         "conversation.item.added",
         "conversation.item.created",
-        "input_audio_buffer.committed",
         "conversation.item.done",
         "turn.event",  # user_committed: the turn waits for its answer
     ]

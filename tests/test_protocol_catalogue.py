@@ -36,6 +36,7 @@ NOT_EVENTS = {
     "error.error.event_id",
     "metadata.overlap_ms",
     "status_details.reason",
+    "extra_body.duplex_events",
 }
 _TOKEN = re.compile(r"`([^`]*)`")
 _NAME = re.compile(r"^(\.?[a-z_]+(?:\.[a-z_]+)*(?:/\.?[a-z_]+)*)")

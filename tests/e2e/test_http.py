@@ -14,6 +14,7 @@ from duplex_server.bench.redis_process import RedisServer
 from duplex_server.bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from duplex_server.metrics import histogram_quantile, parse_histogram
+from duplex_server.sessions.core.model_names import OPENAI_REALTIME_LISTED
 from tests.conftest import running_server
 from tests.scrape import grew, scrape, value
 from tests.wsclient import tone_pcm16
@@ -27,8 +28,19 @@ async def test_health_and_models(server):
         models = (await http.get("/v1/models")).json()
     assert health["status"] == "ok" and health["model"] == "echo" and health["sessions"] == 0
     assert models["object"] == "list"
-    (model,) = models["data"]
-    assert model["id"] == "echo" and model["capabilities"]["supports_session_resume"] is True
+    # the served name first, then OpenAI's realtime names, aliases of it
+    ids = [model["id"] for model in models["data"]]
+    assert ids == ["echo", *OPENAI_REALTIME_LISTED]
+    assert {model["root"] for model in models["data"]} == {"echo"}
+    model = models["data"][0]
+    assert model["capabilities"]["supports_session_resume"] is True
+
+
+@pytest.mark.server_config(served_model_name=["house-voice", "backup"], openai_model_aliases=False)
+async def test_served_model_names_are_the_models_list(server):
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        models = (await http.get("/v1/models")).json()
+    assert [model["id"] for model in models["data"]] == ["house-voice", "backup"]
 
 
 async def test_session_log_as_json_lines(server):

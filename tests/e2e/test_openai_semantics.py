@@ -33,6 +33,9 @@ GA_ONLY = {
 }
 
 
+EXTENSIONS = {"response.speak", "response.listen", "turn.event", "overlap.decision"}
+
+
 async def openai_socket(server, query: str = "", **kwargs) -> WsClient:
     """A stock OpenAI client's socket: plain ``/v1/realtime``, no ``duplex``."""
     client = await WsClient.connect(f"ws://{server.base}/v1/realtime{query}", **kwargs)
@@ -41,6 +44,16 @@ async def openai_socket(server, query: str = "", **kwargs) -> WsClient:
 
 
 async def spoken_turn(client: WsClient) -> list[dict]:
+    """A manual turn, as OpenAI defines it with no turn detection (echo has
+    no VAD): the commit seals the input, response.create asks the answer."""
+    await client.append(tone_pcm16(300))
+    await client.send({"type": "input_audio_buffer.commit"})
+    await client.send({"type": "response.create"})
+    return await client.recv_until("response.done")
+
+
+async def auto_turn(client: WsClient) -> list[dict]:
+    """A turn on the duplex wire, whose commit starts the answer by itself."""
     await client.append(tone_pcm16(300))
     await client.send({"type": "input_audio_buffer.commit"})
     return await client.recv_until("response.done")
@@ -56,6 +69,7 @@ async def test_a_ga_socket_gets_ga_names_only(server):
     events = await spoken_turn(client)
     names = set(types_of(events))
     assert not names & BETA_ONLY
+    assert not names & EXTENSIONS  # OpenAI's event types only on its endpoint
     assert {"conversation.item.added", "response.output_audio.delta"} <= names
     assert assistant_part_types(events) == {"output_audio"}
     # items always carry type and object (omit_defaults once dropped both)
@@ -73,6 +87,7 @@ async def test_a_beta_socket_gets_beta_names_only(server, how):
     events = await spoken_turn(client)
     names = set(types_of(events))
     assert not names & GA_ONLY
+    assert not names & EXTENSIONS
     assert {"conversation.item.created", "response.audio.delta"} <= names
     assert assistant_part_types(events) == {"audio"}
     await client.close()
@@ -141,7 +156,7 @@ async def test_one_user_turn_gets_one_answer(server):
     """Commit (auto-response) then response.create, whatever arrives first."""
     client, _ = await server.open()
     # the auto-response is done before response.create arrives
-    await spoken_turn(client)
+    await auto_turn(client)
     await asyncio.sleep(0.3)
     await client.send({"type": "response.create", "event_id": "late"})
     await client.send({"type": "session.heartbeat"})
@@ -285,4 +300,113 @@ async def test_a_refused_first_session_update_keeps_the_socket(server):
     assert error["param"] == "session.input_audio_format"
     await client.send({"type": "session.update", "event_id": "ok", "session": {}})
     assert (await client.expect("session.created"))["session"]["id"]
+    await client.close()
+
+
+async def test_manual_turns_commit_never_answers_and_create_echoes_metadata(server):
+    """turn_detection null: a commit seals the input and starts nothing;
+    response.create starts the answer, and response.created carries what the
+    client asked (a client matches the two by metadata)."""
+    client = await openai_socket(server)
+    await client.send({"type": "session.update", "session": {"turn_detection": None}})
+    await client.expect("session.updated")
+    await client.append(tone_pcm16(300))
+    await client.send({"type": "input_audio_buffer.commit"})
+    await client.send({"type": "session.heartbeat"})
+    events = await client.recv_until("session.heartbeat_ack")
+    names = types_of(events)
+    assert "input_audio_buffer.committed" in names and "response.created" not in names
+    assert names.index("input_audio_buffer.committed") < names.index("conversation.item.added")
+    asked = {
+        "metadata": {"client_event_id": "turn-1"},
+        "output_modalities": ["audio"],
+        "conversation": "auto",
+        "max_output_tokens": 300,
+        "voice": "verse",
+    }
+    await client.send({"type": "response.create", "response": asked})
+    events = await client.recv_until("response.done")
+    assert types_of(events).count("response.created") == 1
+    created = events[0]["response"]
+    assert events[0]["type"] == "response.created"
+    assert created["metadata"] == {"client_event_id": "turn-1"}
+    assert created["output_modalities"] == ["audio"] and created["max_output_tokens"] == 300
+    assert created["voice"] == "verse" and created["audio"]["output"]["voice"] == "verse"
+    assert created["conversation_id"]
+    assert events[-1]["response"]["status"] == "completed"
+    await client.close()
+
+
+async def test_a_create_during_the_auto_answer_is_its_own_response(server):
+    """On the OpenAI endpoint response.create is never folded into the
+    auto-response: it is a response of its own (the duplex wire folds:
+    test_one_user_turn_gets_one_answer)."""
+    client = await openai_socket(server)
+    settings = {"extra_body": {"chunk_delay_ms": 50, "auto_response": True}}
+    await client.send({"type": "session.update", "session": settings})
+    await client.expect("session.updated")
+    await client.append(tone_pcm16(1000))
+    await client.send({"type": "input_audio_buffer.commit", "response_create": True})
+    first = (await client.recv_until("response.created"))[-1]["response"]["id"]
+    await client.send({"type": "response.create", "response": {"metadata": {"req": "own"}}})
+    events = await client.recv_until("response.created")
+    second = events[-1]["response"]
+    assert second["id"] != first and second["metadata"] == {"req": "own"}
+    done = await client.recv_until("response.done")
+    assert done[-1]["response"]["id"] == second["id"]
+    await client.close()
+
+
+async def test_extensions_only_where_asked(server):
+    """?duplex_events=1 (or extra_body.duplex_events) gives a plain socket
+    the extension events; the duplex wire has them anyway."""
+    for query in ("?duplex_events=1", ""):
+        client = await openai_socket(server, query)
+        if not query:
+            opt_in = {"extra_body": {"duplex_events": True}}
+            await client.send({"type": "session.update", "session": opt_in})
+            updated = await client.expect("session.updated")
+            assert updated["session"]["extra_body"]["duplex_events"] is True
+        names = set(types_of(await spoken_turn(client)))
+        assert {"response.speak", "turn.event"} <= names, query
+        await client.close()
+
+
+async def test_cancel_with_nothing_active_is_openais_harmless_code(server):
+    client = await openai_socket(server)
+    await client.send({"type": "response.cancel", "event_id": "c1"})
+    error = (await client.expect("error"))["error"]
+    assert (error["code"], error["event_id"]) == ("response_cancel_not_active", "c1")
+    await client.send({"type": "response.cancel", "event_id": "c2", "response_id": "resp_nope"})
+    error = (await client.expect("error"))["error"]
+    assert (error["code"], error["param"]) == ("response_not_found", "response_id")
+    done = await spoken_turn(client)  # the session keeps serving
+    finished = done[-1]["response"]["id"]
+    await client.send({"type": "response.cancel", "response_id": finished})
+    error = (await client.recv_until("error"))[-1]["error"]
+    assert error["code"] == "response_cancel_not_active"
+    await client.close()
+
+
+async def test_an_agents_session_update_is_applied_whole(server):
+    """The Agents SDK names OpenAI's model in every update: an alias of the
+    served model, so nothing is refused. Another model is refused alone:
+    the rest of the update applies, and the tools echo as sent."""
+    client = await openai_socket(server)
+    tool = {"type": "function", "name": "lookup", "description": "d", "parameters": {}}
+    agents = {"type": "realtime", "model": "gpt-realtime-2.1", "instructions": "be kind"}
+    await client.send({"type": "session.update", "session": {**agents, "tools": [tool]}})
+    updated = (await client.expect("session.updated"))["session"]
+    assert updated["instructions"] == "be kind" and updated["model"] == "echo"
+    assert updated["tools"] == [tool]
+    other = {"model": "whisper-large", "instructions": "be brief"}
+    await client.send({"type": "session.update", "event_id": "u2", "session": other})
+    error = (await client.expect("error"))["error"]
+    assert (error["code"], error["param"], error["event_id"]) == (
+        "model_update_unsupported",
+        "session.model",
+        "u2",
+    )
+    updated = (await client.expect("session.updated"))["session"]
+    assert (updated["instructions"], updated["model"]) == ("be brief", "echo")
     await client.close()

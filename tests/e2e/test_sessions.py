@@ -44,9 +44,28 @@ async def test_handshake_with_autostart_off(server):
     assert updated["session"]["voice"] == "alloy" and updated["server_event_seq"] == 1
 
 
+@pytest.mark.server_config(served_model_name=["echo", "echo-custom"])
 async def test_model_query_parameter(server):
+    """session.created reports the name the client asked for, as OpenAI does,
+    when the model answers to it: a served name or an OpenAI alias."""
     client, created = await server.open("model=echo-custom")
     assert created["session"]["model"] == "echo-custom"
+    client, created = await server.open("model=gpt-realtime-2025-08-28")
+    assert created["session"]["model"] == "gpt-realtime-2025-08-28"
+
+
+async def test_a_model_that_is_not_served_is_refused(server):
+    client = await WsClient.connect(server.ws_url + "&autostart=0")
+    await client.send({"type": "session.update", "event_id": "m1", "session": {"model": "llama-9"}})
+    error = (await client.expect("error"))["error"]
+    assert (error["code"], error["param"], error["event_id"]) == (
+        "model_not_found",
+        "session.model",
+        "m1",
+    )
+    # the socket stays: a better update opens the session
+    await client.send({"type": "session.update", "session": {"model": "echo"}})
+    assert (await client.expect("session.created"))["session"]["model"] == "echo"
 
 
 async def test_session_update_accepts_both_spellings(server):

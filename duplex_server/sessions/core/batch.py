@@ -8,6 +8,7 @@ the log; if the log refuses it, the actor refolds its state from the log.
 
 from __future__ import annotations
 
+from duplex_server.sessions.core.event_dialect import as_sent
 from duplex_server.sessions.core.records import (
     AnyBody,
     FenceBody,
@@ -91,6 +92,10 @@ class Batch:
         text: str = "",
         stage_ms: dict[str, float] | None = None,
     ) -> None:
+        sent = as_sent(event, self.state.config.sends_extensions)
+        if sent is None:
+            return
+        event = sent
         seq = self.state.server_event_seq + 1
         event.server_event_seq = seq
         event.event_id = server_event_id(self.state.session_id, seq)

@@ -24,8 +24,9 @@ from duplex_server.sessions.core.config import (
     merge_config,
     response_output_format,
 )
-from duplex_server.sessions.core.gates import refuse_gated
+from duplex_server.sessions.core.gates import immutable_refusals, model_update, refuse_gated
 from duplex_server.sessions.core.items import Item, Part, item_text, to_wire
+from duplex_server.sessions.core.model_names import ModelNames
 from duplex_server.sessions.core.model_port import Listening, ModelPort, history_view, session_view
 from duplex_server.sessions.core.records import (
     AckBody,
@@ -63,6 +64,7 @@ from protocol.server_events import (
     InputCleared,
     InputCommitted,
     InputTranscriptionCompleted,
+    InputTranscriptionDelta,
     ItemAdded,
     ItemDeleted,
     ItemDone,
@@ -102,7 +104,12 @@ class HandlerContext:
     decoder for codecs whose packets depend on the ones before, Opus)."""
 
     model: ModelPort
+    # The names the model answers to (None: its own name, OpenAI's as aliases).
+    names: ModelNames | None = None
     transcript: str = ""
+    # The part of it the client was told already, as partial deltas (a
+    # prefix: the runtime keeps what it told: hearing.Hearing.transcribe).
+    transcript_told: str = ""
     # Recognition failed on the buffer: the commit goes ahead without a
     # transcript, and the client is told why first.
     transcription_error: ProtocolError | None = None
@@ -117,6 +124,10 @@ class HandlerContext:
     # A large append's pcm16, decoded by the runtime off the event loop (or
     # why it could not be); None: the handler decodes it.
     decoded: bytes | ProtocolError | None = None
+
+    @property
+    def model_names(self) -> ModelNames:
+        return self.names or ModelNames.of(self.model.name)
 
 
 # Each handler takes its own event type; the table is keyed by that type.
@@ -212,15 +223,22 @@ def check_transcription(
 
 
 def session_update(batch: Batch, event: ce.SessionUpdateEvent, ctx: HandlerContext) -> Effects:
+    """Apply an update; a field the model fixed at open that it would change
+    is refused on its own (an ``error`` naming it, before ``session.updated``)
+    and the rest applies. A name the model answers to is no change."""
     model = ctx.model
     state = batch.state
+    event = msgspec.structs.replace(event, session=model_update(event.session, ctx.model_names))
+    patch, refusals = immutable_refusals(state, event, model.capabilities)
     try:
-        merge_config(state.config, event.session, model.turn_detection_types)
+        merge_config(state.config, patch, model.turn_detection_types)
     except ProtocolError as err:
         err.event_id = event.event_id
         raise
-    check_session_patch(event.session, model, event.event_id)
-    batch.fact(ConfigBody(patch=event.session))
+    check_session_patch(patch, model, event.event_id)
+    batch.fact(ConfigBody(patch=patch))
+    for refusal in refusals:
+        batch.emit(Error(error=error_body(refusal)))
     batch.emit(SessionUpdated(session=session_object(state, batch.capabilities)))
     return Effects()
 
@@ -494,9 +512,28 @@ def _turn_stages(ctx: HandlerContext) -> dict[str, float]:
     return {name: round(ms, 3) for name, ms in stages.items() if ms is not None}
 
 
+def auto_responds(config: EffectiveConfig) -> bool:
+    """Whether a commit that does not say starts an answer. On the OpenAI
+    endpoint with no turn detection it never does (OpenAI: the client's
+    ``response.create`` does); elsewhere ``extra_body.auto_response`` says."""
+    if config.openai_semantics and config.turn_detection is None:
+        return False
+    return config.auto_response
+
+
+def tells_transcripts(config: EffectiveConfig) -> bool:
+    """Whether the client is told what recognition heard. OpenAI sends
+    transcription events only while ``input_audio_transcription`` is set;
+    the duplex wire always tells (its clients show the user's words)."""
+    return config.input_audio_transcription is not None or not config.openai_semantics
+
+
 def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) -> Effects:
     """Commit the input buffer as a user item; ``ctx.transcript`` is what the
-    model's speech recognition heard in it (the runtime runs it beforehand)."""
+    model's speech recognition heard in it (the runtime runs it beforehand).
+    Told in OpenAI's order: committed, the item, its transcript (the part the
+    partial deltas did not tell yet as one last delta, so the deltas add up
+    to the completed text), the item done."""
     model, transcript = ctx.model, ctx.transcript
     state = batch.state
     _check_epoch(state, event)
@@ -513,7 +550,7 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
             event_id=event.event_id,
         )
     asked = _asked(event, event.respond_named)
-    respond = asked if asked is not None else state.config.auto_response
+    respond = asked if asked is not None else auto_responds(state.config)
     transcript = state.input.client_transcript or transcript
     previous = state.items[-1].id if state.items else None
     item_id = next_user_item_id(state)
@@ -530,7 +567,6 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
     item = state.find_item(item_id)
     assert item is not None
     wire = to_wire(item)
-    emit_twins(batch, ItemAdded(item=wire, previous_item_id=previous))
     batch.emit(
         InputCommitted(
             item_id=item_id,
@@ -546,8 +582,13 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
             ),
         )
     )
+    emit_twins(batch, ItemAdded(item=wire, previous_item_id=previous))
     heard = item.parts[0].transcript
-    if heard:
+    if heard and tells_transcripts(state.config):
+        told = ctx.transcript_told if heard.startswith(ctx.transcript_told) else ""
+        if heard[len(told) :] and state.config.openai_semantics:
+            rest = heard[len(told) :]
+            batch.emit(InputTranscriptionDelta(item_id=item_id, delta=rest))
         batch.emit(
             InputTranscriptionCompleted(
                 item_id=item_id,
@@ -924,9 +965,13 @@ def response_create(batch: Batch, event: ce.ResponseCreate, ctx: HandlerContext)
             param="type",
             event_id=event.event_id,
         )
-    folded = _auto_answer_to_fold_into(state, event.response)
+    # The duplex wire folds a create into the auto-response answering the same
+    # input; on the OpenAI endpoint a create is always its own response.
+    folded = (
+        None if state.config.openai_semantics else _auto_answer_to_fold_into(state, event.response)
+    )
     if has_input and folded is not None and not _has_overrides(event.response):
-        # One user turn, one answer: a stock client's commit + response.create
+        # One user turn, one answer: a duplex client's commit + response.create
         # yields the auto-response only. A second response.create for the
         # same input is a new request and gets a new answer.
         batch.fact(
@@ -937,14 +982,38 @@ def response_create(batch: Batch, event: ce.ResponseCreate, ctx: HandlerContext)
     return _supersede_and_start(batch, event.response, requested=True)
 
 
+def _response_existed(state: SessionState, response_id: str) -> bool:
+    """Whether this session ever had ``response_id`` (ids are numbered in
+    order: ``responses.start_response``)."""
+    prefix = f"resp_{state.session_id[-10:]}_"
+    number = response_id.removeprefix(prefix)
+    return (
+        response_id.startswith(prefix) and number.isdigit() and int(number) <= state.response_count
+    )
+
+
 def response_cancel(batch: Batch, event: ce.ResponseCancel, ctx: HandlerContext) -> Effects:
-    active = batch.state.response
-    if active is None or (event.response_id is not None and event.response_id != active.id):
-        which = event.response_id or "active response"
+    """Cancel the active response. Nothing to cancel is OpenAI's
+    ``response_cancel_not_active`` (clients treat it as harmless); a named
+    response that never existed is ``response_not_found``."""
+    state = batch.state
+    active = state.response
+    named = event.response_id
+    if named is not None and (active is None or named != active.id):
+        if not _response_existed(state, named):
+            raise ProtocolError(
+                "response_not_found",
+                f"no response {named!r} in this session",
+                param="response_id",
+                event_id=event.event_id,
+            )
+        active = None
+    if active is None:
+        which = f"response {named!r} is" if named else "no response is"
         raise ProtocolError(
-            "response_not_found",
-            f"no {which} to cancel",
-            param="response_id" if event.response_id else "type",
+            "response_cancel_not_active",
+            f"{which} in progress: nothing to cancel",
+            param="response_id" if named else "type",
             event_id=event.event_id,
         )
     batch.fact(SignalBody(signal="response.cancel", response_id=active.id))

@@ -103,6 +103,13 @@ class EffectiveConfig(msgspec.Struct):
     # Opened on the plain OpenAI endpoint (not ?duplex=1): OpenAI's semantics
     # where the duplex wire differs, e.g. response.create with no input.
     openai_semantics: bool = False
+    # extra_body.duplex_events: the extension events on the OpenAI endpoint too.
+    duplex_events: bool = False
+
+    @property
+    def sends_extensions(self) -> bool:
+        """Whether the session's socket gets the duplex extension events."""
+        return not self.openai_semantics or self.duplex_events
 
 
 def _set(value, fallback):
@@ -262,6 +269,7 @@ def merge_config(
         force_listen_count=_set(extra.force_listen_count, config.force_listen_count),
         chunk_delay_ms=_set(extra.chunk_delay_ms, config.chunk_delay_ms),
         return_stage_metrics=_set(extra.return_stage_metrics, config.return_stage_metrics),
+        duplex_events=_set(extra.duplex_events, config.duplex_events),
         # the overlap thresholds, top level or under extra_body (top level wins)
         **{
             name: _set(

@@ -7,8 +7,9 @@ handler runs (``pipeline.step`` calls :func:`refuse_gated`), so a refused
 event adds nothing to the session. ``session.resume`` never reaches the
 step (the manager serves it), so the manager asks :func:`refuse_unsupported`.
 ``IMMUTABLE_AFTER_OPEN`` says how a ``session.update`` changes each field a
-model may declare fixed (``Capabilities.immutable_after_open``), and what
-refusing it is called. Everything here is pure: the state, the event and the
+model may declare fixed (``Capabilities.immutable_after_open``), what
+refusing it is called, and how the field is taken out of the update (the
+rest of it applies). Everything here is pure: the state, the event and the
 capabilities in, an error or None out.
 """
 
@@ -18,8 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from msgspec import UNSET
 
+from duplex_server.sessions.core.model_names import ModelNames
 from duplex_server.sessions.core.state import SessionState
 from protocol import client_events as ce
 from protocol.capabilities import Capabilities
@@ -103,16 +106,12 @@ def refuse_unsupported(event: ce.ClientEvent, capabilities: Capabilities) -> Pro
 @dataclass(frozen=True)
 class Immutable:
     """``changed(state, patch)``: the param a patch changes the field by
-    (None: it leaves it be); refused with ``code``."""
+    (None: it leaves it be); refused with ``code``; ``without(patch)``: the
+    patch with the field taken out, so the rest of the update still applies."""
 
     code: str
     changed: Callable[[SessionState, SessionUpdate], str | None]
-
-
-def _model_changed(state: SessionState, patch: SessionUpdate) -> str | None:
-    if isinstance(patch.model, str) and patch.model != state.config.model:
-        return "session.model"
-    return None
+    without: Callable[[SessionUpdate], SessionUpdate]
 
 
 def _audio_started(state: SessionState) -> bool:
@@ -141,6 +140,14 @@ def _voice_changed_after_audio(state: SessionState, patch: SessionUpdate) -> str
     return None
 
 
+def _without_voice(patch: SessionUpdate) -> SessionUpdate:
+    audio = patch.audio
+    if audio is not UNSET and audio.output is not UNSET:
+        output = msgspec.structs.replace(audio.output, voice=UNSET)
+        audio = msgspec.structs.replace(audio, output=output)
+    return msgspec.structs.replace(patch, voice=UNSET, audio=audio)
+
+
 def _instructions_changed(state: SessionState, patch: SessionUpdate) -> str | None:
     """Instructions are fixed once the session has input: a model that
     declares them fixed reads them once, before its first unit (Moshi's
@@ -163,29 +170,64 @@ def _temperature_changed(state: SessionState, patch: SessionUpdate) -> str | Non
     return None
 
 
+def _model_changed(state: SessionState, patch: SessionUpdate) -> str | None:
+    """Names another model than the session's (a name the model answers to
+    is taken out of the patch before this is asked: ``model_update``)."""
+    if isinstance(patch.model, str) and patch.model != state.config.model:
+        return "session.model"
+    return None
+
+
+def _without(field: str) -> Callable[[SessionUpdate], SessionUpdate]:
+    return lambda patch: msgspec.structs.replace(patch, **{field: UNSET})
+
+
 IMMUTABLE_AFTER_OPEN: dict[str, Immutable] = {
-    "model": Immutable("model_update_unsupported", _model_changed),
-    "voice": Immutable("voice_update_after_audio_unsupported", _voice_changed_after_audio),
-    "instructions": Immutable("instructions_update_unsupported", _instructions_changed),
-    "temperature": Immutable("temperature_update_unsupported", _temperature_changed),
+    "model": Immutable("model_update_unsupported", _model_changed, _without("model")),
+    "voice": Immutable(
+        "voice_update_after_audio_unsupported", _voice_changed_after_audio, _without_voice
+    ),
+    "instructions": Immutable(
+        "instructions_update_unsupported", _instructions_changed, _without("instructions")
+    ),
+    "temperature": Immutable(
+        "temperature_update_unsupported", _temperature_changed, _without("temperature")
+    ),
 }
 
 
-def refuse_immutable_change(
+def model_update(patch: SessionUpdate, names: ModelNames) -> SessionUpdate:
+    """A ``session.update`` naming a name the session's model answers to
+    (its own, a served name, an OpenAI alias) changes nothing: the field is
+    taken out. Another name is left for ``immutable_refusals`` to refuse."""
+    if isinstance(patch.model, str) and names.answers_to(patch.model):
+        return msgspec.structs.replace(patch, model=UNSET)
+    return patch
+
+
+def immutable_refusals(
     state: SessionState, event: ce.SessionUpdateEvent, capabilities: Capabilities
-) -> ProtocolError | None:
-    """The refusal of a session.update that changes a field the model fixed
-    at open; sending a field's current value again is no change."""
-    for name in capabilities.immutable_after_open:
+) -> tuple[SessionUpdate, list[ProtocolError]]:
+    """The update without the fields the model fixed at open that it would
+    change, and the refusal of each: one refused field never throws away the
+    rest of an update (PROTOCOL.md). Sending a field's current value again
+    is no change. The model is fixed for every model."""
+    patch, refusals = event.session, []
+    for name in dict.fromkeys(["model", *capabilities.immutable_after_open]):
         rule = IMMUTABLE_AFTER_OPEN[name]
-        if (param := rule.changed(state, event.session)) is not None:
-            return ProtocolError(
+        if (param := rule.changed(state, patch)) is None:
+            continue
+        refusals.append(
+            ProtocolError(
                 rule.code,
-                f"this model cannot change {param} of an open session",
+                f"this model cannot change {param} of an open session; "
+                "the rest of the update was applied",
                 param=param,
                 event_id=event.event_id,
             )
-    return None
+        )
+        patch = rule.without(patch)
+    return patch, refusals
 
 
 def refuse_gated(
@@ -193,11 +235,8 @@ def refuse_gated(
 ) -> ProtocolError | None:
     """What ``pipeline.step`` asks before the handler: the refusal of a
     client event the model cannot serve (None for anything else, and for
-    the server's own commands, which are not gated here)."""
+    the server's own commands, which are not gated here). A session.update
+    is never refused whole here: its fixed fields are (``immutable_refusals``)."""
     if not isinstance(command, ce.ClientEvent):
         return None
-    if (refusal := refuse_unsupported(command, capabilities)) is not None:
-        return refusal
-    if isinstance(command, ce.SessionUpdateEvent):
-        return refuse_immutable_change(state, command, capabilities)
-    return None
+    return refuse_unsupported(command, capabilities)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
+from typing import Literal
 
 import msgspec
 
@@ -44,6 +45,7 @@ from protocol.server_events import (
     OutputTextDone,
     RateLimit,
     RateLimitsUpdated,
+    ResponseAudioEcho,
     ResponseCreated,
     ResponseDone,
     ResponseDuplex,
@@ -51,6 +53,7 @@ from protocol.server_events import (
     ResponseObject,
     ResponseSpeak,
     ResponseStatusDetails,
+    ResponseVoiceEcho,
     ServerEvent,
     StatusError,
     VllmOmniExtension,
@@ -72,8 +75,31 @@ def _is_audio(response: Response) -> bool:
     return "audio" in response.modalities
 
 
+def _asked(response: Response, field: str, default):
+    """A response.create's override of ``field``, else the session's value."""
+    value = getattr(response.overrides, field, msgspec.UNSET)
+    return default if value is msgspec.UNSET else value
+
+
+def _asked_max_tokens(state: SessionState, response: Response) -> int | Literal["inf"]:
+    overrides = response.overrides
+    if overrides is not None:
+        for value in (overrides.max_output_tokens, overrides.max_response_output_tokens):
+            if value is not msgspec.UNSET:
+                return value
+    limit = state.config.max_output_tokens
+    return "inf" if limit == "inf" else int(limit)
+
+
 def response_object(batch: Batch, response: Response) -> ResponseObject:
+    """The response as OpenAI describes it: status, output, the client's
+    metadata and what it asked the response to be (modalities, voice,
+    limits: a client matches its response.create to response.created by
+    these), and our bookkeeping in the ``duplex`` extension."""
     state = batch.state
+    named = response.overrides.voice_named() if response.overrides is not None else msgspec.UNSET
+    asked_voice = state.config.voice if named is msgspec.UNSET else named
+    voice = asked_voice if "audio" in response.modalities else None
     return ResponseObject(
         id=response.id,
         status=response.status,  # type: ignore[arg-type]  # the fold keeps these five
@@ -82,6 +108,11 @@ def response_object(batch: Batch, response: Response) -> ResponseObject:
         modalities=list(response.modalities),
         output_modalities=list(response.modalities),
         metadata=response.metadata,
+        conversation_id=f"conv_{state.session_id[-10:]}",
+        max_output_tokens=_asked_max_tokens(state, response),
+        voice=voice,
+        temperature=_asked(response, "temperature", state.config.temperature),
+        audio=ResponseAudioEcho(output=ResponseVoiceEcho(voice=voice)) if voice else None,
         duplex=ResponseDuplex(
             epoch=response.epoch,
             turn_id=state.turn_id,
@@ -308,7 +339,7 @@ def emit_function_call(
 ) -> None:
     """A tool call the model made: a ``function_call`` item of the response,
     in the conversation and in the response's output, its arguments told
-    whole (the model hands over a complete call). ``stage_ms``: the model's
+    in one delta (the model hands over a complete call). ``stage_ms``: the model's
     stage times that came with it (journaled on its arguments' done event)."""
     state, rid = batch.state, response.id
     item_id = f"{response.item_id}_call{len(response.call_item_ids) + 1}"
@@ -326,8 +357,11 @@ def emit_function_call(
     batch.fact(body, origin="server")
     index = len(response.call_item_ids)  # the message is output 0
     wire = to_wire(item)
-    batch.emit(OutputItemAdded(response_id=rid, output_index=index, item=wire), response_id=rid)
-    emit_twins(batch, ItemAdded(item=wire, previous_item_id=previous), rid)
+    # OpenAI's order: the item in progress with no arguments yet, the
+    # arguments, then the item completed (clients run the call on that one).
+    opened = msgspec.structs.replace(wire, status="in_progress", arguments="")
+    batch.emit(OutputItemAdded(response_id=rid, output_index=index, item=opened), response_id=rid)
+    emit_twins(batch, ItemAdded(item=opened, previous_item_id=previous), rid)
     call_id, arguments = call.call_id, call.arguments
     batch.emit(
         FunctionCallArgumentsDelta(

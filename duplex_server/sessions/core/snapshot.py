@@ -102,6 +102,7 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
             overlap_barge_in_ms=cfg.overlap_barge_in_ms,
             overlap_silence_rms=cfg.overlap_silence_rms,
             return_stage_metrics=cfg.return_stage_metrics,
+            duplex_events=cfg.sends_extensions,
         ),
         duplex=SessionDuplex(
             input_format=AudioFormatDescription(in_fmt.name, in_fmt.sample_rate_hz),

@@ -33,6 +33,7 @@ from duplex_server.sessions.core.config import (
 )
 from duplex_server.sessions.core.gates import refuse_gated
 from duplex_server.sessions.core.heard import HeardCommand, TurnEnded
+from duplex_server.sessions.core.model_names import ModelNames, opening_model
 from duplex_server.sessions.core.model_port import (
     ModelPort,
     ResponseRequest,
@@ -131,6 +132,9 @@ class ActorSettings:
     # next one: a delta, record and frame per interval, not per token (0: each
     # token as it comes). Audio and function calls never wait.
     text_delta_interval_ms: float = 20.0
+    # The names the model answers to (None: its adapter's name, and OpenAI's
+    # realtime names as aliases).
+    model_names: ModelNames | None = None
 
 
 def _now_ms() -> int:
@@ -176,6 +180,7 @@ class SessionActor:
         self._log = log_backend
         self.model = model
         self.settings = settings
+        self.names = settings.model_names or ModelNames.of(model.name)
         self._on_closed = on_closed
         self.state: SessionState = self._initial()
         self.journal = Journal(settings.journal_max_events, max_bytes=settings.journal_max_bytes)
@@ -253,6 +258,7 @@ class SessionActor:
     ) -> None:
         """Create the log, take the lease, announce ``session.created`` to the socket."""
         # A refused opening patch stores nothing: checked before the log exists.
+        patch = opening_model(patch, self.names)
         check_session_patch(patch, self.model, None)
         merge_config(self.state.config, patch, self.model.turn_detection_types)
         await self._log.create(self.session_id)
@@ -723,7 +729,9 @@ class SessionActor:
             heard = await self.hearing.transcribe(self.state, speech_end)
             return HandlerContext(
                 self.model,
+                names=self.names,
                 transcript=heard.text,
+                transcript_told=heard.told,
                 transcription_error=heard.error,
                 transcription_ms=heard.wait_ms,
             )
@@ -738,11 +746,12 @@ class SessionActor:
                 decoded = await self._decode_off_loop(command)
             return HandlerContext(
                 self.model,
+                names=self.names,
                 decode_stream=self.codecs.decode_opus,
                 input_refused=refused,
                 decoded=decoded,
             )
-        return HandlerContext(self.model)
+        return HandlerContext(self.model, names=self.names)
 
     async def _decode_off_loop(self, event: InputAudioAppend) -> bytes | ProtocolError | None:
         """Decode (and for Opus, run the session's decoder over) a large

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from msgspec import UNSET
 
 from duplex_server.audio import pcm16_rms
-from duplex_server.sessions.core.commands import next_user_item_id
+from duplex_server.sessions.core.commands import next_user_item_id, tells_transcripts
 from duplex_server.sessions.core.config import SERVED_BY_SERVER_VAD
 from duplex_server.sessions.core.heard import (
     DeferredTurnDue,
@@ -42,6 +42,7 @@ from duplex_server.sessions.core.model_port import (
 )
 from duplex_server.sessions.core.records import AudioBody
 from duplex_server.sessions.core.state import SessionState
+from duplex_server.sessions.core.transcripts import reconcile, stable_prefix
 from duplex_server.sessions.core.turns import HintedOverlap, Overlap, Transition, VadGate
 from duplex_server.sessions.runtime import mailbox as mb
 from protocol.errors import ProtocolError
@@ -67,6 +68,7 @@ class HeardTurn:
     text: str = ""
     error: ProtocolError | None = None
     wait_ms: float | None = None  # how long the commit waited for it (None: no recogniser)
+    told: str = ""  # the start of ``text`` the client was told as partial deltas
 
 
 @dataclass
@@ -100,6 +102,7 @@ class Hearing:
         self._partial_at_ms = 0.0
         self._partial_item = ""
         self._partial_text = ""
+        self._partial_hypothesis = ""  # the newest partial decode, told or not
         self._candidate: _Candidate | None = None
 
     async def transcribe(self, state: SessionState, speech_end_ms: float | None) -> HeardTurn:
@@ -124,7 +127,12 @@ class Hearing:
                 text = await listening.transcribe(pcm, buffer.sample_rate_hz, hints=_hints(state))
         except TranscriptionError as exc:
             return HeardTurn(error=ProtocolError("engine_error", str(exc)))
-        return HeardTurn(text, wait_ms=(time.perf_counter() - started) * 1000)
+        told = self._told(next_user_item_id(state))
+        waited_ms = (time.perf_counter() - started) * 1000
+        return HeardTurn(reconcile(told, text), wait_ms=waited_ms, told=told)
+
+    def _told(self, item_id: str) -> str:
+        return self._partial_text if self._partial_item == item_id else ""
 
     async def hear(self, state: SessionState, audio: AudioBody) -> list[Transition]:
         """Server VAD: score the chunk just appended (its end is the buffer's
@@ -209,16 +217,22 @@ class Hearing:
         return InputTrimmed(keep_ms)
 
     def partial(self, state: SessionState, message: mb.Partial) -> HeardCommand | None:
-        """A partial transcript came back: tell the client what was heard so
-        far, as an extension of what it was told before (a revised
-        hypothesis waits for the final transcript)."""
+        """A partial transcript came back: tell the client the words this
+        decode and the one before agree on, as an extension of what it was
+        told before (core/transcripts.py: a told word is never taken back)."""
         current = next_user_item_id(state)
         if not state.user_speaking or message.item_id != current:
             return None
-        told = self._partial_text if self._partial_item == current else ""
-        if len(message.text) <= len(told) or not message.text.startswith(told):
+        previous = self._partial_hypothesis if self._partial_item == current else ""
+        if self._partial_item != current:
+            self._partial_item, self._partial_text = current, ""
+        self._partial_hypothesis = message.text
+        if not tells_transcripts(state.config):
             return None
-        return PartialHeard(current, message.text[len(told) :])
+        stable, told = stable_prefix(previous, message.text), self._partial_text
+        if len(stable) <= len(told) or not stable.startswith(told):
+            return None
+        return PartialHeard(current, stable[len(told) :])
 
     def answer_ended(self) -> HeardCommand | None:
         """An answer finished: answer the turn it deferred (listen_only), if any."""
@@ -230,7 +244,7 @@ class Hearing:
     def recorded(self, command: HeardCommand) -> None:
         """The command reached the log: remember what the client was told."""
         if isinstance(command, PartialHeard):
-            told = self._partial_text if self._partial_item == command.item_id else ""
+            told = self._told(command.item_id)
             self._partial_item, self._partial_text = command.item_id, told + command.delta
         elif isinstance(command, TurnEnded):
             self._reply_pending = command.deferred

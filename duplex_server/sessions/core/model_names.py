@@ -1,0 +1,83 @@
+"""Which names a session's model answers to (PROTOCOL.md: the session's model
+is what the server serves).
+
+A server serves one model under the names ``--served-model-name`` lists (as
+vLLM's flag does; by default the adapter's own name). OpenAI's realtime model
+names are aliases of it as well, unless the server is told otherwise: a stock
+client (the Agents SDK sends ``gpt-realtime-2.1`` in every ``session.update``)
+then opens and configures a session without knowing what runs behind it.
+Pure: names in, answers out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from protocol.errors import ProtocolError
+from protocol.session_config import SessionUpdate
+
+# OpenAI's realtime model families; a dated or versioned name
+# (gpt-realtime-2025-08-28, gpt-4o-realtime-preview-2024-12-17) is one of them.
+OPENAI_REALTIME_FAMILIES = (
+    "gpt-realtime",
+    "gpt-4o-realtime-preview",
+    "gpt-4o-mini-realtime-preview",
+)
+# What /v1/models lists as aliases: one name of each family, and its mini.
+OPENAI_REALTIME_LISTED = (
+    "gpt-realtime",
+    "gpt-realtime-mini",
+    "gpt-4o-realtime-preview",
+    "gpt-4o-mini-realtime-preview",
+)
+
+
+@dataclass(frozen=True)
+class ModelNames:
+    """``served``: the names the model is served under, the first its default;
+    ``openai_aliases``: whether OpenAI's realtime names are aliases of it."""
+
+    served: tuple[str, ...]
+    openai_aliases: bool = True
+
+    @classmethod
+    def of(cls, model_name: str, served: tuple[str, ...] | list[str] = ()) -> ModelNames:
+        return cls(tuple(served) or (model_name,))
+
+    @property
+    def default(self) -> str:
+        return self.served[0]
+
+    def answers_to(self, name: str) -> bool:
+        return name in self.served or (self.openai_aliases and _is_openai_realtime(name))
+
+    def listed(self) -> list[str]:
+        """Every name ``/v1/models`` lists, served names first."""
+        aliases = OPENAI_REALTIME_LISTED if self.openai_aliases else ()
+        return [*self.served, *(name for name in aliases if name not in self.served)]
+
+
+def _is_openai_realtime(name: str) -> bool:
+    return any(
+        name == family or name.startswith(family + "-") for family in OPENAI_REALTIME_FAMILIES
+    )
+
+
+def opening_model(patch: SessionUpdate, names: ModelNames) -> SessionUpdate:
+    """The opening patch with the session's model named: the name the client
+    asked for when the model answers to it (``session.created`` reports it,
+    as OpenAI does), the default name when it asked for none. A name the
+    model does not answer to is refused: the session would not be what the
+    client asked for."""
+    if not isinstance(patch.model, str):
+        return msgspec.structs.replace(patch, model=names.default)
+    if not names.answers_to(patch.model):
+        raise ProtocolError(
+            "model_not_found",
+            f"model {patch.model!r} is not served here; this server serves "
+            + ", ".join(repr(name) for name in names.served),
+            param="session.model",
+        )
+    return patch
