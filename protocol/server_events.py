@@ -506,6 +506,28 @@ class OutputAudioCleared(ServerEvent, tag="output_audio_buffer.cleared"):
     epoch: int = 0
 
 
+class OutputAudioStarted(ServerEvent, tag="output_audio_buffer.started"):
+    """The client began playing a response (its first playback ack): OpenAI
+    sends it where the server knows what is played (WebRTC, SIP)."""
+
+    response_id: str = ""
+
+
+class OutputAudioStopped(ServerEvent, tag="output_audio_buffer.stopped"):
+    """The client played a finished response to its end."""
+
+    response_id: str = ""
+
+
+class InputTimeoutTriggered(ServerEvent, tag="input_audio_buffer.timeout_triggered"):
+    """No speech for ``turn_detection.idle_timeout_ms`` after the answer
+    played: the silent stretch (input audio time) and the item it becomes."""
+
+    audio_start_ms: int = 0
+    audio_end_ms: int = 0
+    item_id: str = ""
+
+
 class PlaybackEvent(msgspec.Struct):
     """vLLM-Omni's shape of a playback acknowledgement, beside ours."""
 
@@ -593,6 +615,9 @@ AnyServerEvent = Union[
     FunctionCallArgumentsDone,
     RateLimitsUpdated,
     OutputAudioCleared,
+    OutputAudioStarted,
+    OutputAudioStopped,
+    InputTimeoutTriggered,
     PlaybackAcknowledged,
     OverlapDecision,
     TurnEvent,

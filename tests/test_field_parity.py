@@ -169,19 +169,18 @@ def test_an_unknown_key_inside_turn_detection_is_refused_by_name():
     assert (error.code, error.param) == ("invalid_event", "session.turn_detection.sens")
 
 
-def test_openais_idle_timeout_is_taken_only_as_null():
+def test_openais_idle_timeout_is_served():
+    """Honoured under server VAD (runtime/idle_timer.py; tests/test_idle_timer.py)."""
     vad = ("server_vad",)
     config = EffectiveConfig(model="m")
     served = merge_config(
         config, SessionUpdate(turn_detection=TurnDetection(idle_timeout_ms=None)), vad
     )
     assert served.turn_detection is not None and served.turn_detection.idle_timeout_ms is None
-    with pytest.raises(ProtocolError) as refused:
-        merge_config(config, SessionUpdate(turn_detection=TurnDetection(idle_timeout_ms=5000)), vad)
-    assert (refused.value.code, refused.value.param) == (
-        "invalid_value",
-        "session.turn_detection.idle_timeout_ms",
+    served = merge_config(
+        config, SessionUpdate(turn_detection=TurnDetection(idle_timeout_ms=5000)), vad
     )
+    assert served.turn_detection is not None and served.turn_detection.idle_timeout_ms == 5000
 
 
 def test_unknown_top_level_fields_stay_tolerated():

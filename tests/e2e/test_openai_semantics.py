@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from tests.speech import PHRASES, silence, speak
 from tests.wsclient import WsClient, tone_pcm16, types_of
 
 BETA_ONLY = {
@@ -410,3 +411,73 @@ async def test_an_agents_session_update_is_applied_whole(server):
     updated = (await client.expect("session.updated"))["session"]
     assert (updated["instructions"], updated["model"]) == ("be brief", "echo")
     await client.close()
+
+
+async def test_playback_acks_tell_when_the_output_buffer_starts_and_stops(server):
+    """The duplex wire knows what was played: the first ack of a response is
+    output_audio_buffer.started, the ack that reaches the end of a finished
+    one output_audio_buffer.stopped (OpenAI sends both where it plays)."""
+    client, _ = await server.open()
+    events = await auto_turn(client)
+    done = events[-1]["response"]
+    generated = done["duplex"]["playback"]["generated_ms"]
+    assert generated > 0
+    ack = {"type": "playback.ack", "response_id": done["id"]}
+    await client.send({**ack, "played_ms": generated / 2})
+    events = await client.recv_until("playback.acknowledged")
+    assert types_of(events)[-2:] == ["output_audio_buffer.started", "playback.acknowledged"]
+    assert events[-2]["response_id"] == done["id"]
+    await client.send({**ack, "played_ms": generated})
+    events = await client.recv_until("output_audio_buffer.stopped")
+    assert types_of(events)[-2:] == ["playback.acknowledged", "output_audio_buffer.stopped"]
+    await client.send({**ack, "played_ms": generated})  # nothing new: neither again
+    events = await client.recv_until("playback.acknowledged")
+    assert not {"output_audio_buffer.started", "output_audio_buffer.stopped"} & set(
+        types_of(events)
+    )
+
+
+async def test_an_idle_user_is_prompted_after_the_timeout(voice_server):
+    """Server VAD with idle_timeout_ms on the cascade: the user speaks, the
+    answer comes, then only silence: once the answer has played and the
+    timeout passed, timeout_triggered, and the silence is committed."""
+    client = await openai_socket(voice_server)
+    detection = {"type": "server_vad", "silence_duration_ms": 500, "idle_timeout_ms": 1500}
+    update = {"turn_detection": detection, "input_audio_transcription": {"model": "whisper-1"}}
+    await client.send({"type": "session.update", "session": update})
+    assert (await client.expect("session.updated"))["session"]["turn_detection"][
+        "idle_timeout_ms"
+    ] == 1500
+    chunk = 100  # ms a chunk, sent at the pace a microphone delivers them
+    pcm = silence(300) + speak(PHRASES[1]) + silence(8000)
+    step = 24_000 * chunk // 1000 * 2
+    events: list[dict] = []
+    reader = asyncio.create_task(_read_into(client, events))
+    try:
+        for at in range(0, len(pcm), step):
+            await client.append(pcm[at : at + step])
+            await asyncio.sleep(chunk / 1000)
+            if "input_audio_buffer.timeout_triggered" in types_of(events):
+                break
+    finally:
+        reader.cancel()
+    names = types_of(events)
+    assert "input_audio_buffer.timeout_triggered" in names, names
+    answer = next(e for e in events if e["type"] == "response.done")["response"]
+    played_ms = answer["duplex"]["playback"]["generated_ms"]
+    triggered = next(e for e in events if e["type"] == "input_audio_buffer.timeout_triggered")
+    assert triggered["audio_end_ms"] - triggered["audio_start_ms"] >= 1500
+    # the silent stretch began no sooner than the answer could have played
+    stopped = next(e for e in events if e["type"] == "input_audio_buffer.speech_stopped")
+    assert triggered["audio_start_ms"] >= stopped["audio_end_ms"] + played_ms - chunk
+    # then the silence is committed as the user's turn (cancelling recv is safe)
+    after = names[names.index("input_audio_buffer.timeout_triggered") :]
+    if "input_audio_buffer.committed" not in after:
+        after += types_of(await client.recv_until("input_audio_buffer.committed"))
+    assert after.index("input_audio_buffer.committed") < after.index("conversation.item.added")
+    await client.close()
+
+
+async def _read_into(client: WsClient, events: list[dict]) -> None:
+    while True:
+        events.append(await client.recv())

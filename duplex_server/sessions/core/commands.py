@@ -72,6 +72,8 @@ from protocol.server_events import (
     ItemTruncated,
     NativeCommit,
     OutputAudioCleared,
+    OutputAudioStarted,
+    OutputAudioStopped,
     OverlapDecision,
     OverlapMetadata,
     PlaybackAcknowledged,
@@ -630,6 +632,11 @@ def _supersede_and_start(
     return effects
 
 
+def start_answer(batch: Batch) -> Effects:
+    """Start an answer now (the server's own reason: an idle timeout)."""
+    return _supersede_and_start(batch, None)
+
+
 def audio_clear(batch: Batch, event: ce.InputAudioClear, ctx: HandlerContext) -> Effects:
     batch.fact(SignalBody(signal="input.clear"))
     batch.emit(InputCleared(epoch=batch.state.epoch))
@@ -1138,6 +1145,7 @@ def playback_ack(batch: Batch, event: ce.PlaybackAck, ctx: HandlerContext) -> Ef
             event_id=event.event_id,
         )
     committed = event.committed_ms if event.committed_ms is not None else event.played_ms
+    played_before = response.playback.played_ms
     batch.fact(
         AckBody(
             what="playback",
@@ -1154,6 +1162,8 @@ def playback_ack(batch: Batch, event: ce.PlaybackAck, ctx: HandlerContext) -> Ef
         and ((item.history_ms or 0.0) + 1e-6 >= response.playback.generated_ms or item.truncated)
     )
     wire_ledger = ledger(response.playback)
+    if played_before <= 0 < response.playback.played_ms:
+        batch.emit(OutputAudioStarted(response_id=response.id), response_id=response.id)
     batch.emit(
         PlaybackAcknowledged(
             response_id=response.id,
@@ -1172,7 +1182,16 @@ def playback_ack(batch: Batch, event: ce.PlaybackAck, ctx: HandlerContext) -> Ef
         ),
         response_id=response.id,
     )
+    if _played_to_the_end(response, played_before):
+        batch.emit(OutputAudioStopped(response_id=response.id), response_id=response.id)
     return Effects()
+
+
+def _played_to_the_end(response: Response, played_before: float) -> bool:
+    """This ack carried a finished response's playback to its end."""
+    generated = response.playback.generated_ms
+    finished = response.status != "in_progress" and generated > 0
+    return finished and played_before + 1e-6 < generated <= response.playback.played_ms + 1e-6
 
 
 CLIENT_HANDLERS: dict[type, Handler] = {

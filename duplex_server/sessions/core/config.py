@@ -131,12 +131,6 @@ def _turn_detection(
 ) -> TurnDetection | None:
     if patch is None:
         return None
-    if isinstance(patch.idle_timeout_ms, int):
-        raise ProtocolError(
-            "invalid_value",
-            "turn_detection.idle_timeout_ms is not served: send null or leave it out",
-            param="session.turn_detection.idle_timeout_ms",
-        )
     served = "server_vad" in allowed and patch.type in SERVED_BY_SERVER_VAD
     if patch.type not in allowed and not served:
         offered = [*allowed, "semantic_vad"] if "server_vad" in allowed else list(allowed)

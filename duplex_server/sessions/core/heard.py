@@ -22,15 +22,17 @@ from duplex_server.sessions.core.commands import (
     HandlerContext,
     OverlapAction,
     audio_commit,
+    next_user_item_id,
     overlap_decision,
     respond_to_input,
     speech_transition,
+    start_answer,
     tell_transcription_error,
 )
 from duplex_server.sessions.core.records import DecisionBody
 from duplex_server.sessions.core.turns import Transition
 from protocol import client_events as ce
-from protocol.server_events import InputTranscriptionDelta
+from protocol.server_events import InputTimeoutTriggered, InputTranscriptionDelta
 
 
 class SpeechStart(msgspec.Struct, frozen=True):
@@ -94,6 +96,14 @@ class DeferredTurnDue(msgspec.Struct, frozen=True):
     """The answer a turn waited for ended: answer that turn now."""
 
 
+class IdleTimedOut(msgspec.Struct, frozen=True):
+    """No speech from ``start_ms`` to ``end_ms`` (input audio time) after the
+    answer played: ``turn_detection.idle_timeout_ms`` (runtime/idle_timer.py)."""
+
+    start_ms: float
+    end_ms: float
+
+
 HeardCommand = (
     SpeechStart
     | OverlapResolved
@@ -103,6 +113,7 @@ HeardCommand = (
     | InputTrimmed
     | PartialHeard
     | DeferredTurnDue
+    | IdleTimedOut
 )
 
 
@@ -159,6 +170,21 @@ def deferred_turn_due(batch: Batch, command: DeferredTurnDue, ctx: HandlerContex
     return respond_to_input(batch, ctx.model)
 
 
+def idle_timed_out(batch: Batch, command: IdleTimedOut, ctx: HandlerContext) -> Effects:
+    """OpenAI's idle timeout: tell it, commit the silent buffer as the user's
+    turn and answer it (a buffer the VAD trimmed to nothing: answer anyway)."""
+    batch.emit(
+        InputTimeoutTriggered(
+            audio_start_ms=round(command.start_ms),
+            audio_end_ms=round(command.end_ms),
+            item_id=next_user_item_id(batch.state),
+        )
+    )
+    if batch.state.input.chunks:
+        return audio_commit(batch, ce.InputAudioCommit(response_create=True), ctx)
+    return start_answer(batch)
+
+
 HEARD_HANDLERS: dict[type, Handler] = {
     SpeechStart: speech_start,
     OverlapResolved: overlap_resolved,
@@ -168,4 +194,5 @@ HEARD_HANDLERS: dict[type, Handler] = {
     InputTrimmed: input_trimmed,
     PartialHeard: partial_heard,
     DeferredTurnDue: deferred_turn_due,
+    IdleTimedOut: idle_timed_out,
 }

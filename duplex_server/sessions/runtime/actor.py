@@ -73,6 +73,7 @@ from duplex_server.sessions.runtime.answer_timing import AnswerTiming
 from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.codecs import SessionCodecs
 from duplex_server.sessions.runtime.hearing import Hearing
+from duplex_server.sessions.runtime.idle_timer import IdleTimer
 from duplex_server.sessions.runtime.input_budget import InputBudget
 from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
 from duplex_server.sessions.runtime.lease import SessionLease, SessionMoved
@@ -181,6 +182,7 @@ class SessionActor:
         self.model = model
         self.settings = settings
         self.names = settings.model_names or ModelNames.of(model.name)
+        self.idle = IdleTimer()
         self._on_closed = on_closed
         self.state: SessionState = self._initial()
         self.journal = Journal(settings.journal_max_events, max_bytes=settings.journal_max_bytes)
@@ -779,6 +781,7 @@ class SessionActor:
             await self._run_heard(self.hearing.decide(self.state, transition))
         await self._run_heard(self.hearing.overlap_hints(self.state, audio))
         await self._run_heard(self.hearing.after_audio(self.state))
+        await self._run_heard(self.idle.check(self.state))
 
     async def _run_heard(self, command: HeardCommand | None) -> None:
         if command is None:
