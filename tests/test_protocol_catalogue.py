@@ -37,6 +37,9 @@ NOT_EVENTS = {
     "metadata.overlap_ms",
     "status_details.reason",
     "extra_body.duplex_events",
+    "extra_body.auto_response",
+    "audio.output.voice",
+    "turn_detection.idle_timeout_ms",
 }
 _TOKEN = re.compile(r"`([^`]*)`")
 _NAME = re.compile(r"^(\.?[a-z_]+(?:\.[a-z_]+)*(?:/\.?[a-z_]+)*)")
@@ -65,6 +68,8 @@ def catalogue(text: str) -> set[str]:
             if match is None or raw.startswith("*"):
                 continue
             token = match.group(1)
+            if ".py" in raw:
+                continue  # a test or module named as evidence, not an event
             if "." not in token and token not in ("barge_in", "error"):
                 continue
             for name in _expand(token, previous):
