@@ -152,6 +152,8 @@ def test_partial_transcripts_tell_only_words_two_decodes_agree_on():
     """A told word is never taken back (core/transcripts.py): a partial tells
     the words it and the decode before it agree on, short of its last word."""
     session, hearing = Session(), Hearing(MODEL, lambda message: None)
+    session.state.config.openai_semantics = True
+    session.state.config.input_audio_transcription = InputTranscription(model="whisper-1")
     session.run(hearing.decide(session.state, Transition("speech_started", 0.0)))
     session.speak(600)
     item_id = f"item_{session.state.session_id[-10:]}_u1"
@@ -169,6 +171,23 @@ def test_partial_transcripts_tell_only_words_two_decodes_agree_on():
     assert hearing.partial(session.state, mb.Partial(item_id, "yellow theirs")) is None
     assert hearing.partial(session.state, mb.Partial("item_other", "hello there")) is None
     assert session.events[-1] == "conversation.item.input_audio_transcription.delta"
+
+
+def test_duplex_captions_run_ahead_of_the_stable_words():
+    """The duplex wire's partials are live captions the final replaces: each
+    decode that extends what was told is told whole (last word included)."""
+    session, hearing = Session(), Hearing(MODEL, lambda message: None)
+    session.run(hearing.decide(session.state, Transition("speech_started", 0.0)))
+    session.speak(600)
+    item_id = f"item_{session.state.session_id[-10:]}_u1"
+    first = hearing.partial(session.state, mb.Partial(item_id, "hello"))
+    assert first == PartialHeard(item_id, "hello")
+    session.run(first)
+    hearing.recorded(first)
+    assert hearing.partial(session.state, mb.Partial(item_id, "hello there")) == PartialHeard(
+        item_id, " there"
+    )
+    assert hearing.partial(session.state, mb.Partial(item_id, "yellow")) is None
 
 
 def test_the_commit_tells_the_rest_so_deltas_add_up():

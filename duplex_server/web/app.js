@@ -384,8 +384,10 @@ function onEvent(event) {
 }
 
 function onServerError(error) {
-  // A late acknowledgement for an answer the server has moved past.
+  // A late acknowledgement for an answer the server has moved past, or a
+  // cancel that arrived after the answer ended (OpenAI's harmless code).
   if (error.code === "response_not_found") return;
+  if (error.code === "response_cancel_not_active") return;
   if (error.code === "rate_limited") {
     say("server", "The server is busy: some of your audio was not taken.");
     return;

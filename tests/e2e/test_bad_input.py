@@ -107,7 +107,12 @@ CASES = [
         "input_audio_buffer_empty",
         "type",  # the event as a whole is refused
     ),
-    ("cancel nothing", json.dumps({"type": "response.cancel"}), "response_not_found", "type"),
+    (
+        "cancel nothing",
+        json.dumps({"type": "response.cancel"}),
+        "response_cancel_not_active",  # OpenAI's code
+        "type",
+    ),
     (
         "unknown item",
         json.dumps({"type": "conversation.item.delete", "item_id": "i"}),

@@ -129,6 +129,8 @@ class Hearing:
             return HeardTurn(error=ProtocolError("engine_error", str(exc)))
         told = self._told(next_user_item_id(state))
         waited_ms = (time.perf_counter() - started) * 1000
+        if not state.config.openai_semantics:
+            return HeardTurn(text, wait_ms=waited_ms)  # captions: the final replaces them
         return HeardTurn(reconcile(told, text), wait_ms=waited_ms, told=told)
 
     def _told(self, item_id: str) -> str:
@@ -217,9 +219,11 @@ class Hearing:
         return InputTrimmed(keep_ms)
 
     def partial(self, state: SessionState, message: mb.Partial) -> HeardCommand | None:
-        """A partial transcript came back: tell the client the words this
-        decode and the one before agree on, as an extension of what it was
-        told before (core/transcripts.py: a told word is never taken back)."""
+        """A partial transcript came back: tell the client what was heard, as
+        an extension of what it was told before. On the OpenAI endpoint only
+        the words this decode and the one before agree on (core/transcripts.py:
+        the deltas must add up to the final transcript); the duplex wire's
+        partials are live captions the final replaces, so they run ahead."""
         current = next_user_item_id(state)
         if not state.user_speaking or message.item_id != current:
             return None
@@ -229,7 +233,9 @@ class Hearing:
         self._partial_hypothesis = message.text
         if not tells_transcripts(state.config):
             return None
-        stable, told = stable_prefix(previous, message.text), self._partial_text
+        told = self._partial_text
+        openai = state.config.openai_semantics
+        stable = stable_prefix(previous, message.text) if openai else message.text
         if len(stable) <= len(told) or not stable.startswith(told):
             return None
         return PartialHeard(current, stable[len(told) :])
