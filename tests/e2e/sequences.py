@@ -1,9 +1,9 @@
 """The event orders PROTOCOL.md fixes, as lists the tests compare against."""
 
-COMMIT_FANOUT = [
+COMMIT_FANOUT = [  # OpenAI's order: committed, then the item
+    "input_audio_buffer.committed",
     "conversation.item.added",
     "conversation.item.created",
-    "input_audio_buffer.committed",
     "conversation.item.done",
 ]
 RESPONSE_OPEN = [

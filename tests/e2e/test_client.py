@@ -119,7 +119,7 @@ async def test_error_classes(server):
     async with client_for(server) as client:
         with pytest.raises(DuplexProtocolError) as err:
             await client.cancel_response()
-        assert err.value.code == "response_not_found" and err.value.event_id
+        assert err.value.code == "response_cancel_not_active" and err.value.event_id
         with pytest.raises(DuplexProtocolError) as err:
             await client.commit()
         assert err.value.code == "input_audio_buffer_empty"
