@@ -97,9 +97,11 @@ async def ready(request: Request) -> Response:
 async def models(request: Request) -> Response:
     """The served model under each name it answers to: the served names, then
     OpenAI's realtime names it takes as aliases (``root`` names the model
-    behind each, as vLLM's list does)."""
+    behind each, as vLLM's list does; an alias's ``parent`` is the served
+    name it stands for, a served name's is null, so a picker lists those)."""
     model = request.app.state.model
     names = request.app.state.model_names
+    served = set(names.served)
     return _json(
         {
             "object": "list",
@@ -110,6 +112,7 @@ async def models(request: Request) -> Response:
                     "created": 0,
                     "owned_by": "duplex-server",
                     "root": model.name,
+                    "parent": None if name in served else names.default,
                     "capabilities": model.capabilities,
                 }
                 for name in names.listed()

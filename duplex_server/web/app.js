@@ -121,7 +121,8 @@ async function loadModels() {
   try {
     const response = await fetch("/v1/models", { cache: "no-store" });
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
-    models = (await response.json()).data || [];
+    // OpenAI's realtime names are aliases (a parent): list the served names.
+    models = ((await response.json()).data || []).filter((model) => !model.parent);
   } catch (err) {
     say("alert", `Could not ask the server which models it runs (${err.message}). Is it running?`);
     return;

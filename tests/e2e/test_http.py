@@ -32,6 +32,7 @@ async def test_health_and_models(server):
     ids = [model["id"] for model in models["data"]]
     assert ids == ["echo", *OPENAI_REALTIME_LISTED]
     assert {model["root"] for model in models["data"]} == {"echo"}
+    assert [model["parent"] for model in models["data"]] == [None] + ["echo"] * (len(ids) - 1)
     model = models["data"][0]
     assert model["capabilities"]["supports_session_resume"] is True
 

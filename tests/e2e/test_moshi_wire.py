@@ -15,6 +15,7 @@ SDK's models (tests/openai_conformance.py, under every test)."""
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import time
 import urllib.error
@@ -93,10 +94,16 @@ async def alive(client: WsClient) -> None:
     await client.recv_until("session.heartbeat_ack")
 
 
+_REFUSALS = itertools.count()
+
+
 async def refused(client: WsClient, event: dict, code: str, param: str | None = None) -> dict:
-    await client.send({**event, "event_id": "bad"})
+    """A refusal naming the event; each its own event_id (a session.update
+    whose fixed field is refused applies the rest, so its id is taken)."""
+    event_id = f"bad-{next(_REFUSALS)}"
+    await client.send({**event, "event_id": event_id})
     error = (await client.recv_until("error"))[-1]["error"]
-    assert (error["code"], error["event_id"]) == (code, "bad"), error
+    assert (error["code"], error["event_id"]) == (code, event_id), error
     if param is not None:
         assert error["param"] == param, error
     await alive(client)
@@ -116,7 +123,9 @@ async def test_a_spoken_conversation_on_the_wire(served, checkpoint):
     assert set(caps["immutable_after_open"]) == {"model", "voice", "instructions", "temperature"}
     with urllib.request.urlopen(served.http_url + "/v1/models", timeout=10) as reply:
         listed = json.load(reply)["data"]
-    assert [(m["id"], m["capabilities"]) for m in listed] == [("moshi", caps)]
+    served = [(m["id"], m["capabilities"]) for m in listed if m["parent"] is None]
+    assert served == [("moshi", caps)]
+    assert {m["parent"] for m in listed[1:]} == {"moshi"}  # OpenAI's names, aliases
     # greedy: the hand-set model says its words only as its argmax
     persona = {"instructions": "be a kind pirate", "voice": "pirate", "temperature": 0}
     await client.send({"type": "session.update", "session": persona})
