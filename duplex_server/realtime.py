@@ -188,7 +188,10 @@ class RealtimeConnection:
             err.event_id = err.event_id or event_id
             await self._send_error(err)
             if not (handshake and err.error_class == INVALID_REQUEST):
-                await self.attachment.close(CloseCode.TRY_AGAIN_LATER, err.code)
+                # A request that cannot succeed is no reason to retry later.
+                refused = err.error_class == INVALID_REQUEST
+                code = CloseCode.POLICY_VIOLATION if refused else CloseCode.TRY_AGAIN_LATER
+                await self.attachment.close(code, err.code)
             # else: the client's session.update was refused; it may send a better one
             return False
         return True

@@ -41,8 +41,8 @@ class TurnDetection(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     eagerness: Eagerness | UnsetType = UNSET
     # vLLM-Omni: speech shorter than this is not a turn (a cough, a click).
     min_speech_duration_ms: NonNegInt | UnsetType = UNSET
-    # OpenAI's: a timeout when no audio follows; not served, so only null is
-    # taken (config.py refuses a value by name).
+    # OpenAI's: no speech this long after the answer played commits the
+    # silence and answers it (server_vad; sessions/runtime/idle_timer.py).
     idle_timeout_ms: NonNegInt | None | UnsetType = UNSET
 
 

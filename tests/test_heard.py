@@ -71,7 +71,7 @@ class Session:
     def answering(self) -> str:
         """Start an answer (a text turn) and return its response id."""
         self.run(ce.InputTextAppend(text="hello"))
-        effects = self.run(ce.InputAudioCommit())
+        effects = self.run(ce.InputAudioCommit(response_create=True))
         assert effects.start is not None
         return effects.start.id
 
@@ -160,17 +160,38 @@ def test_partial_transcripts_tell_only_words_two_decodes_agree_on():
     # the first decode has nothing to agree with; the second agrees on "hello "
     assert hearing.partial(session.state, mb.Partial(item_id, "hello")) is None
     first = hearing.partial(session.state, mb.Partial(item_id, "hello there"))
-    assert first == PartialHeard(item_id, "hello ")
+    assert first == PartialHeard(item_id, "hello")
     session.run(first)
     hearing.recorded(first)
     told = hearing.partial(session.state, mb.Partial(item_id, "hello there my friend"))
-    assert told == PartialHeard(item_id, "there ")
+    assert told == PartialHeard(item_id, " there")  # a word with the space before it
     session.run(told)
     hearing.recorded(told)
     # a revised hypothesis, or one for another item, is not told
     assert hearing.partial(session.state, mb.Partial(item_id, "yellow theirs")) is None
     assert hearing.partial(session.state, mb.Partial("item_other", "hello there")) is None
     assert session.events[-1] == "conversation.item.input_audio_transcription.delta"
+
+
+def test_a_cleared_buffer_starts_the_told_words_afresh():
+    """The next utterance becomes the same item after a clear: what the
+    partials told of the cleared one is not carried into it."""
+    session, hearing = Session(), Hearing(MODEL, lambda message: None)
+    session.state.config.openai_semantics = True
+    session.state.config.input_audio_transcription = InputTranscription(model="whisper-1")
+    session.run(hearing.decide(session.state, Transition("speech_started", 0.0)))
+    session.speak(600)
+    item_id = f"item_{session.state.session_id[-10:]}_u1"
+    hearing.partial(session.state, mb.Partial(item_id, "uh huh"))
+    told = hearing.partial(session.state, mb.Partial(item_id, "uh huh yeah"))
+    assert told == PartialHeard(item_id, "uh huh")
+    session.run(told)
+    hearing.recorded(told)
+    session.run(ce.InputAudioClear())
+    session.speak(600)  # the user speaks on: the VAD never stopped
+    assert hearing.partial(session.state, mb.Partial(item_id, "what time")) is None
+    again = hearing.partial(session.state, mb.Partial(item_id, "what time is"))
+    assert again == PartialHeard(item_id, "what time")
 
 
 def test_duplex_captions_run_ahead_of_the_stable_words():
@@ -199,8 +220,8 @@ def test_the_commit_tells_the_rest_so_deltas_add_up():
     session.run(SpeechStart(0.0))
     session.speak(300)
     item_id = f"item_{session.state.session_id[-10:]}_u1"
-    session.run(PartialHeard(item_id, "what is "))
-    ctx = HandlerContext(MODEL, transcript="what is the weather", transcript_told="what is ")
+    session.run(PartialHeard(item_id, "what is"))
+    ctx = HandlerContext(MODEL, transcript="what is the weather", transcript_told="what is")
     session.run(TurnEnded(300.0, response_create=False), ctx)
     deltas = [e for e in session.sent if e["type"].endswith("transcription.delta")]
     (completed,) = [e for e in session.sent if e["type"].endswith("transcription.completed")]

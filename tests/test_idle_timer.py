@@ -83,7 +83,7 @@ def test_the_silence_after_a_played_answer_is_committed_and_answered():
     assert session.refold() == session.state
 
 
-def test_once_an_answer_and_never_while_the_user_speaks():
+def test_once_a_silence_and_never_while_the_user_speaks():
     session, timer = timed_session(), IdleTimer()
     session.answering()
     timer.check(session.state)
@@ -92,9 +92,34 @@ def test_once_an_answer_and_never_while_the_user_speaks():
     assert fired is not None
     session.run(fired)
     timer.check(session.state)
-    finish_answer(session)  # the nudge's answer ends (no audio): timed afresh
-    session.run(SpeechStart(session.state.input.end_ms))
+    finish_answer(session)  # the nudge's own answer ends
+    # the user still says nothing: not nudged again
+    assert appends_until(session, timer, session.state.input.end_ms + 3 * TIMEOUT_MS) is None
     # the user speaks on: however long, no timeout
+    session.run(SpeechStart(session.state.input.end_ms))
+    assert appends_until(session, timer, session.state.input.end_ms + 3 * TIMEOUT_MS) is None
+
+
+def test_a_timeout_set_later_counts_from_then():
+    session, timer = Session(), IdleTimer()
+    session.answering()
+    timer.check(session.state)
+    finish_answer(session, audio_ms=200)
+    assert appends_until(session, timer, session.state.input.end_ms + 3 * TIMEOUT_MS) is None
+    set_at = session.state.input.end_ms
+    session.state.config.turn_detection = TimedSession().initial().config.turn_detection
+    fired = appends_until(session, timer, set_at + TIMEOUT_MS + 500)
+    assert fired is not None and set_at <= fired.start_ms <= set_at + APPEND_MS  # seen next append
+
+
+def test_an_answer_that_called_a_tool_waits_for_the_tool():
+    session, timer = timed_session(), IdleTimer()
+    session.answering()
+    timer.check(session.state)
+    response = session.state.response
+    assert response is not None
+    response.call_item_ids.append("item_call")  # the client is running the tool
+    finish_answer(session)
     assert appends_until(session, timer, session.state.input.end_ms + 3 * TIMEOUT_MS) is None
 
 

@@ -40,18 +40,18 @@ def test_readme_client_example(tmp_path):
     assert second.startswith("1 cancelled barge_in ")
 
 
-def test_readme_agents_sdk_example(tmp_path):
-    """The OpenAI Agents SDK example, as printed: it ends when the agent's
-    answer is done, so it returns only if the agent ran to the end."""
+def _example_after(heading: str) -> str:
     text = README.read_text()
-    section = text[text.index("## OpenAI clients and agent frameworks") :]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    assert "RealtimeRunner" in code
+    section = text[text.index(heading) :]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def _run_example(tmp_path, code: str) -> subprocess.CompletedProcess:
     server = ServerProcess("memory").start()
     try:
-        script = tmp_path / "agent.py"
+        script = tmp_path / "example.py"
         script.write_text(code.replace("127.0.0.1:8000", f"127.0.0.1:{server.port}"))
-        result = subprocess.run(
+        return subprocess.run(
             [sys.executable, str(script)],
             capture_output=True,
             text=True,
@@ -60,5 +60,24 @@ def test_readme_agents_sdk_example(tmp_path):
         )
     finally:
         server.stop()
+
+
+def test_readme_agents_sdk_example(tmp_path):
+    """The OpenAI Agents SDK example, as printed: it ends when the agent's
+    answer is done, so it returns only if the agent ran to the end."""
+    code = _example_after("## OpenAI clients and agent frameworks")
+    assert "RealtimeRunner" in code
+    result = _run_example(tmp_path, code)
     assert result.returncode == 0, result.stderr
     assert "Error" not in result.stderr, result.stderr
+
+
+def test_readme_openai_sdk_example(tmp_path):
+    """The stock openai SDK example, as printed: one manual turn, answered."""
+    code = _example_after("Talk to it from Python with the stock `openai` SDK")
+    assert "client.realtime.connect" in code
+    result = _run_example(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    printed = result.stdout.splitlines()
+    assert printed[0] == "input_audio_buffer.committed" and printed[-1] == "response.done"
+    assert "response.created" in printed and "error" not in printed

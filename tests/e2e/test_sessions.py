@@ -55,7 +55,11 @@ async def test_model_query_parameter(server):
 
 
 async def test_a_model_that_is_not_served_is_refused(server):
-    client = await WsClient.connect(server.ws_url + "&autostart=0")
+    """On the OpenAI endpoint, as OpenAI refuses a model it does not serve;
+    the duplex wire announces any name its clients give, as before."""
+    client, created = await server.open("model=llama-9")
+    assert created["session"]["model"] == "llama-9"
+    client = await WsClient.connect(f"ws://{server.base}/v1/realtime?autostart=0")
     await client.send({"type": "session.update", "event_id": "m1", "session": {"model": "llama-9"}})
     error = (await client.expect("error"))["error"]
     assert (error["code"], error["param"], error["event_id"]) == (

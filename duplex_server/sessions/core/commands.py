@@ -20,9 +20,11 @@ from duplex_server.audio import AudioDecodeError, decode_to_pcm16, pcm16_duratio
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.config import (
     EffectiveConfig,
+    auto_responds,
     check_response_tool_choice,
     merge_config,
     response_output_format,
+    tells_transcripts,
 )
 from duplex_server.sessions.core.gates import immutable_refusals, model_update, refuse_gated
 from duplex_server.sessions.core.items import Item, Part, item_text, to_wire
@@ -512,22 +514,6 @@ def tell_transcription_error(batch: Batch, ctx: HandlerContext) -> None:
 def _turn_stages(ctx: HandlerContext) -> dict[str, float]:
     stages = {"vad_hangover_ms": ctx.vad_hangover_ms, "asr_final_ms": ctx.transcription_ms}
     return {name: round(ms, 3) for name, ms in stages.items() if ms is not None}
-
-
-def auto_responds(config: EffectiveConfig) -> bool:
-    """Whether a commit that does not say starts an answer. On the OpenAI
-    endpoint with no turn detection it never does (OpenAI: the client's
-    ``response.create`` does); elsewhere ``extra_body.auto_response`` says."""
-    if config.openai_semantics and config.turn_detection is None:
-        return False
-    return config.auto_response
-
-
-def tells_transcripts(config: EffectiveConfig) -> bool:
-    """Whether the client is told what recognition heard. OpenAI sends
-    transcription events only while ``input_audio_transcription`` is set;
-    the duplex wire always tells (its clients show the user's words)."""
-    return config.input_audio_transcription is not None or not config.openai_semantics
 
 
 def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) -> Effects:

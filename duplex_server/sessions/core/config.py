@@ -83,7 +83,9 @@ class EffectiveConfig(msgspec.Struct):
     playback_commit_policy: str = "ack_only"
     idle_timeout_s: float | None = None
     ref_audio: str | None = None
-    auto_response: bool = True
+    # extra_body.auto_response as the client set it; None: the endpoint's
+    # default (commands.auto_responds).
+    auto_response: bool | None = None
     force_listen_count: int = 0
     chunk_delay_ms: float = 0.0
     # Stage metrics in response.done (extra_body.return_stage_metrics).
@@ -356,3 +358,33 @@ def _format(spec, rate, current: AudioFormat, param: str, supported) -> AudioFor
     return resolve_format(
         spec, param=param, supported=supported, rate_hz=None if rate is UNSET else rate
     )
+
+
+# --- what the config says a session does ------------------------------------
+
+
+def auto_responds(config: EffectiveConfig) -> bool:
+    """Whether a client's commit that does not say starts an answer:
+    ``extra_body.auto_response`` where the client set it; else on the OpenAI
+    endpoint never (OpenAI: a commit asks for no answer, the client's
+    ``response.create`` does), on the duplex wire always (its clients commit
+    and expect the answer)."""
+    if config.auto_response is not None:
+        return config.auto_response
+    return not config.openai_semantics
+
+
+def vad_responds(config: EffectiveConfig, create_response: bool | None) -> bool:
+    """Whether a turn the server's VAD ended is answered: the turn
+    detection's ``create_response`` (OpenAI's default: true), else
+    ``extra_body.auto_response`` where the client set it."""
+    if create_response is not None:
+        return create_response
+    return config.auto_response is not False
+
+
+def tells_transcripts(config: EffectiveConfig) -> bool:
+    """Whether the client is told what recognition heard. OpenAI sends
+    transcription events only while ``input_audio_transcription`` is set;
+    the duplex wire always tells (its clients show the user's words)."""
+    return config.input_audio_transcription is not None or not config.openai_semantics

@@ -29,6 +29,7 @@ from duplex_server.sessions.core.commands import (
     start_answer,
     tell_transcription_error,
 )
+from duplex_server.sessions.core.config import vad_responds
 from duplex_server.sessions.core.records import DecisionBody
 from duplex_server.sessions.core.turns import Transition
 from protocol import client_events as ce
@@ -147,7 +148,9 @@ def turn_ended(batch: Batch, command: TurnEnded, ctx: HandlerContext) -> Effects
     if not batch.state.input.chunks and not batch.state.input.text:
         # Two utterances in one append: the first commit took all of it.
         return Effects()
-    respond = False if command.deferred else command.response_create
+    respond = (
+        False if command.deferred else vad_responds(batch.state.config, command.response_create)
+    )
     commit = ce.InputAudioCommit(response_create=respond)
     # The silence the VAD waited for before it called the speech over.
     hangover_ms = max(batch.state.input.end_ms - command.at_ms, 0.0)

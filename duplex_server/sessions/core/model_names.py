@@ -65,15 +65,16 @@ def _is_openai_realtime(name: str) -> bool:
     )
 
 
-def opening_model(patch: SessionUpdate, names: ModelNames) -> SessionUpdate:
+def opening_model(patch: SessionUpdate, names: ModelNames, strict: bool = True) -> SessionUpdate:
     """The opening patch with the session's model named: the name the client
-    asked for when the model answers to it (``session.created`` reports it,
-    as OpenAI does), the default name when it asked for none. A name the
-    model does not answer to is refused: the session would not be what the
-    client asked for."""
+    asked for (``session.created`` reports it, as OpenAI does), the default
+    name when it asked for none. ``strict`` (the OpenAI endpoint): a name the
+    model does not answer to is refused, as OpenAI refuses a model it does
+    not serve; the duplex wire keeps announcing any name its clients give
+    (vLLM-Omni's send their checkpoint's)."""
     if not isinstance(patch.model, str):
         return msgspec.structs.replace(patch, model=names.default)
-    if not names.answers_to(patch.model):
+    if strict and not names.answers_to(patch.model):
         raise ProtocolError(
             "model_not_found",
             f"model {patch.model!r} is not served here; this server serves "

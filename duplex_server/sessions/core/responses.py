@@ -37,6 +37,7 @@ from protocol.server_events import (
     OpenAIStatusReason,
     OutputAudioDelta,
     OutputAudioDone,
+    OutputAudioStopped,
     OutputAudioTranscriptDelta,
     OutputAudioTranscriptDone,
     OutputItemAdded,
@@ -314,6 +315,9 @@ def finish_response(
         ),
         origin="server",
     )
+    if 0 < response.playback.generated_ms <= response.playback.played_ms + 1e-6:
+        # the client's acks caught up before the answer ended: its playback is over
+        batch.emit(OutputAudioStopped(response_id=response.id), response_id=response.id)
     item = state.find_item(response.item_id)
     wire_item = to_wire(item) if item is not None else None
     batch.emit(OutputItemDone(response_id=response.id, item=wire_item), response_id=response.id)

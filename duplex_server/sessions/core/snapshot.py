@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from duplex_server.sessions.core.config import ECHOED_FIELDS
+from duplex_server.sessions.core.config import ECHOED_FIELDS, auto_responds
 from duplex_server.sessions.core.state import SessionState
 from protocol.audio_formats import AudioFormat, ga_type
 from protocol.server_events import (
@@ -95,7 +95,7 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
         playback_commit_policy=cfg.playback_commit_policy,
         idle_timeout_s=cfg.idle_timeout_s,
         extra_body=SessionExtraBody(
-            auto_response=cfg.auto_response,
+            auto_response=auto_responds(cfg),
             force_listen_count=cfg.force_listen_count,
             chunk_delay_ms=cfg.chunk_delay_ms,
             overlap_short_ack_ms=cfg.overlap_short_ack_ms,

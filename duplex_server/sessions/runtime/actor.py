@@ -260,7 +260,7 @@ class SessionActor:
     ) -> None:
         """Create the log, take the lease, announce ``session.created`` to the socket."""
         # A refused opening patch stores nothing: checked before the log exists.
-        patch = opening_model(patch, self.names)
+        patch = opening_model(patch, self.names, strict=openai_semantics)
         check_session_patch(patch, self.model, None)
         merge_config(self.state.config, patch, self.model.turn_detection_types)
         await self._log.create(self.session_id)

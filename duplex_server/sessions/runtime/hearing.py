@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from msgspec import UNSET
 
 from duplex_server.audio import pcm16_rms
-from duplex_server.sessions.core.commands import next_user_item_id, tells_transcripts
-from duplex_server.sessions.core.config import SERVED_BY_SERVER_VAD
+from duplex_server.sessions.core.commands import next_user_item_id
+from duplex_server.sessions.core.config import SERVED_BY_SERVER_VAD, tells_transcripts
 from duplex_server.sessions.core.heard import (
     DeferredTurnDue,
     HeardCommand,
@@ -100,7 +100,9 @@ class Hearing:
         # audio the last one covered, and what the client was told (for which item).
         self._partial_task: asyncio.Task[None] | None = None
         self._partial_at_ms = 0.0
-        self._partial_item = ""
+        # The utterance partials were told of: its item and its first audio
+        # record (a cleared buffer's next utterance becomes the same item).
+        self._partial_item: tuple[str, int] = ("", 0)
         self._partial_text = ""
         self._partial_hypothesis = ""  # the newest partial decode, told or not
         self._candidate: _Candidate | None = None
@@ -127,14 +129,15 @@ class Hearing:
                 text = await listening.transcribe(pcm, buffer.sample_rate_hz, hints=_hints(state))
         except TranscriptionError as exc:
             return HeardTurn(error=ProtocolError("engine_error", str(exc)))
-        told = self._told(next_user_item_id(state))
+        told = self._told(state)
         waited_ms = (time.perf_counter() - started) * 1000
         if not state.config.openai_semantics:
             return HeardTurn(text, wait_ms=waited_ms)  # captions: the final replaces them
         return HeardTurn(reconcile(told, text), wait_ms=waited_ms, told=told)
 
-    def _told(self, item_id: str) -> str:
-        return self._partial_text if self._partial_item == item_id else ""
+    def _told(self, state: SessionState) -> str:
+        """What partials told of the utterance in the buffer now."""
+        return self._partial_text if self._partial_item == _utterance(state) else ""
 
     async def hear(self, state: SessionState, audio: AudioBody) -> list[Transition]:
         """Server VAD: score the chunk just appended (its end is the buffer's
@@ -227,9 +230,10 @@ class Hearing:
         current = next_user_item_id(state)
         if not state.user_speaking or message.item_id != current:
             return None
-        previous = self._partial_hypothesis if self._partial_item == current else ""
-        if self._partial_item != current:
-            self._partial_item, self._partial_text = current, ""
+        utterance = _utterance(state)
+        previous = self._partial_hypothesis if self._partial_item == utterance else ""
+        if self._partial_item != utterance:
+            self._partial_item, self._partial_text = utterance, ""
         self._partial_hypothesis = message.text
         if not tells_transcripts(state.config):
             return None
@@ -249,9 +253,8 @@ class Hearing:
 
     def recorded(self, command: HeardCommand) -> None:
         """The command reached the log: remember what the client was told."""
-        if isinstance(command, PartialHeard):
-            told = self._told(command.item_id)
-            self._partial_item, self._partial_text = command.item_id, told + command.delta
+        if isinstance(command, PartialHeard) and command.item_id == self._partial_item[0]:
+            self._partial_text += command.delta  # partial() keyed it to this utterance
         elif isinstance(command, TurnEnded):
             self._reply_pending = command.deferred
 
@@ -393,3 +396,9 @@ class VadTracker:
             self.heard_until_ms = self._origin_ms + end_ms
             transitions += self._gate.push(self.heard_until_ms, probability)
         return transitions
+
+
+def _utterance(state: SessionState) -> tuple[str, int]:
+    """The utterance in the input buffer: the item it will become and its
+    first audio record."""
+    return next_user_item_id(state), state.input.first_seq

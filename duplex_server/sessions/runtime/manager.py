@@ -18,6 +18,7 @@ from duplex_server import metrics
 from duplex_server.sessions.core.commands import check_session_patch
 from duplex_server.sessions.core.config import merge_config
 from duplex_server.sessions.core.gates import refuse_unsupported
+from duplex_server.sessions.core.model_names import ModelNames, opening_model
 from duplex_server.sessions.core.model_port import ModelPort
 from duplex_server.sessions.core.records import Record, is_job_session
 from duplex_server.sessions.core.state import fold, initial_state
@@ -163,7 +164,10 @@ class SessionManager:
 
     def check_opening_patch(self, patch: SessionUpdate) -> None:
         """Raise what opening a session with ``patch`` would (a client
-        secret's config is checked when it is minted, not when it is used)."""
+        secret's config is checked when it is minted, not when it is used;
+        its model as the OpenAI endpoint checks one: a name the model answers to)."""
+        names = self.settings.actor.model_names or ModelNames.of(self.model.name)
+        patch = opening_model(patch, names)
         check_session_patch(patch, self.model, None)
         blank = initial_state("sess_check", self.model.name, self.model.turn_detection_types)
         merge_config(blank.config, patch, self.model.turn_detection_types)
