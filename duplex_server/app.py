@@ -94,7 +94,7 @@ def key_ring(config: ServerConfig) -> KeyRing:
 def model_names(config: ServerConfig, adapter_name: str) -> ModelNames:
     """The names the served model answers to (``--served-model-name``)."""
     served = ModelNames.of(adapter_name, config.served_model_name)
-    return ModelNames(served.served, openai_aliases=config.openai_model_aliases)
+    return ModelNames(served.served, openai_aliases=not config.no_openai_model_aliases)
 
 
 def create_app(config: ServerConfig) -> Starlette:

@@ -94,8 +94,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--no-openai-model-aliases",
-        dest="openai_model_aliases",
-        action="store_false",
+        action="store_true",
         help="do not take OpenAI's realtime model names (gpt-realtime*, "
         "gpt-4o-realtime-preview*, gpt-4o-mini-realtime-preview*) as aliases of the model",
     )

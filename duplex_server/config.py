@@ -23,10 +23,10 @@ class ServerConfig:
     durability: str = "fsync-per-batch"
     model: str = "cascade"
     # The names the model answers to (vLLM's --served-model-name; none: the
-    # adapter's own name), and whether OpenAI's realtime model names are
-    # aliases of it (sessions/core/model_names.py).
+    # adapter's own name); OpenAI's realtime model names are aliases of it
+    # unless told not (sessions/core/model_names.py).
     served_model_name: list[str] = field(default_factory=list)
-    openai_model_aliases: bool = True
+    no_openai_model_aliases: bool = False
     # The session settings' defaults are the runtime's own (declared once).
     max_sessions: int = ManagerSettings.max_sessions
     idle_ttl_s: float = ManagerSettings.idle_ttl_s

@@ -37,7 +37,9 @@ async def test_health_and_models(server):
     assert model["capabilities"]["supports_session_resume"] is True
 
 
-@pytest.mark.server_config(served_model_name=["house-voice", "backup"], openai_model_aliases=False)
+@pytest.mark.server_config(
+    served_model_name=["house-voice", "backup"], no_openai_model_aliases=True
+)
 async def test_served_model_names_are_the_models_list(server):
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         models = (await http.get("/v1/models")).json()
