@@ -131,6 +131,22 @@ async def running_server(config: ServerConfig) -> AsyncIterator[RunningServer]:
         await task
 
 
+@contextlib.asynccontextmanager
+async def serving_llm(*flags: str) -> AsyncIterator[RunningServer]:
+    """The cascade answering with ``--llm`` (the ``serve`` flags given), once
+    its weights are loaded; its sessions' logs refold to their final states."""
+    from duplex_server import cli
+
+    config = cli.serve_config(list(flags), {})
+    config.port = free_port()
+    async with running_server(config) as running:
+        model = running.app.state.model  # type: ignore[attr-defined]
+        while not model.loaded:  # the weights load on the engine's thread
+            await asyncio.sleep(0.05)
+        yield running
+        await running.assert_replay_determinism()
+
+
 @pytest.fixture
 async def voice_server(tmp_path, request) -> AsyncIterator[RunningServer]:
     """The cascade model listening for the test phrases (memory store);

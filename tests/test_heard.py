@@ -148,14 +148,25 @@ def test_listen_only_defers_the_turn_until_the_answer_ends():
     assert session.refold() == session.state
 
 
+def _transcribing_openai(session: Session) -> None:
+    session.state.config.openai_semantics = True
+    session.state.config.input_audio_transcription = InputTranscription(model="whisper-1")
+
+
+def transcribing_on_openais_endpoint() -> tuple[Session, Hearing]:
+    """A session on the OpenAI endpoint with transcription on, the user
+    600 ms into speaking."""
+    session, hearing = Session(), Hearing(MODEL, lambda message: None)
+    _transcribing_openai(session)
+    session.run(hearing.decide(session.state, Transition("speech_started", 0.0)))
+    session.speak(600)
+    return session, hearing
+
+
 def test_partial_transcripts_tell_only_words_two_decodes_agree_on():
     """A told word is never taken back (core/transcripts.py): a partial tells
     the words it and the decode before it agree on, short of its last word."""
-    session, hearing = Session(), Hearing(MODEL, lambda message: None)
-    session.state.config.openai_semantics = True
-    session.state.config.input_audio_transcription = InputTranscription(model="whisper-1")
-    session.run(hearing.decide(session.state, Transition("speech_started", 0.0)))
-    session.speak(600)
+    session, hearing = transcribing_on_openais_endpoint()
     item_id = f"item_{session.state.session_id[-10:]}_u1"
     # the first decode has nothing to agree with; the second agrees on "hello "
     assert hearing.partial(session.state, mb.Partial(item_id, "hello")) is None
@@ -176,11 +187,7 @@ def test_partial_transcripts_tell_only_words_two_decodes_agree_on():
 def test_a_cleared_buffer_starts_the_told_words_afresh():
     """The next utterance becomes the same item after a clear: what the
     partials told of the cleared one is not carried into it."""
-    session, hearing = Session(), Hearing(MODEL, lambda message: None)
-    session.state.config.openai_semantics = True
-    session.state.config.input_audio_transcription = InputTranscription(model="whisper-1")
-    session.run(hearing.decide(session.state, Transition("speech_started", 0.0)))
-    session.speak(600)
+    session, hearing = transcribing_on_openais_endpoint()
     item_id = f"item_{session.state.session_id[-10:]}_u1"
     hearing.partial(session.state, mb.Partial(item_id, "uh huh"))
     told = hearing.partial(session.state, mb.Partial(item_id, "uh huh yeah"))
@@ -215,8 +222,7 @@ def test_the_commit_tells_the_rest_so_deltas_add_up():
     """OpenAI's endpoint: the commit's last delta is what the partials did
     not tell, so the deltas concatenate to the completed transcript."""
     session = Session()
-    session.state.config.openai_semantics = True
-    session.state.config.input_audio_transcription = InputTranscription(model="whisper-1")
+    _transcribing_openai(session)
     session.run(SpeechStart(0.0))
     session.speak(300)
     item_id = f"item_{session.state.session_id[-10:]}_u1"

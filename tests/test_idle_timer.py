@@ -50,6 +50,13 @@ def finish_answer(session: Session, audio_ms: float = 0.0) -> None:
     session.log.extend(batch.records)
 
 
+def answered(session: Session, timer: IdleTimer, audio_ms: float = 200.0) -> None:
+    """An answer of ``audio_ms``, seen in progress by the timer, then ended."""
+    session.answering()
+    timer.check(session.state)
+    finish_answer(session, audio_ms=audio_ms)
+
+
 def appends_until(session: Session, timer: IdleTimer, until_ms: float) -> IdleTimedOut | None:
     """Appends (the client's microphone) until input audio time reaches
     ``until_ms``; the first timeout the timer calls after one, if any."""
@@ -85,9 +92,7 @@ def test_the_silence_after_a_played_answer_is_committed_and_answered():
 
 def test_once_a_silence_and_never_while_the_user_speaks():
     session, timer = timed_session(), IdleTimer()
-    session.answering()
-    timer.check(session.state)
-    finish_answer(session, audio_ms=200)
+    answered(session, timer)
     fired = appends_until(session, timer, session.state.input.end_ms + 200 + TIMEOUT_MS + 300)
     assert fired is not None
     session.run(fired)
@@ -102,9 +107,7 @@ def test_once_a_silence_and_never_while_the_user_speaks():
 
 def test_a_timeout_set_later_counts_from_then():
     session, timer = Session(), IdleTimer()
-    session.answering()
-    timer.check(session.state)
-    finish_answer(session, audio_ms=200)
+    answered(session, timer)
     assert appends_until(session, timer, session.state.input.end_ms + 3 * TIMEOUT_MS) is None
     set_at = session.state.input.end_ms
     session.state.config.turn_detection = TimedSession().initial().config.turn_detection
@@ -125,7 +128,5 @@ def test_an_answer_that_called_a_tool_waits_for_the_tool():
 
 def test_no_timeout_without_the_setting():
     session, timer = Session(), IdleTimer()
-    session.answering()
-    timer.check(session.state)
-    finish_answer(session, audio_ms=200)
+    answered(session, timer)
     assert appends_until(session, timer, session.state.input.end_ms + 10 * TIMEOUT_MS) is None

@@ -22,8 +22,7 @@ import pytest
 from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner, RealtimeSession
 
-from duplex_server import cli
-from tests.conftest import free_port, running_server
+from tests.conftest import serving_llm
 from tests.speech import PHRASES, silence, speak
 from tests.tiny_tool_chat import FOLLOW_UP, QUESTION, WEATHER, trained_tool_model
 
@@ -235,12 +234,7 @@ def get_weather(city: str) -> str:
 async def tool_server(tmp_path_factory):
     """The cascade answering with the tiny tool-calling chat model."""
     path = trained_tool_model(tmp_path_factory.getbasetemp())
-    config = cli.serve_config(["--llm", str(path), "--llm-max-new-tokens", "120"], {})
-    config.port = free_port()
-    async with running_server(config) as running:
-        model = running.app.state.model
-        while not model.loaded:  # the weights load on the engine's thread
-            await asyncio.sleep(0.05)
+    async with serving_llm("--llm", str(path), "--llm-max-new-tokens", "120") as running:
         yield running
 
 

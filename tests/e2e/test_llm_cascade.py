@@ -4,7 +4,6 @@ speech through Whisper and eSpeak."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 import httpx
@@ -14,7 +13,7 @@ from openai import AsyncOpenAI
 from duplex_server import cli
 from duplex_server.config import ServerConfig
 from duplex_server.engine.llm import vllm_build
-from tests.conftest import free_port, running_server
+from tests.conftest import free_port, serving_llm
 from tests.e2e.test_voice import (
     client_commit_session,
     first,
@@ -29,14 +28,8 @@ from tests.tiny_chat import BONJOUR, CAPITAL, FRENCH, HELLO, trained_chat_model
 @pytest.fixture
 async def llm_server(tmp_path_factory):
     path = trained_chat_model(tmp_path_factory.getbasetemp())
-    config = cli.serve_config(["--llm", str(path), "--llm-backend", "auto"], {})
-    config.port = free_port()
-    async with running_server(config) as running:
-        model = running.app.state.model
-        while not model.loaded:  # the weights load on the engine's thread
-            await asyncio.sleep(0.05)
+    async with serving_llm("--llm", str(path), "--llm-backend", "auto") as running:
         yield running
-        await running.assert_replay_determinism()
 
 
 async def text_answer(connection, text: str) -> str:

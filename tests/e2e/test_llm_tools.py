@@ -5,14 +5,12 @@ what the model may do; a malformed call ends in ``engine_error``."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 from openai import AsyncOpenAI
 
-from duplex_server import cli
-from tests.conftest import free_port, running_server
+from tests.conftest import serving_llm
 from tests.tiny_tool_chat import (
     BROKEN,
     FOLLOW_UP,
@@ -30,14 +28,8 @@ from tests.tiny_tool_chat import (
 @pytest.fixture
 async def tool_server(tmp_path_factory):
     path = trained_tool_model(tmp_path_factory.getbasetemp())
-    config = cli.serve_config(["--llm", str(path), "--llm-max-new-tokens", "120"], {})
-    config.port = free_port()
-    async with running_server(config) as running:
-        model = running.app.state.model
-        while not model.loaded:  # the weights load on the engine's thread
-            await asyncio.sleep(0.05)
+    async with serving_llm("--llm", str(path), "--llm-max-new-tokens", "120") as running:
         yield running
-        await running.assert_replay_determinism()
 
 
 async def open_session(server, **session):

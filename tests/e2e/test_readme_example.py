@@ -21,19 +21,7 @@ def client_example() -> str:
 def test_readme_client_example(tmp_path):
     code = client_example()
     assert len([line for line in code.splitlines() if line.strip()]) <= 15
-    server = ServerProcess("memory").start()
-    try:
-        script = tmp_path / "example.py"
-        script.write_text(code.replace("127.0.0.1:8000", f"127.0.0.1:{server.port}"))
-        result = subprocess.run(
-            [sys.executable, str(script)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=README.parent,
-        )
-    finally:
-        server.stop()
+    result = _run_example(tmp_path, code)
     assert result.returncode == 0, result.stderr
     first, second = result.stdout.splitlines()
     assert first == "0 completed None 48000"
