@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from duplex_server.bench.redis_process import RedisServer
@@ -35,6 +36,8 @@ async def test_health_and_models(server):
     assert [model["parent"] for model in models["data"]] == [None] + ["echo"] * (len(ids) - 1)
     model = models["data"][0]
     assert model["capabilities"]["supports_session_resume"] is True
+    for entry in models["data"]:  # what the openai SDK's models.list() parses
+        openai.types.Model.model_validate(entry)
 
 
 @pytest.mark.server_config(
