@@ -153,12 +153,13 @@ class ResponseDuplex(msgspec.Struct):
     stage_metrics: dict[str, float] | None = None
 
 
-class ResponseVoiceEcho(msgspec.Struct):
+class ResponseOutputEcho(msgspec.Struct, omit_defaults=True):
     voice: str
+    format: AudioFormatDescription | None = None  # where OpenAI can spell it
 
 
 class ResponseAudioEcho(msgspec.Struct):
-    output: ResponseVoiceEcho
+    output: ResponseOutputEcho
 
 
 class ResponseObject(msgspec.Struct):
@@ -178,6 +179,7 @@ class ResponseObject(msgspec.Struct):
     max_output_tokens: int | Literal["inf"] | None = None
     voice: str | None = None
     temperature: float | None = None
+    output_audio_format: str | None = None  # beta's spelling, where it has one
     audio: ResponseAudioEcho | None = None
 
 

@@ -261,6 +261,8 @@ async def test_response_overrides_in_the_ga_spelling(server):
     events = await client.recv_until("response.done")
     deltas = [e for e in events if e["type"] == "response.output_audio.delta"]
     assert deltas and {(d["format"], d["sample_rate_hz"]) for d in deltas} == {("g711_ulaw", 8000)}
+    created = next(e for e in events if e["type"] == "response.created")["response"]
+    assert created["output_audio_format"] == "g711_ulaw"  # the override, echoed
 
 
 async def test_refusals_that_keep_every_echoed_item_valid(server):
@@ -333,6 +335,8 @@ async def test_manual_turns_commit_never_answers_and_create_echoes_metadata(serv
     assert created["metadata"] == {"client_event_id": "turn-1"}
     assert created["output_modalities"] == ["audio"] and created["max_output_tokens"] == 300
     assert created["voice"] == "verse" and created["audio"]["output"]["voice"] == "verse"
+    assert created["output_audio_format"] == "pcm16"
+    assert created["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 24000}
     assert created["conversation_id"]
     assert events[-1]["response"]["status"] == "completed"
     await client.close()

@@ -19,7 +19,7 @@ from duplex_server.sessions.core.config import response_output_format
 from duplex_server.sessions.core.items import Item, to_wire
 from duplex_server.sessions.core.model_port import FunctionCallPart, ModelChunk, UnitOutput
 from duplex_server.sessions.core.records import DecisionBody, FenceBody, FenceReason, ItemBody
-from duplex_server.sessions.core.snapshot import ledger
+from duplex_server.sessions.core.snapshot import ledger, openai_format
 from duplex_server.sessions.core.state import Response, SessionState
 from protocol.client_events import ResponseOverrides
 from protocol.items import ContentPart
@@ -52,9 +52,9 @@ from protocol.server_events import (
     ResponseDuplex,
     ResponseListen,
     ResponseObject,
+    ResponseOutputEcho,
     ResponseSpeak,
     ResponseStatusDetails,
-    ResponseVoiceEcho,
     ServerEvent,
     StatusError,
     VllmOmniExtension,
@@ -101,6 +101,8 @@ def response_object(batch: Batch, response: Response) -> ResponseObject:
     named = response.overrides.voice_named() if response.overrides is not None else msgspec.UNSET
     asked_voice = state.config.voice if named is msgspec.UNSET else named
     voice = asked_voice if "audio" in response.modalities else None
+    fmt = response_output_format(response.overrides, state.config.output_format)
+    beta_format, ga_format = openai_format(fmt)
     return ResponseObject(
         id=response.id,
         status=response.status,  # type: ignore[arg-type]  # the fold keeps these five
@@ -113,7 +115,8 @@ def response_object(batch: Batch, response: Response) -> ResponseObject:
         max_output_tokens=_asked_max_tokens(state, response),
         voice=voice,
         temperature=_asked(response, "temperature", state.config.temperature),
-        audio=ResponseAudioEcho(output=ResponseVoiceEcho(voice=voice)) if voice else None,
+        output_audio_format=beta_format if voice else None,
+        audio=ResponseAudioEcho(ResponseOutputEcho(voice, ga_format)) if voice else None,
         duplex=ResponseDuplex(
             epoch=response.epoch,
             turn_id=state.turn_id,
