@@ -23,7 +23,7 @@ async def test_inspect_and_replay(tmp_path):
         await client.send({"type": "input_audio_buffer.commit"})
         await client.recv_until("rate_limits.updated")
         await client.send({"type": "playback.ack", "played_ms": 150})
-        await client.expect("playback.acknowledged")
+        (await client.recv_until("playback.acknowledged"))[-1]
         await client.close()
     finally:
         server.stop()

@@ -155,7 +155,7 @@ async def test_ack_only_history_follows_acks(server):
     item_id = response["output"][0]["id"]
     assert assistant_item(server, item_id).history_ms == 0.0
     await client.send({"type": "playback.ack", "played_ms": 150, "response_id": response["id"]})
-    ack = await client.expect("playback.acknowledged")
+    ack = (await client.recv_until("playback.acknowledged"))[-1]
     assert ack["playback"] == {
         "generated_ms": 300.0,
         "sent_ms": 300.0,
@@ -165,7 +165,7 @@ async def test_ack_only_history_follows_acks(server):
     assert ack["history_committed"] is False
     assert assistant_item(server, item_id).history_ms == 150.0
     await client.send({"type": "playback.ack", "played_ms": 300, "item_id": item_id})
-    ack = await client.expect("playback.acknowledged")
+    ack = (await client.recv_until("playback.acknowledged"))[-1]
     assert ack["history_committed"] is True
     assert assistant_item(server, item_id).history_ms == 300.0
 
@@ -174,7 +174,7 @@ async def test_ack_cannot_claim_more_than_generated(server):
     client, _ = await server.open()
     response = await answered_turn(client)
     await client.send({"type": "playback.ack", "played_ms": 99999})
-    ack = await client.expect("playback.acknowledged")
+    ack = (await client.recv_until("playback.acknowledged"))[-1]
     assert ack["playback"]["played_ms"] == 300.0 and ack["response_id"] == response["id"]
 
 
@@ -190,7 +190,7 @@ async def test_commit_all_on_done(server):
     item = assistant_item(server, response["output"][0]["id"])
     assert item.history_ms == 300.0
     await client.send({"type": "playback.ack", "played_ms": 100})
-    ack = await client.expect("playback.acknowledged")
+    ack = (await client.recv_until("playback.acknowledged"))[-1]
     assert ack["history_committed"] is True and ack["playback"]["played_ms"] == 100.0
 
 

@@ -59,7 +59,13 @@ async def test_the_model_takes_the_floor_on_its_schedule(server):
         {"type": "playback.ack", "played_ms": SPEAK_UNITS * UNIT_MS, "response_id": done["id"]}
     )
     acked = await client.recv_until("turn.event")
-    assert types_of(acked) == ["playback.acknowledged", "turn.event"]
+    # one ack plays the whole answer: the output buffer started and stopped
+    assert types_of(acked) == [
+        "output_audio_buffer.started",
+        "playback.acknowledged",
+        "output_audio_buffer.stopped",
+        "turn.event",
+    ]
     assert acked[-1]["event"] == "idle"
 
 
