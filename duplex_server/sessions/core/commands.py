@@ -50,6 +50,7 @@ from duplex_server.sessions.core.responses import (
     cancel_response,
     emit_twins,
     listen,
+    played_through,
     start_response,
 )
 from duplex_server.sessions.core.snapshot import ledger, session_object
@@ -574,8 +575,8 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
     heard = item.parts[0].transcript
     if heard and tells_transcripts(state.config):
         told = ctx.transcript_told if heard.startswith(ctx.transcript_told) else ""
-        if heard[len(told) :] and state.config.openai_semantics:
-            rest = heard[len(told) :]
+        rest = heard[len(told) :]
+        if rest and state.config.openai_semantics:
             batch.emit(InputTranscriptionDelta(item_id=item_id, delta=rest))
         batch.emit(
             InputTranscriptionCompleted(
@@ -1175,9 +1176,8 @@ def playback_ack(batch: Batch, event: ce.PlaybackAck, ctx: HandlerContext) -> Ef
 
 def _played_to_the_end(response: Response, played_before: float) -> bool:
     """This ack carried a finished response's playback to its end."""
-    generated = response.playback.generated_ms
-    finished = response.status != "in_progress" and generated > 0
-    return finished and played_before + 1e-6 < generated <= response.playback.played_ms + 1e-6
+    finished = response.status != "in_progress" and played_through(response)
+    return finished and played_before + 1e-6 < response.playback.generated_ms
 
 
 CLIENT_HANDLERS: dict[type, Handler] = {

@@ -72,6 +72,11 @@ _OPENAI_REASON: dict[str, OpenAIStatusReason] = {
 }
 
 
+def played_through(response: Response) -> bool:
+    """The client's acks cover all the audio the response made (some)."""
+    return 0 < response.playback.generated_ms <= response.playback.played_ms + 1e-6
+
+
 def _is_audio(response: Response) -> bool:
     return "audio" in response.modalities
 
@@ -318,7 +323,7 @@ def finish_response(
         ),
         origin="server",
     )
-    if 0 < response.playback.generated_ms <= response.playback.played_ms + 1e-6:
+    if played_through(response):
         # the client's acks caught up before the answer ended: its playback is over
         batch.emit(OutputAudioStopped(response_id=response.id), response_id=response.id)
     item = state.find_item(response.item_id)
