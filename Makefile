@@ -12,6 +12,9 @@ PORT ?= 8000
 STORE ?= sqlite:./data/sessions.db
 MODEL ?= cascade
 SERVE_ARGS ?=
+# pytest-xdist workers for `make test`: one a core here. Tests of one file stay
+# on one worker (--dist loadfile): a module's shared fixtures load once.
+TEST_WORKERS ?= 2
 
 .PHONY: install serve test lint bench bench-voice clean
 
@@ -52,7 +55,7 @@ test: $(STAMP) $(ML_STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

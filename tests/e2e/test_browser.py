@@ -44,8 +44,9 @@ async def test_a_spoken_question_is_answered_aloud_on_a_phone_screen(tmp_path):
             page = await VoicePage.open(browser, server.http_url, **PHONE)
             frames = page.frames_received()
             assert await page.page.title() == "duplex-server: talk"
-            # The model's capabilities are shown before the call starts.
-            chips = await page.text("#capabilities")
+            # The model's capabilities are shown before the call starts, once
+            # the model list (fetched when the page loads) has arrived.
+            chips = await page.wait_text("#capabilities", "hears when you stop")
             assert "hears when you stop" in chips and "barge-in" in chips
             await page.page.select_option("#voice", "ash")
             await page.page.fill("#instructions", "Answer in one sentence.")
