@@ -14,6 +14,7 @@ from duplex_server import config_sources, settings
 from duplex_server.config import ServerConfig
 from duplex_server.models import MODEL_NAMES
 
+
 def _version() -> str:
     return f"%(prog)s {importlib.metadata.version('duplex-server')}"
 
