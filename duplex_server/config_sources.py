@@ -42,11 +42,13 @@ class ConfigSourceError(ValueError):
 
 
 def options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """The parser's settable options by dest (``max_sessions``); not help."""
+    """The parser's settable options by dest (``max_sessions``); not
+    ``--help`` or ``--version``, which print and exit rather than set."""
     return {
         action.dest: action
         for action in parser._actions
-        if action.option_strings and not isinstance(action, argparse._HelpAction)
+        if action.option_strings
+        and not isinstance(action, argparse._HelpAction | argparse._VersionAction)
     }
 
 

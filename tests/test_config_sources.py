@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from duplex_server import cli, config_sources
+from duplex_server import cli, config_sources, settings
 from duplex_server.config import ServerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +66,7 @@ def test_every_serve_option_is_a_server_setting():
 
 def _sample(action: argparse.Action) -> tuple[str, object, object]:
     """A value unlike the default, for any option: (environment text, TOML
-    value, what the setting becomes)."""
+    value, what the setting becomes), within the setting's declared bounds."""
     if action.nargs == 0:
         return "true", True, not action.default
     if action.choices is not None:
@@ -74,15 +74,27 @@ def _sample(action: argparse.Action) -> tuple[str, object, object]:
         return choice, choice, choice
     if isinstance(action.default, list):
         return "a.example,b.example", ["a.example", "b.example"], ["a.example", "b.example"]
-    if isinstance(action.default, int) or action.type in (int, cli._positive_int):
-        number = (action.default or 0) + 7
+    option = DECLARED[action.dest]
+    if option.kind is int or option.kind is float:
+        number = _number_unlike(option)
         return str(number), number, number
-    if action.type is cli._fraction:  # a share in (0, 1]
-        return str(action.default / 2), action.default / 2, action.default / 2
-    if isinstance(action.default, float):
-        return str(action.default + 1.5), action.default + 1.5, action.default + 1.5
     text = f"{action.dest}-set-from-outside"  # long enough for an API key
     return text, text, text
+
+
+DECLARED = {option.name: option for option in settings.options(ServerConfig)}
+
+
+def _number_unlike(option: settings.Option) -> int | float:
+    """The default moved by 7 (1.5 for a float), or halved where that would
+    leave the declared range (a share in (0, 1], a port)."""
+    default = option.default if isinstance(option.default, int | float) else 0
+    step = 7 if option.kind is int else 1.5
+    number = default + step
+    maximum = option.setting.maximum
+    if maximum is not None and number > maximum:
+        number = default // 2 if option.kind is int else default / 2
+    return number
 
 
 def test_every_option_is_settable_by_environment_and_by_file(tmp_path):
