@@ -53,9 +53,7 @@ def default_replica_id() -> str:
 class ServerConfig:
     # -- network ---------------------------------------------------------------
     host: str = declare("127.0.0.1", group=NETWORK, help="interface to listen on")
-    port: int = declare(
-        8000, group=NETWORK, minimum=0, maximum=65535, help="TCP port to listen on"
-    )
+    port: int = declare(8000, group=NETWORK, minimum=0, maximum=65535, help="TCP port to listen on")
     replica_id: str = declare(
         factory=default_replica_id,
         group=NETWORK,
@@ -246,7 +244,10 @@ class ServerConfig:
         "history drops its oldest turns",
     )
     llm_max_num_seqs: int = declare(
-        64, group=LLM, minimum=1, help="--llm: the most answers decoded together; more wait their turn"
+        64,
+        group=LLM,
+        minimum=1,
+        help="--llm: the most answers decoded together; more wait their turn",
     )
     llm_kv_cache_bytes: int | None = declare(
         None,

@@ -134,9 +134,7 @@ class Option:
     def _check(self, value: object, text: str) -> None:
         setting = self.setting
         if setting.choices is not None and value not in setting.choices:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not one of {', '.join(setting.choices)}"
-            )
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(setting.choices)}")
         if setting.min_length is not None and len(str(value).strip()) < setting.min_length:
             raise argparse.ArgumentTypeError(
                 f"needs at least {setting.min_length} characters "
