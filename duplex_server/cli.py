@@ -53,6 +53,24 @@ def _add_options(sub: argparse._SubParsersAction) -> None:
     options.set_defaults(run=lambda _args: print(_options_reference(), end=""))
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    """``bench``: listed here, parsed by duplex_bench; :func:`main` hands ``bench
+    ARGV`` over before parsing, since argparse cannot pass ``--help`` through."""
+    bench = sub.add_parser(
+        "bench", help="run a benchmark and print one JSON line (also duplex-bench)", add_help=False
+    )
+    bench.add_argument("bench_argv", nargs=argparse.REMAINDER)
+    bench.set_defaults(run=lambda args: _bench(args.bench_argv))
+
+
+def _bench(argv: list[str]) -> None:
+    """The bench is its own package; imported only when ``bench`` is the command,
+    so ``serve`` never loads it (and the product never depends on it)."""
+    from duplex_bench.cli import main as bench_main
+
+    bench_main(argv, prog="duplex-server bench")
+
+
 def _options_reference() -> str:
     return settings.markdown(settings.options(ServerConfig))
 
@@ -169,9 +187,7 @@ def parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     _add_options(sub)
     _add_audit(sub)
     _add_keys(sub)
-    from duplex_server.bench.cli import add_bench
-
-    add_bench(sub)
+    _add_bench(sub)
     return parser, serve_parser
 
 
@@ -196,6 +212,10 @@ def serve_config(argv: list[str], environ: Mapping[str, str]) -> ServerConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        _bench(argv[1:])
+        return
     args = parse_args(argv, os.environ)
     if args.command == "serve":
         serve(_config(args))

@@ -11,7 +11,7 @@ pipeline's start, the pipeline, its end -> the response's last byte sent,
 and the client's own share. ``bench batch`` compares the route against a
 direct call in another process; this one separates the route's own cost
 from how fast two processes happen to run the same pipeline.
-Build a pipeline with ``duplex_server.bench.diffusion_pipeline.build``."""
+Build a pipeline with ``duplex_bench.diffusion_pipeline.build``."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ import uvicorn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import duplex_server.engine.diffusion.pipeline as served  # noqa: E402
+from duplex_bench.batch_images import ImageAsk  # noqa: E402
+from duplex_bench.diffusion_pipeline import DirectPipeline  # noqa: E402
 from duplex_server.app import create_app  # noqa: E402
-from duplex_server.bench.batch_images import ImageAsk  # noqa: E402
-from duplex_server.bench.diffusion_pipeline import DirectPipeline  # noqa: E402
 from duplex_server.config import ServerConfig  # noqa: E402
 
 PORT = 8792

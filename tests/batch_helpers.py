@@ -13,7 +13,7 @@ from pathlib import Path
 import av
 import openai
 
-from duplex_server.bench.server_process import free_port
+from duplex_bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from tests.conftest import RunningServer, running_server
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import pytest
 import uvicorn
 
+from duplex_bench.redis_process import RedisServer
+from duplex_bench.server_process import free_port
 from duplex_server.app import create_app
-from duplex_server.bench.redis_process import RedisServer
-from duplex_server.bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from duplex_server.sessions.core.state import SessionState, fold, initial_state
 from duplex_server.sessions.runtime.manager import SessionManager

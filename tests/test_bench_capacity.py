@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from duplex_server.bench.capacity import Probe, find_capacity, next_count, passes
+from duplex_bench.capacity import Probe, find_capacity, next_count, passes
 
 
 def server_that_holds(capacity: int, saturates_at: int | None = None):

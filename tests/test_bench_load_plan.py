@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from duplex_server.bench.load_client import Measures, merged
-from duplex_server.bench.load_processes import CorePlan, deal, default_generators, plan_cores
+from duplex_bench.load_client import Measures, merged
+from duplex_bench.load_processes import CorePlan, deal, default_generators, plan_cores
 
 
 def test_the_server_gets_the_first_cores_and_the_generators_the_rest():

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from duplex_server.bench import recorded_speech, wer
+from duplex_bench import recorded_speech, wer
 
 
 def test_spellings_that_mean_the_same_words_are_not_errors():

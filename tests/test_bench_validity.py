@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psutil
 
-from duplex_server.bench.generator import (
+from duplex_bench.generator import (
     GeneratorCpu,
     ProcessCpu,
     busy_reasons,

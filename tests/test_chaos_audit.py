@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import copy
 
-from duplex_server.bench.chaos_audit import audit
-from duplex_server.bench.chaos_client import Op, Witness
+from duplex_bench.chaos_audit import audit
+from duplex_bench.chaos_client import Op, Witness
 from duplex_server.sessions.core.records import (
     AudioBody,
     LeaseBody,

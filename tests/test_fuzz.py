@@ -1,6 +1,6 @@
 """Property-based fuzzing of client events (issue 16, part 5).
 
-Frames come from ``duplex_server.bench.fuzz.FrameFuzzer``, which walks the
+Frames come from ``duplex_bench.fuzz.FrameFuzzer``, which walks the
 protocol's Structs; here its choices are hypothesis draws, so a failure
 shrinks to a short sequence of small frames. Two layers:
 
@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
-from duplex_server.bench.fuzz import FrameFuzzer, FuzzClient, Known, Tally
+from duplex_bench.fuzz import FrameFuzzer, FuzzClient, Known, Tally
 from duplex_server.models import build_model
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands import SOCKET_EVENTS, HandlerContext

@@ -8,7 +8,7 @@ import asyncio
 import json
 import logging
 
-from duplex_server.bench.server_process import free_port
+from duplex_bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from duplex_server.log_format import JsonLines, SessionFields
 from duplex_server.sessions.runtime import log_context

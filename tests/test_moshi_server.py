@@ -12,7 +12,7 @@ import base64
 
 import numpy as np
 
-from duplex_server.bench.server_process import free_port
+from duplex_bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from tests.conftest import running_server
 from tests.e2e.sequences import RESPONSE_OPEN

@@ -11,8 +11,8 @@ import re
 
 import pytest
 
+from duplex_bench.wer import edit_distance
 from duplex_server.audio import resample_pcm16
-from duplex_server.bench.wer import edit_distance
 from duplex_server.config import ServerConfig
 from duplex_server.engine.audio.piper import PiperTts, packaged_voice_path
 from duplex_server.engine.audio.whisper_ct2 import WhisperCt2, packaged_model_path

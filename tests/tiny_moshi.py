@@ -1,5 +1,5 @@
 """The tests' tiny random Moshi-architecture checkpoints: the bench's
-(``duplex_server.bench.tiny_moshi``: the real structure at toy widths, built
+(``duplex_bench.tiny_moshi``: the real structure at toy widths, built
 with ``save_pretrained``), and every one ships a word-level tokenizer
 (``<pad>`` at id 3, as in Moshi's), so text tokens become transcript words
 and a persona can be primed.
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from duplex_server.bench.tiny_moshi import (
+from duplex_bench.tiny_moshi import (
     AUDIO_VOCAB,
     FRAME_SAMPLES,
     MIMI_SLIDING_WINDOW,
@@ -29,7 +29,7 @@ from duplex_server.bench.tiny_moshi import (
     SAMPLE_RATE,
     TEXT_VOCAB,
 )
-from duplex_server.bench.tiny_moshi import tiny_moshi as build_tiny_moshi
+from duplex_bench.tiny_moshi import tiny_moshi as build_tiny_moshi
 
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3; <pad> is the text pad, as Moshi's
 PAD = 3
@@ -43,7 +43,7 @@ SPEECH_AMPLITUDE = 0.3
 
 
 def tiny_moshi(directory: Path, seed: int = 0, window: int = 3000) -> Path:
-    """The bench's tiny random checkpoint (``duplex_server.bench.tiny_moshi``)
+    """The bench's tiny random checkpoint (``duplex_bench.tiny_moshi``)
     with the word-level tokenizer below saved beside it."""
     build_tiny_moshi(directory, seed, window)
     save_tokenizer(directory)

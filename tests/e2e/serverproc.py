@@ -1,7 +1,7 @@
 """The tests' server subprocess: the benches' helper with the tests' defaults.
 
 Starting, health waits, kill -9 and stop live in
-``duplex_server.bench.server_process``; here only the socket URL (both event
+``duplex_bench.server_process``; here only the socket URL (both event
 spellings) and the working directory (the repository) differ.
 """
 
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from duplex_server.bench import server_process
+from duplex_bench import server_process
 
 ROOT = Path(__file__).resolve().parents[2]
 

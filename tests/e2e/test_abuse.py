@@ -2,7 +2,7 @@
 against a real server process while a well-behaved session, beside it,
 keeps talking.
 
-Each test runs one attack from ``duplex_server.bench.attacks`` (the same
+Each test runs one attack from ``duplex_bench.attacks`` (the same
 code ``duplex-server bench abuse`` runs at load) from its own loopback
 address, and asserts two things: the bound held (the server refused the
 attack the documented way and nothing got past it), and the bystander's
@@ -28,8 +28,8 @@ import httpx
 import pytest
 import websockets
 
-from duplex_server.bench import attacks
-from duplex_server.bench.attacks import AttackReport, Target
+from duplex_bench import attacks
+from duplex_bench.attacks import AttackReport, Target
 from tests.e2e.serverproc import ServerProcess
 from tests.e2e.test_keys import bearer, keys_file
 from tests.wsclient import WsClient, tone_pcm16

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from duplex_server.bench import recorded_speech, wer
+from duplex_bench import recorded_speech, wer
 from tests.e2e.test_bench_cli import bench
 
 SESSIONS, TURNS = 2, 1

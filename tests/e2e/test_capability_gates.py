@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
-from duplex_server.bench.server_process import free_port
+from duplex_bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from tests.conftest import RunningServer, running_server
 from tests.wsclient import WsClient

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import websockets
 
-from duplex_server.bench.server_process import free_port
+from duplex_bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from tests.conftest import running_server
 from tests.e2e.test_keys import bearer, keys_file

@@ -10,8 +10,8 @@ import asyncio
 import pytest
 import websockets
 
-from duplex_server.bench.load_client import append_frame
-from duplex_server.bench.soak import Churner, Tally
+from duplex_bench.load_client import append_frame
+from duplex_bench.soak import Churner, Tally
 from duplex_server.sessions.log.store import StorageUnavailable
 from tests.wsclient import WsClient
 

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from duplex_server.bench.redis_process import RedisServer
-from duplex_server.bench.server_process import free_port
+from duplex_bench.redis_process import RedisServer
+from duplex_bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from duplex_server.metrics import histogram_quantile, parse_histogram
 from duplex_server.sessions.core.model_names import OPENAI_REALTIME_LISTED

@@ -26,7 +26,7 @@ import tomllib
 import urllib.request
 from pathlib import Path
 
-from duplex_server.bench import server_process
+from duplex_bench import server_process
 from tests.speech import silence, speak
 from tests.wsclient import WsClient
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 import websockets
 
+from duplex_bench.server_process import free_port
 from duplex_server.auth import new_key_entry
-from duplex_server.bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from tests.conftest import running_server
 from tests.wsclient import WsClient

@@ -10,7 +10,7 @@ import pytest
 import trustme
 import websockets
 
-from duplex_server.bench.server_process import free_port
+from duplex_bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from tests.conftest import running_server
 

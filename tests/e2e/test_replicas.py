@@ -13,8 +13,8 @@ import pytest
 import redis.asyncio as aioredis
 import websockets
 
-from duplex_server.bench.redis_process import RedisServer
-from duplex_server.bench.server_process import free_port
+from duplex_bench.redis_process import RedisServer
+from duplex_bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from tests.conftest import running_server
 from tests.e2e.serverproc import ServerProcess

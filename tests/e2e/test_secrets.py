@@ -14,7 +14,7 @@ import httpx
 import pytest
 import websockets
 
-from duplex_server.bench.server_process import free_port
+from duplex_bench.server_process import free_port
 from duplex_server.redaction import REDACTED, redact
 
 KEY = "k3y-" + "x" * 28

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import websockets
 
-from duplex_server.bench.server_process import free_port
+from duplex_bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from tests.conftest import RunningServer, running_server
 

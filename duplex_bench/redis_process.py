@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from duplex_server.bench.server_process import free_port
+from duplex_bench.server_process import free_port
 
 INSTALL_HINT = (
     "redis-server is not installed: install the Debian package `redis-server` "

@@ -32,9 +32,9 @@ import numpy as np
 import psutil
 import websockets
 
-from duplex_server.bench.generator import GeneratorCpu, validity
-from duplex_server.bench.server_process import ServerProcess
-from duplex_server.bench.sessions import BenchClient, Measures, append_frame, quantiles
+from duplex_bench.generator import GeneratorCpu, validity
+from duplex_bench.server_process import ServerProcess
+from duplex_bench.sessions import BenchClient, Measures, append_frame, quantiles
 from duplex_server.sessions.log import redis_store
 
 TARGET_SLOPE_MB_PER_1000 = 0.05

@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 import numpy as np
 import websockets
 
-from duplex_server.bench.server_process import ServerProcess
+from duplex_bench.server_process import ServerProcess
 from duplex_server.sessions.core.records import AudioBody, Record
 from duplex_server.sessions.log.redis_store import RedisLog, connect
 from duplex_server.sessions.log.store import StorageUnavailable

@@ -1,7 +1,7 @@
 """The chaos bench's verdict: one client's witness held against its session's log.
 
 Pure: it takes the records (read from the store after the run) and the
-:class:`~duplex_server.bench.chaos_client.Witness`, and counts every way the
+:class:`~duplex_bench.chaos_client.Witness`, and counts every way the
 two disagree. Each count must be zero for the run to pass, except the
 informational ones (``refused_but_logged``: an append whose outcome the
 server could not know when it refused it, because the store went away with
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from duplex_server.bench.chaos_client import Witness
+from duplex_bench.chaos_client import Witness
 from duplex_server.models import build_model
 from duplex_server.sessions.core.records import LeaseBody, OutBody, Record
 from duplex_server.sessions.core.state import fold, initial_state

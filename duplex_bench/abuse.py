@@ -27,10 +27,10 @@ from multiprocessing.connection import Connection
 import psutil
 import websockets
 
-from duplex_server.bench import attacks
-from duplex_server.bench.generator import GeneratorCpu, validity
-from duplex_server.bench.server_process import HOST, ServerProcess
-from duplex_server.bench.sessions import BenchClient, Measures, append_frame, quantiles, ratio
+from duplex_bench import attacks
+from duplex_bench.generator import GeneratorCpu, validity
+from duplex_bench.server_process import HOST, ServerProcess
+from duplex_bench.sessions import BenchClient, Measures, append_frame, quantiles, ratio
 
 TARGET_P99_RATIO = 2.0
 TARGET_HEARTBEAT_P99_MS = 100.0

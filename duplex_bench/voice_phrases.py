@@ -28,9 +28,9 @@ import numpy as np
 import psutil
 import websockets
 
+from duplex_bench.generator import GeneratorCpu, validity
+from duplex_bench.server_process import ServerProcess
 from duplex_server.audio import resample_pcm16
-from duplex_server.bench.generator import GeneratorCpu, validity
-from duplex_server.bench.server_process import ServerProcess
 from duplex_server.sessions.core.turns import BARGE_IN_MS
 
 RATE = 24_000

@@ -33,11 +33,11 @@ import httpx
 import psutil
 import websockets
 
-from duplex_server.bench.batch_images import PROMPT, ImageLoad, compare, throughput
-from duplex_server.bench.batch_speech import ms, seconds_of, time_speech
-from duplex_server.bench.diffusion_pipeline import ImageAsk
-from duplex_server.bench.generator import GeneratorCpu, validity
-from duplex_server.bench.server_process import ServerProcess
+from duplex_bench.batch_images import PROMPT, ImageLoad, compare, throughput
+from duplex_bench.batch_speech import ms, seconds_of, time_speech
+from duplex_bench.diffusion_pipeline import ImageAsk
+from duplex_bench.generator import GeneratorCpu, validity
+from duplex_bench.server_process import ServerProcess
 
 BATCH_TEXT = " ".join(
     f"Sentence {n} of a long batch text keeps the synthesiser busy for a while." for n in range(40)
@@ -129,7 +129,7 @@ def _image_model(args: argparse.Namespace, stack: ExitStack) -> str | None:
         return None
     from pathlib import Path
 
-    from duplex_server.bench.diffusion_pipeline import build
+    from duplex_bench.diffusion_pipeline import build
 
     directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-sd-")))
     return str(build(args.image_shape, directory / args.image_shape))
@@ -185,7 +185,7 @@ async def _measure(
         )
     ask = None
     if image_model is not None and parts & {"images", "realtime"}:
-        from duplex_server.bench.diffusion_pipeline import DirectPipeline
+        from duplex_bench.diffusion_pipeline import DirectPipeline
 
         direct = await asyncio.to_thread(DirectPipeline, image_model)
         side = args.image_size or direct.native_side

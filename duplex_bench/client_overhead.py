@@ -18,7 +18,7 @@ import time
 import numpy as np
 import websockets
 
-from duplex_server.bench.server_process import ServerProcess
+from duplex_bench.server_process import ServerProcess
 
 TARGET_EXTRA_P99_MS = 1.0
 

@@ -26,8 +26,8 @@ import uuid
 from pathlib import Path
 from typing import Protocol
 
-from duplex_server.bench.redis_process import RedisServer
-from duplex_server.bench.server_process import ServerProcess
+from duplex_bench.redis_process import RedisServer
+from duplex_bench.server_process import ServerProcess
 from duplex_server.sessions.core.records import Record
 from duplex_server.sessions.log.redis_store import RedisLog
 from duplex_server.sessions.log.sqlite_store import SqliteReader

@@ -17,7 +17,7 @@ All are 16 kHz mono pcm16. The references are the package's own
 transcriptions. The audio is noisy (a 64 kb/s MP3 source for LibriVox) and
 the card names are clipped tight at both ends: real microphones, not a studio.
 
-``python -m duplex_server.bench.recorded_speech [DIR]`` fetches into DIR
+``python -m duplex_bench.recorded_speech [DIR]`` fetches into DIR
 (default :func:`default_dir`); ``scripts/fetch-speech`` runs it.
 """
 

@@ -27,16 +27,16 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from duplex_server.bench import capacity
-from duplex_server.bench.echo_server import EchoServerProcess
-from duplex_server.bench.generator import busy_reasons, verdict
+from duplex_bench import capacity
+from duplex_bench.echo_server import EchoServerProcess
+from duplex_bench.generator import busy_reasons, verdict
 
 # Re-exported: `bench abuse` and `bench soak` drive the same client from here.
-from duplex_server.bench.load_client import BenchClient as BenchClient
-from duplex_server.bench.load_client import Measures as Measures
-from duplex_server.bench.load_client import append_frame as append_frame
-from duplex_server.bench.load_client import merged, quantiles
-from duplex_server.bench.load_processes import (
+from duplex_bench.load_client import BenchClient as BenchClient
+from duplex_bench.load_client import Measures as Measures
+from duplex_bench.load_client import append_frame as append_frame
+from duplex_bench.load_client import merged, quantiles
+from duplex_bench.load_processes import (
     CorePlan,
     GeneratorError,
     GeneratorPool,
@@ -48,7 +48,7 @@ from duplex_server.bench.load_processes import (
     plan_cores,
     usable_cores,
 )
-from duplex_server.bench.server_process import ServerProcess, free_port
+from duplex_bench.server_process import ServerProcess, free_port
 from duplex_server.metrics import histogram_quantile, parse_histogram
 from duplex_server.sessions.log.redis_store import REDIS_SCHEMES
 
@@ -250,7 +250,7 @@ def _server_phase(name: str, load: Load, store: str, port: int = 0, replicas: in
         result = _phase(name, servers, load, metrics=True)
     finally:
         if isolate:
-            from duplex_server.bench.redis_limits import drop_prefix
+            from duplex_bench.redis_limits import drop_prefix
 
             drop_prefix(store, isolate[1])
     return {"replicas": replicas, **result}
@@ -258,7 +258,7 @@ def _server_phase(name: str, load: Load, store: str, port: int = 0, replicas: in
 
 def _redis_extras(args: argparse.Namespace, load: Load, one: dict) -> dict:
     """Two replicas on the same Redis, the raw XADD ceiling and failover time."""
-    from duplex_server.bench import redis_limits
+    from duplex_bench import redis_limits
 
     two = _server_phase("two replicas", load, args.store, args.port, replicas=2)
     raw = redis_limits.raw_xadd(args.store, AUDIO_RECORD_BYTES)

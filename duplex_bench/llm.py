@@ -56,10 +56,10 @@ import numpy as np
 import psutil
 import websockets
 
-from duplex_server.bench import tiny_llm, voice_phrases
-from duplex_server.bench.generator import GeneratorCpu, validity
-from duplex_server.bench.llm_direct import open_direct
-from duplex_server.bench.server_process import ServerProcess
+from duplex_bench import tiny_llm, voice_phrases
+from duplex_bench.generator import GeneratorCpu, validity
+from duplex_bench.llm_direct import open_direct
+from duplex_bench.server_process import ServerProcess
 from duplex_server.engine.llm import LLMOptions
 
 TARGET_TTFT_OVERHEAD = 0.05

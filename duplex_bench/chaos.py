@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from duplex_server.bench.chaos_audit import Findings, audit
-from duplex_server.bench.chaos_client import ChaosClient
-from duplex_server.bench.chaos_faults import Deployment, ReplicaDeployment, SqliteDeployment
-from duplex_server.bench.generator import GeneratorCpu, validity
-from duplex_server.bench.sessions import quantiles
+from duplex_bench.chaos_audit import Findings, audit
+from duplex_bench.chaos_client import ChaosClient
+from duplex_bench.chaos_faults import Deployment, ReplicaDeployment, SqliteDeployment
+from duplex_bench.generator import GeneratorCpu, validity
+from duplex_bench.sessions import quantiles
 
 DEPLOYMENTS: dict[str, Callable[[Path, random.Random], Deployment]] = {
     "sqlite": SqliteDeployment,

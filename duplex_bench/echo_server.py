@@ -10,7 +10,7 @@ import sys
 
 import uvicorn
 
-from duplex_server.bench.server_process import ServerProcess
+from duplex_bench.server_process import ServerProcess
 
 ACK = '{"type":"session.heartbeat_ack"}'
 
@@ -22,7 +22,7 @@ class EchoServerProcess(ServerProcess):
         super().__init__(port=port, ws_path="/")
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "duplex_server.bench.echo_server", str(self.port)]
+        return [sys.executable, "-m", "duplex_bench.echo_server", str(self.port)]
 
 
 async def app(scope, receive, send) -> None:

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from duplex_server.bench.generator import ProcessCpu
-from duplex_server.bench.load_client import BenchClient, Measures, append_frame
+from duplex_bench.generator import ProcessCpu
+from duplex_bench.load_client import BenchClient, Measures, append_frame
 
 READY = "ready"
 # Limits on a broken generator, not measurements: its start (imports) and,

@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 import psutil
 
-from duplex_server.bench.diffusion_pipeline import DirectPipeline, ImageAsk
+from duplex_bench.diffusion_pipeline import DirectPipeline, ImageAsk
 
 ROUTE = "/v1/images/generations"
 OVERHEAD_TARGET_PERCENT = 5.0

@@ -45,12 +45,12 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from duplex_server.bench import recorded_speech, wer
-from duplex_server.bench.generator import GeneratorCpu, verdict
-from duplex_server.bench.load_processes import CorePlan, pinned, plan_cores, usable_cores
-from duplex_server.bench.recorded_speech import Utterance
-from duplex_server.bench.server_process import ServerProcess
-from duplex_server.bench.voice_client import HeartbeatProbe, SessionOutcome, Speaker, Turn
+from duplex_bench import recorded_speech, wer
+from duplex_bench.generator import GeneratorCpu, verdict
+from duplex_bench.load_processes import CorePlan, pinned, plan_cores, usable_cores
+from duplex_bench.recorded_speech import Utterance
+from duplex_bench.server_process import ServerProcess
+from duplex_bench.voice_client import HeartbeatProbe, SessionOutcome, Speaker, Turn
 from duplex_server.metrics import sample_value
 
 TARGET_P50_MS = 700.0
@@ -316,7 +316,7 @@ def _ratios(ours: dict, base: dict) -> dict:
 
 def run(args: argparse.Namespace) -> None:
     if args.phrases:
-        from duplex_server.bench import voice_phrases
+        from duplex_bench import voice_phrases
 
         voice_phrases.run(args)
         return

@@ -43,8 +43,8 @@ import msgspec.inspect as mi
 import numpy as np
 import websockets
 
-from duplex_server.bench.generator import GeneratorCpu, validity
-from duplex_server.bench.server_process import ServerProcess
+from duplex_bench.generator import GeneratorCpu, validity
+from duplex_bench.server_process import ServerProcess
 from duplex_server.models import build_model
 from duplex_server.sessions.core.records import OutBody, Record, RecordLine
 from duplex_server.sessions.core.snapshot import session_object

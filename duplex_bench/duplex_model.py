@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import websockets
 
-from duplex_server.bench.generator import GeneratorCpu, validity
-from duplex_server.bench.server_process import ServerProcess
+from duplex_bench.generator import GeneratorCpu, validity
+from duplex_bench.server_process import ServerProcess
 
 FRAME_SAMPLES = 1920
 FRAME_S = 0.080
@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> None:
     if args.model:
         print(json.dumps(measure_both(args, Path(args.model))))
         return
-    from duplex_server.bench.tiny_moshi import tiny_moshi
+    from duplex_bench.tiny_moshi import tiny_moshi
 
     with tempfile.TemporaryDirectory() as tmp:
         print(json.dumps(measure_both(args, tiny_moshi(Path(tmp)))))

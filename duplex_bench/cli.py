@@ -1,4 +1,5 @@
-"""``duplex-server bench ...`` argument parsing; the benchmarks live beside it.
+"""``duplex-bench ...`` (also ``duplex-server bench ...``) argument parsing; the
+benchmarks live beside it.
 
 Each benchmark module is imported only when it runs, so ``duplex-server
 serve`` never loads benchmark code (or the client library the client bench uses).
@@ -21,7 +22,7 @@ def _kind(
 
 
 def _run(module: str, args: argparse.Namespace) -> None:
-    from duplex_server.bench.server_process import ServerStartError
+    from duplex_bench.server_process import ServerStartError
 
     try:
         importlib.import_module(module).run(args)
@@ -29,14 +30,22 @@ def _run(module: str, args: argparse.Namespace) -> None:
         raise SystemExit(f"bench: {exc}") from None
 
 
-def add_bench(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="run a benchmark and print one JSON line")
+def main(argv: list[str] | None = None, prog: str = "duplex-bench") -> None:
+    """Run one benchmark; ``duplex-server bench ARGV`` hands its ARGV here."""
+    args = parser(prog).parse_args(argv)
+    args.run(args)
+
+
+def parser(prog: str = "duplex-bench") -> argparse.ArgumentParser:
+    bench = argparse.ArgumentParser(
+        prog=prog, description="run a benchmark and print one JSON line"
+    )
     kinds = bench.add_subparsers(dest="bench", required=True)
 
     p = _kind(
         kinds,
         "batch",
-        "duplex_server.bench.batch",
+        "duplex_bench.batch",
         "batch speech's first byte and real-time factor, image steps/s through the server "
         "against the same pipeline called directly, and realtime first-audio latency alone, "
         "while batch speech jobs run and while images render",
@@ -93,7 +102,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p = _kind(
         kinds,
         "sessions",
-        "duplex_server.bench.sessions",
+        "duplex_bench.sessions",
         "N echo sessions streaming audio against one server",
     )
     p.add_argument("--sessions", type=int, default=100, help="concurrent client sessions")
@@ -140,7 +149,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p = _kind(
         kinds,
         "recovery",
-        "duplex_server.bench.recovery",
+        "duplex_bench.recovery",
         "time the restart recovery of a SQLite store",
     )
     p.add_argument("--sessions", type=int, default=1000, help="open sessions in the store")
@@ -150,7 +159,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p = _kind(
         kinds,
         "voice",
-        "duplex_server.bench.voice",
+        "duplex_bench.voice",
         "recorded human speech against the default cascade, each recogniser side by side: "
         "speech end -> first answer audio, word error rate, refused audio, a fifth "
         "session's heartbeat, stage times and real-time factors",
@@ -187,7 +196,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p = _kind(
         kinds,
         "client",
-        "duplex_server.bench.client_overhead",
+        "duplex_bench.client_overhead",
         "DuplexClient's cost per event against a raw socket",
     )
     p.add_argument("--count", type=int, default=500, help="round trips per round and path")
@@ -196,7 +205,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p = _kind(
         kinds,
         "fuzz",
-        "duplex_server.bench.fuzz",
+        "duplex_bench.fuzz",
         "generated client frames (valid, boundary, invalid) against one server; "
         "passes only with no server exception and every heartbeat answered",
     )
@@ -216,7 +225,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p = _kind(
         kinds,
         "soak",
-        "duplex_server.bench.soak",
+        "duplex_bench.soak",
         "session churn beside streaming sessions: the server's RSS slope per 1,000 sessions "
         "served, with fds, store size and latency sampled over the run",
     )
@@ -276,7 +285,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p = _kind(
         kinds,
         "chaos",
-        "duplex_server.bench.chaos",
+        "duplex_bench.chaos",
         "kill -9, full disks, revoked files, replica kills, Redis restarts and dropped "
         "sockets at random moments under streaming sessions; audits every log against "
         "what its client was acknowledged",
@@ -311,7 +320,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p = _kind(
         kinds,
         "abuse",
-        "duplex_server.bench.abuse",
+        "duplex_bench.abuse",
         "each attack of the security review beside well-behaved echo sessions: their p99 "
         "heartbeat and commit-to-audio and the server's peak RSS against a quiet window",
     )
@@ -328,7 +337,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p = _kind(
         kinds,
         "llm-backend",
-        "duplex_server.bench.llm_backend",
+        "duplex_bench.llm_backend",
         "the transformers AR backend's decode tokens/s against transformers' own batched "
         "generate on the same random-weight model, in one run (needs the ml extra)",
     )
@@ -343,7 +352,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p = _kind(
         kinds,
         "duplex-model",
-        "duplex_server.bench.duplex_model",
+        "duplex_bench.duplex_model",
         "a native duplex model's tick (p50/p99/max, underruns over 80 ms, frames/s) for N "
         "sessions fed real-time audio through the real server, against the same batched step "
         "run directly in the same run (needs the ml extra)",
@@ -366,7 +375,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p = _kind(
         kinds,
         "llm",
-        "duplex_server.bench.llm",
+        "duplex_bench.llm",
         "the AR path through the real server (text sessions over WebSockets) against direct "
         "calls to the same backend on the same prompts: TTFT overhead, throughput ratio, "
         "abort-to-silence, and voice-to-voice with the LLM (needs the ml extra)",
@@ -393,3 +402,4 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--voice-sessions", type=int, default=4, help="spoken sessions (0: skip)")
     p.add_argument("--voice-turns", type=int, default=2, help="questions per spoken session")
     p.add_argument("--chunk-ms", type=int, default=20, help="microphone audio per append")
+    return bench

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from duplex_server.bench.voice_phrases import PHRASES
+from duplex_bench.voice_phrases import PHRASES
 
 CHARS = " abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\n:;-"
 TEMPLATE = (

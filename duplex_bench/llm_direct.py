@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from duplex_server.bench import tiny_llm
+from duplex_bench import tiny_llm
 from duplex_server.engine.llm import ChatPayload, LLMOptions
 
 READY_TIMEOUT_S = 600.0
