@@ -50,7 +50,21 @@ def _add_options(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="as docs/reference/options.md (the default; the flag names the format)",
     )
-    options.set_defaults(run=lambda _args: print(_options_reference(), end=""))
+    options.add_argument(
+        "--write",
+        action="store_true",
+        help=f"write it to {settings.DOCS_PATH} (run from the checkout) instead of printing it",
+    )
+    options.set_defaults(run=_print_or_write_options)
+
+
+def _print_or_write_options(args: argparse.Namespace) -> None:
+    text = _options_reference()
+    if args.write:
+        settings.DOCS_PATH.parent.mkdir(parents=True, exist_ok=True)
+        settings.DOCS_PATH.write_text(text)
+    else:
+        print(text, end="")
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:

@@ -48,7 +48,7 @@ def test_serve_help_shows_the_groups_in_order():
 
 
 def test_the_options_reference_is_what_the_code_generates():
-    """Edit config.py, then ``python -m duplex_server.settings --write``."""
+    """Edit config.py, then ``duplex-server options --write``."""
     assert (ROOT / settings.DOCS_PATH).read_text() == settings.markdown(DECLARED)
 
 

@@ -9,103 +9,40 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from duplex_server.engine.core import EngineCore
+from duplex_server.engine.llm.chat_template import check_chat_template, read_chat_template
+from duplex_server.engine.llm.interface import (
+    LLM_BACKENDS,
+    LLM_DTYPES,
+    ChatPayload,
+    Closable,
+    LLMConfigError,
+    LLMEngine,
+    LLMOptions,
+    LoadState,
+    PromptMeasure,
+)
 
 if TYPE_CHECKING:
     from duplex_server.engine.llm.transformers_backend import TransformersBackend
     from duplex_server.engine.llm.vllm_backend import VllmBackend
 
-LLM_BACKENDS = ("auto", "transformers", "vllm")
-LLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-@dataclass(frozen=True)
-class ChatPayload:
-    """One answer to generate: the chat (message dicts in the chat-template
-    shape, system first if any) through the model's chat template, sampled at
-    ``temperature`` (0: greedy), at most ``max_new_tokens`` tokens. ``tools``
-    (JSON-schema function dicts) go to the template as its ``tools``;
-    ``answer_prefix`` is text the answer is made to begin with (the prompt
-    ends with it; the deltas continue after it)."""
-
-    messages: list[dict[str, Any]]
-    temperature: float
-    max_new_tokens: int
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    answer_prefix: str = ""
-
-
-class LoadState(Protocol):
-    """What a responder asks of the backend besides its engine."""
-
-    @property
-    def loaded(self) -> bool:
-        """Its weights are up (they load on its own thread)."""
-        ...
-
-    @property
-    def load_error(self) -> str | None: ...
-
-
-class PromptMeasure(Protocol):
-    """How a backend counts a chat against its context window (called off
-    the event loop: it renders and tokenizes)."""
-
-    @property
-    def context_tokens(self) -> int:
-        """The window: ``--llm-max-model-len``, or the checkpoint's own."""
-        ...
-
-    def prompt_tokens(self, payload: ChatPayload) -> int: ...
-
-
-class Closable(Protocol):
-    def close(self) -> None:
-        """Stop the backend's threads or processes (blocking)."""
-        ...
-
-
-@dataclass(frozen=True)
-class LLMEngine:
-    core: EngineCore[ChatPayload, str]
-    state: LoadState
-    max_new_tokens: int  # the cap of any one answer
-    # None: the backend fits prompts to its window on its own.
-    measure: PromptMeasure | None = None
-    backend: Closable | None = None  # stopped at server shutdown
-
-    def close(self) -> None:
-        if self.backend is not None:
-            self.backend.close()
-
-
-@dataclass(frozen=True)
-class LLMOptions:
-    """``--llm PATH`` and its companions (``--llm-*``), as the model registry
-    gets them. ``kv_cache_bytes`` and ``gpu_memory_utilization`` are vLLM's;
-    ``chat_template`` is the path of a Jinja file that replaces (or stands in
-    for) the tokenizer's own template."""
-
-    path: str
-    backend: str = "auto"
-    dtype: str = "auto"
-    max_new_tokens: int = 256
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    kv_cache_bytes: int | None = None
-    gpu_memory_utilization: float = 0.9
-    chat_template: str | None = None
-    device: str = "cpu"  # the transformers backend's (``--device``)
-    enforce_eager: bool = False  # vLLM: no torch.compile of the model (faster start)
-    threads: int = 1  # transformers on a CPU: its decode thread's torch threads
-
-
-class LLMConfigError(ValueError):
-    """The ``--llm`` options name something this server cannot load."""
+__all__ = [
+    "LLM_BACKENDS",
+    "LLM_DTYPES",
+    "ChatPayload",
+    "LoadState",
+    "PromptMeasure",
+    "Closable",
+    "LLMEngine",
+    "LLMOptions",
+    "LLMConfigError",
+    "build_llm_engine",
+    "check_checkpoint",
+]
 
 
 def check_checkpoint(path: str) -> Path:
@@ -183,10 +120,6 @@ def build_llm_engine(options: LLMOptions, max_concurrency: int = 64) -> LLMEngin
         )
     check_sizes(options)
     directory = check_checkpoint(options.path)
-    # Imported here: the template module needs ChatPayload from this one, and
-    # torch, transformers and vLLM load only when an LLM is asked for.
-    from duplex_server.engine.llm.chat_template import check_chat_template, read_chat_template
-
     template = read_chat_template(options.chat_template)
     check_chat_template(directory, template)
     engine_backend: VllmBackend | TransformersBackend

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from duplex_server.engine.llm import ChatPayload, LLMConfigError
+from duplex_server.engine.llm.interface import ChatPayload, LLMConfigError
 
 
 def read_chat_template(path: str | None) -> str | None:

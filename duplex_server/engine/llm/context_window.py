@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from duplex_server.engine.llm import ChatPayload
+from duplex_server.engine.llm.interface import ChatPayload
 
 
 def fit_chat(

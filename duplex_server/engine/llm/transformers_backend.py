@@ -44,9 +44,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from duplex_server.engine.core import EngineRequest
-from duplex_server.engine.llm import ChatPayload
 from duplex_server.engine.llm.chat_template import check_has_template, render_prompt
 from duplex_server.engine.llm.context_window import prompt_budget
+from duplex_server.engine.llm.interface import ChatPayload
 
 logger = logging.getLogger(__name__)
 

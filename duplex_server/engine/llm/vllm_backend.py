@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from duplex_server.engine.core import EngineRequest
-from duplex_server.engine.llm import ChatPayload, LLMOptions
 from duplex_server.engine.llm.chat_template import check_has_template, render_prompt
+from duplex_server.engine.llm.interface import ChatPayload, LLMOptions
 from duplex_server.engine.llm.process_reaper import ProcessReaper
 
 logger = logging.getLogger(__name__)

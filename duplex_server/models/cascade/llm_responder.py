@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING
 
 from duplex_server.engine import EngineRequest
 from duplex_server.engine.llm import ChatPayload, LLMEngine
@@ -31,11 +30,9 @@ from duplex_server.engine.llm.tool_call_parser import (
 )
 from duplex_server.models.cascade.llm_chat import chat_messages, has_question, tool_setup
 from duplex_server.models.cascade.llm_timing import TokenClock
+from duplex_server.models.cascade.payload import SpeakPayload
 from duplex_server.models.cascade.responder import Reply, StageTimes
 from duplex_server.sessions.core.model_port import FunctionCallPart, HistoryItem, SessionView
-
-if TYPE_CHECKING:
-    from duplex_server.models.cascade.model import SpeakPayload
 
 log = logging.getLogger(__name__)
 

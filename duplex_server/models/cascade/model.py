@@ -13,13 +13,12 @@ import re
 import time
 from collections.abc import AsyncIterator
 
-import msgspec
-
 from duplex_server.audio import resample_pcm16
 from duplex_server.engine import EngineCore, EngineRequest
 from duplex_server.engine.llm import LLMOptions, build_llm_engine
 from duplex_server.models.capabilities import built_in
 from duplex_server.models.cascade.clause_buffer import ClauseBuffer, TextStream
+from duplex_server.models.cascade.payload import SpeakPayload
 from duplex_server.models.cascade.responder import Parrot, Reply, Responder, StageTimes
 from duplex_server.models.cascade.stages import (
     CascadeStages,
@@ -76,16 +75,6 @@ class Pacer:
         if delay > 0:
             await asyncio.sleep(delay)
         self._released_ms += chunk_ms
-
-
-class SpeakPayload(msgspec.Struct):
-    history: list[HistoryItem]
-    voice: str
-    speed: float
-    text_only: bool
-    # The response's settings: what an LLM responder answers under
-    # (instructions, sampling, tools; the parrot ignores them).
-    config: SessionView
 
 
 def clauses(text: str) -> list[str]:

@@ -11,7 +11,7 @@ from duplex_server.sessions.core.model_port import FunctionCallPart, HistoryItem
 
 if TYPE_CHECKING:
     from duplex_server.engine import EngineRequest
-    from duplex_server.models.cascade.model import SpeakPayload
+    from duplex_server.models.cascade.payload import SpeakPayload
 
 ASK_AGAIN = "Sorry, I did not catch that. Please say it again."
 
