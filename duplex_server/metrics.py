@@ -10,7 +10,7 @@ A scrape is served from a registry built per app (:func:`app_registry`):
 the shared series, the process, GC and platform collectors, and the
 app's own gauges, read when scraped (live sessions by model). Two apps in
 one process (the tests) share the counters and keep their own gauges.
-docs/DECISIONS.md lists the series and how each is measured; the Grafana
+docs/decisions/metrics.md lists the series and how each is measured; the Grafana
 dashboard in deploy/grafana-dashboard.json plots them.
 """
 

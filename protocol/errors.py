@@ -84,7 +84,7 @@ class ProtocolError(Exception):
         traceback is of no use from there, and it ties the error into a
         cycle with the frames that raised it (a handler's context, a
         mailbox message's future, often holds the very error), which only
-        the cyclic GC would free, in one long pause (docs/DECISIONS.md)."""
+        the cyclic GC would free, in one long pause (docs/decisions/session-log-and-actor.md)."""
         self.__traceback__ = None
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU figures of the moshi step (README "Benchmarks"): on a machine with
+# The GPU figures of the moshi step (docs/benchmarks/duplex-model.md): on a machine with
 # torch and transformers, the project's small pure-Python dependencies
 # installed from .gpu-wheels/ if missing. Fast vs eager greedy tokens on the
 # tiny model, then tick times of the random 7B at a 3000-frame context.

@@ -3,7 +3,7 @@
 Decoding is a 256-entry table. Encoding is a 65,536-entry table (one code
 per pcm16 value) built at import by the reference segment search (Sun's
 g711.c): a 20 ms chunk encodes in ~3 us, against ~25 us for the search and
-~7-13 us for PyAV's pcm_mulaw/pcm_alaw encoders (docs/DECISIONS.md).
+~7-13 us for PyAV's pcm_mulaw/pcm_alaw encoders (docs/decisions/audio-resampling.md).
 """
 
 from __future__ import annotations

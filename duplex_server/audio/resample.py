@@ -3,7 +3,7 @@
 A chunk resampled on its own clicks at both ends (its filter sees zeros
 past each edge), so a stream keeps one :class:`StreamResampler` across its
 chunks. soxr's own ``ResampleStream`` holds output back in blocks, 18-171
-ms (measured at HQ in 20 ms chunks; docs/DECISIONS.md), which a live voice
+ms (measured at HQ in 20 ms chunks; docs/decisions/audio-resampling.md), which a live voice
 cannot wait for and which a response that ends without a flush would lose;
 this one holds back only the filter's reach (2-12 ms by pair of rates) by
 running soxr's one-shot resampler over a window that keeps that much input

@@ -1,6 +1,6 @@
 """A closed session leaves memory when it closes, not when the cyclic GC
 comes round: ``serve`` raises the GC's thresholds out of the latency tail
-(docs/DECISIONS.md), so anything a session leaves in a reference cycle (its
+(docs/decisions/session-log-and-actor.md), so anything a session leaves in a reference cycle (its
 actor holds its journal and its buffered audio) would stay for minutes. The
 ``bench abuse`` bystanders showed it: a server whose sessions were closed
 and reopened every few seconds grew by their whole logs, 25 MB a round."""

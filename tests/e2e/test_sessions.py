@@ -129,7 +129,7 @@ async def test_heartbeat(server):
 
 
 async def test_heartbeats_are_answered_in_order_and_never_recorded(server):
-    """A heartbeat is the socket's liveness signal (DECISIONS.md): its ack
+    """A heartbeat is the socket's liveness signal (docs/decisions/wire.md): its ack
     follows the answers to everything sent before it, and the log keeps none."""
     client, created = await server.open()
     await client.append(tone_pcm16(200))

@@ -66,7 +66,7 @@ class UnitBody(Body, tag="unit"):
     included); empty for a clocked unit of pure silence (zeros). The input,
     not the codec's codes of it, because the codec's streaming state (its
     convolutions' tails, its transformer's cache) is a function of the
-    samples (docs/DECISIONS.md, "the duplex model's frames in the log").
+    samples (docs/decisions/moshi-batch-and-resume.md, "the duplex model's frames in the log").
     ``tokens`` are the model's own output for the unit as it feeds them
     back (Moshi: the text token, then one code per codebook). Its size is
     bounded by one unit (80 ms at 24 kHz: 3,840 bytes).
