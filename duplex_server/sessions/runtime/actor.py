@@ -15,6 +15,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import assert_never
 
 from duplex_server import metrics
 from duplex_server.sessions.core.batch import Batch
@@ -189,7 +190,7 @@ class SessionActor:
         # (server_event_seq of input_audio_buffer.committed, record seq of its commit)
         self.retention = AudioRetention(log_backend, session_id, settings.retain_audio)
         self.attachment: Attachment | None = None
-        self._mailbox: asyncio.Queue[object] = asyncio.Queue()
+        self._mailbox: asyncio.Queue[mb.Message] = asyncio.Queue()
         self._pending_client = 0
         self._heartbeats = 0  # acks sent, for their event ids
         self.timing = AnswerTiming()
@@ -340,7 +341,7 @@ class SessionActor:
         """Queue a client command; False when the mailbox is full (flood)."""
         return self._post_from_socket(mb.Client(event, generation, time.perf_counter()))
 
-    def _post_from_socket(self, message: mb.Client | mb.Reject | mb.Heartbeat) -> bool:
+    def _post_from_socket(self, message: mb.SocketMessage) -> bool:
         """Queue what a socket sent, counted against the mailbox bound until
         applied; False when the mailbox is full (flood)."""
         if self._pending_client >= self.settings.mailbox_size:
@@ -410,7 +411,7 @@ class SessionActor:
         """Stop serving but keep the session resumable (durable store, restart)."""
         self._mailbox.put_nowait(mb.Suspend())
 
-    def post(self, message: object) -> None:
+    def post(self, message: mb.Message) -> None:
         """Queue a message for the actor's loop (engine and stage results)."""
         self._mailbox.put_nowait(message)
 
@@ -463,7 +464,7 @@ class SessionActor:
             return "failed"
         return self.state.closed_reason or "shutdown"
 
-    async def _dispatch(self, message: object) -> None:
+    async def _dispatch(self, message: mb.Message) -> None:
         # Every message heals a state a storage failure left wrong, not only
         # those that need the log: a detach, an end or a suspend also append,
         # and a batch built on the wrong state would not follow the log.
@@ -472,33 +473,36 @@ class SessionActor:
             return
         if not self.lifecycle.serving:
             return  # the heal found the session closed, and closed its socket
-        if isinstance(message, mb.Client | mb.Reject | mb.Heartbeat):
-            # Counted until applied, not until taken: a heartbeat is answered
-            # at once only while none of its socket's commands is in flight.
-            try:
-                await self._on_socket(message)
-            finally:
-                self._pending_client -= 1
-        elif isinstance(message, mb.Chunks):
-            await self._on_chunks(message)
-        elif isinstance(message, mb.StreamEnd):
-            await self._on_stream_end(message)
-        elif isinstance(message, mb.Resume):
-            await self._on_resume(message)
-        elif isinstance(message, mb.Detach):
-            await self._on_detach(message)
-        elif isinstance(message, mb.End):
-            await self._on_end(message.reason)
-        elif isinstance(message, mb.Suspend):
-            await self._on_suspend()
-        elif isinstance(message, mb.LeaseLost):
-            await self._leave(message.status)
-        elif isinstance(message, mb.Partial):
-            await self._run_heard(self.hearing.partial(self.state, message))
-        elif isinstance(message, mb.UnitOutputs):
-            await self._on_unit_outputs(message)
-        elif isinstance(message, mb.ModelFailed):
-            await self._on_model_failed(message)
+        match message:
+            case mb.Client() | mb.Reject() | mb.Heartbeat():
+                # Counted until applied, not until taken: a heartbeat is answered
+                # at once only while none of its socket's commands is in flight.
+                try:
+                    await self._on_socket(message)
+                finally:
+                    self._pending_client -= 1
+            case mb.Chunks():
+                await self._on_chunks(message)
+            case mb.StreamEnd():
+                await self._on_stream_end(message)
+            case mb.Resume():
+                await self._on_resume(message)
+            case mb.Detach():
+                await self._on_detach(message)
+            case mb.End():
+                await self._on_end(message.reason)
+            case mb.Suspend():
+                await self._on_suspend()
+            case mb.LeaseLost():
+                await self._leave(message.status)
+            case mb.Partial():
+                await self._run_heard(self.hearing.partial(self.state, message))
+            case mb.UnitOutputs():
+                await self._on_unit_outputs(message)
+            case mb.ModelFailed():
+                await self._on_model_failed(message)
+            case _:
+                assert_never(message)
 
     def new_batch(self, event_id: str | None = None) -> Batch:
         return Batch(self.state, self.model.capabilities, _now_ms(), event_id)
@@ -618,18 +622,25 @@ class SessionActor:
             await self.commit_batch(batch)
         return not self._dirty
 
-    async def _refuse_unrecorded(self, message: object) -> None:
-        """Answer what cannot be recorded while the store is down; nothing is applied."""
+    async def _refuse_unrecorded(self, message: mb.NeedsLog) -> None:
+        """Answer what cannot be recorded while the store is down; nothing is
+        applied. What needs no answer (engine output, a partial transcript)
+        is dropped: the heal that follows the outage stops its response."""
         reason = "the session log is unavailable; retry"
-        if isinstance(message, mb.Client | mb.Reject):
-            self._pending_client -= 1
-        if isinstance(message, mb.Client):
-            event_id = message.event.event_id
-            await self._send_error_now(
-                ProtocolError("storage_unavailable", reason, event_id=event_id)
-            )
-        elif isinstance(message, mb.Resume):
-            message.done.set_exception(ProtocolError("storage_unavailable", reason))
+        match message:
+            case mb.Client():
+                self._pending_client -= 1
+                await self._send_error_now(
+                    ProtocolError("storage_unavailable", reason, event_id=message.event.event_id)
+                )
+            case mb.Reject():
+                self._pending_client -= 1
+            case mb.Resume():
+                message.done.set_exception(ProtocolError("storage_unavailable", reason))
+            case mb.Chunks() | mb.StreamEnd() | mb.Partial() | mb.UnitOutputs() | mb.ModelFailed():
+                pass
+            case _:
+                assert_never(message)
 
     async def _leave(self, status: LeaseStatus) -> None:
         """The lease is another replica's now (``lost``) or is asked for
@@ -668,13 +679,18 @@ class SessionActor:
 
     # --- client commands ---------------------------------------------------
 
-    async def _on_socket(self, message: mb.Client | mb.Reject | mb.Heartbeat) -> None:
-        if isinstance(message, mb.Client):
-            await self._on_client(message)
-        elif isinstance(message, mb.Heartbeat):
-            self._answer_heartbeat(message.generation)
-        elif self.attachment is not None and message.generation == self.attachment.generation:
-            await self.reject(message.error)
+    async def _on_socket(self, message: mb.SocketMessage) -> None:
+        match message:
+            case mb.Client():
+                await self._on_client(message)
+            case mb.Heartbeat():
+                self._answer_heartbeat(message.generation)
+            case mb.Reject():
+                attachment = self.attachment
+                if attachment is not None and message.generation == attachment.generation:
+                    await self.reject(message.error)
+            case _:
+                assert_never(message)
 
     async def _on_client(self, message: mb.Client) -> None:
         if self.attachment is None or message.generation != self.attachment.generation:

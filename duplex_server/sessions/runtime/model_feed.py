@@ -22,6 +22,7 @@ from duplex_server.sessions.core.model_port import (
     UnitOutput,
 )
 from duplex_server.sessions.core.records import UnitBody
+from duplex_server.sessions.runtime import mailbox as mb
 
 
 class ModelFeed(Protocol):
@@ -99,7 +100,7 @@ def bounded(output: UnitOutput) -> list[UnitOutput]:
 def open_feed(
     model: ModelPort,
     session_id: str,
-    post: Callable[[object], None],
+    post: Callable[[mb.ModelMessage], None],
     epoch: Callable[[], int],
     setup: Callable[[], StreamSetup | None] = StreamSetup,
     text_delta_interval_s: float = 0.0,

@@ -56,7 +56,7 @@ class TurnFeed:
     def __init__(
         self,
         model: Answering,
-        post: Callable[[object], None],
+        post: Callable[[mb.ModelMessage], None],
         text_delta_interval_s: float = 0.0,
     ) -> None:
         self.model = model

@@ -68,7 +68,7 @@ class UnitFeed:
         self,
         model: Streaming,
         session_id: str,
-        post: Callable[[object], None],
+        post: Callable[[mb.ModelMessage], None],
         epoch: Callable[[], int],
         setup: Callable[[], StreamSetup | None] = StreamSetup,
     ) -> None:
