@@ -14,7 +14,8 @@ import hashlib
 import msgspec
 
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import CLIENT_HANDLERS, Effects, Handler, HandlerContext
+from duplex_server.sessions.core.commands import CLIENT_HANDLERS, Handler, HandlerContext
+from duplex_server.sessions.core.effects import Effects
 from duplex_server.sessions.core.gates import refuse_gated
 from duplex_server.sessions.core.heard import HEARD_HANDLERS, HeardCommand
 from duplex_server.sessions.core.state import SessionState

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from duplex_server import metrics
+from duplex_server.sessions.core import effects as fx
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands import (
-    Effects,
     HandlerContext,
     append_format,
     check_session_patch,
@@ -724,7 +724,9 @@ class SessionActor:
             self._feed_model(batch)
             await self._hear(batch)
 
-    async def _execute(self, command: Command, ctx: HandlerContext) -> tuple[Batch, Effects] | None:
+    async def _execute(
+        self, command: Command, ctx: HandlerContext
+    ) -> tuple[Batch, fx.Effects] | None:
         """Step the command and append its batch; None when it was refused
         (the client is told why) or could not be recorded."""
         before = self.state.last_seq
@@ -820,19 +822,24 @@ class SessionActor:
         batch.emit(Error(error=error_body(err)))
         await self.commit_batch(batch)
 
-    async def apply_effects(self, effects: Effects) -> None:
-        for item_id, pcm in effects.audio:
-            self._feed.keep_turn(item_id, pcm)
-        for response_id in effects.abort:
-            self._feed.stop(response_id)
-        if effects.start is not None:
-            self._start_stream(effects.start)
-        if effects.trim_to is not None:
-            self.journal.trim(effects.trim_to)
-            await self._tidy(self._log.trim(self.session_id, effects.trim_to))
-            await self._tidy(self.retention.acknowledged(effects.trim_to))
-        if effects.close:
-            await self._finish_close()
+    async def apply_effects(self, effects: fx.Effects) -> None:
+        """Do what a landed step asks outside the log, in the order it asks."""
+        for effect in effects:
+            match effect:
+                case fx.KeepTurn(item_id, pcm):
+                    self._feed.keep_turn(item_id, pcm)
+                case fx.StopAnswer(response_id):
+                    self._feed.stop(response_id)
+                case fx.StartAnswer(response):
+                    self._start_stream(response)
+                case fx.Trim(upto):
+                    self.journal.trim(upto)
+                    await self._tidy(self._log.trim(self.session_id, upto))
+                    await self._tidy(self.retention.acknowledged(upto))
+                case fx.Close():
+                    await self._finish_close()
+                case _:
+                    assert_never(effect)
 
     # --- the model: its input and its output ---------------------------------
 
