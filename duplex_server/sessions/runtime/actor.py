@@ -32,7 +32,6 @@ from duplex_server.sessions.core.config import (
     response_output_format,
     with_default_turn_detection,
 )
-from duplex_server.sessions.core.gates import refuse_gated
 from duplex_server.sessions.core.heard import HeardCommand, TurnEnded
 from duplex_server.sessions.core.model_names import ModelNames, opening_model
 from duplex_server.sessions.core.model_port import (
@@ -43,7 +42,7 @@ from duplex_server.sessions.core.model_port import (
     session_view,
     stream_setup,
 )
-from duplex_server.sessions.core.pipeline import Command, duplicate_event, refuse_retry, step
+from duplex_server.sessions.core.pipeline import Command, admit, apply, duplicate_event
 from duplex_server.sessions.core.records import (
     AudioBody,
     CloseBody,
@@ -704,14 +703,7 @@ class SessionActor:
     async def _apply_client(self, message: mb.Client) -> None:
         event = message.event
         self.last_activity = time.monotonic()
-        # Before the context: a retried commit must not be transcribed again.
-        refusal = refuse_retry(self.state, event) or refuse_gated(
-            self.state, event, self.model.capabilities
-        )
-        if refusal is not None:
-            await self.reject(refusal)
-            return
-        done = await self._execute(event, await self._context_for(event))
+        done = await self._execute(event)
         if done is None:
             return
         batch, effects = done
@@ -724,14 +716,19 @@ class SessionActor:
             self._feed_model(batch)
             await self._hear(batch)
 
-    async def _execute(
-        self, command: Command, ctx: HandlerContext
-    ) -> tuple[Batch, fx.Effects] | None:
-        """Step the command and append its batch; None when it was refused
-        (the client is told why) or could not be recorded."""
+    async def _execute(self, command: Command) -> tuple[Batch, fx.Effects] | None:
+        """Admit the command, prepare its context, apply it and append its
+        batch; None when it was refused (the client is told why) or could
+        not be recorded. Admitted before the context: a retried commit must
+        not be transcribed again."""
+        admitted = admit(self.state, command, self.model.capabilities)
+        if isinstance(admitted, ProtocolError):
+            await self.reject(admitted)
+            return None
+        ctx = await self._context_for(command)
         before = self.state.last_seq
         try:
-            batch, effects = step(self.state, command, ctx, _now_ms())
+            batch, effects = apply(self.state, admitted, ctx, _now_ms())
         except ProtocolError as err:
             if self.state.last_seq != before:
                 await self._refold()
@@ -805,7 +802,7 @@ class SessionActor:
         if command is None:
             return
         decided_at = time.perf_counter()
-        done = await self._execute(command, await self._context_for(command))
+        done = await self._execute(command)
         if done is not None:
             if isinstance(command, TurnEnded):
                 self.timing.speech_stopped(decided_at)
