@@ -8,6 +8,7 @@ import pytest
 from duplex_server.models import build_model
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands import HandlerContext
+from duplex_server.sessions.core.effects import StartAnswer, StopAnswer
 from duplex_server.sessions.core.model_port import ModelChunk
 from duplex_server.sessions.core.pipeline import step
 from duplex_server.sessions.core.records import Record
@@ -72,7 +73,7 @@ def conversation() -> Script:
     script.send(ce.InputAudioAppend(audio=b64(b"\xff" * 800), event_id="a1"))
     script.send(ce.InputTextAppend(text="one two"))
     effects = script.send(ce.InputAudioCommit())
-    assert effects.start is not None
+    assert any(isinstance(e, StartAnswer) for e in effects)
     script.chunk("one")
     script.chunk(" two")
     script.finish()
@@ -145,7 +146,7 @@ def test_cancel_advances_epoch_and_closes_response():
     script.send(ce.InputAudioCommit())
     script.chunk("x")
     effects = script.send(ce.ResponseCancel())
-    assert effects.abort and script.state.epoch == 1
+    assert any(isinstance(e, StopAnswer) for e in effects) and script.state.epoch == 1
     assert script.state.last_response.status == "cancelled"
     assert script.state.last_response.reason == "client_cancelled"
     assert script.refold() == script.state

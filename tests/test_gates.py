@@ -15,6 +15,7 @@ from duplex_server.models import build_model
 from duplex_server.models.cascade.model import CascadeModel
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands import HandlerContext
+from duplex_server.sessions.core.effects import StartAnswer
 from duplex_server.sessions.core.gates import (
     GATES,
     IMMUTABLE_AFTER_OPEN,
@@ -97,7 +98,7 @@ def spoken_conversation() -> SessionState:
 
     send(ce.SessionUpdateEvent(session=ce.SessionUpdate(instructions="be brief", voice="alloy")))
     send(ce.InputAudioAppend(audio=b64(tone_pcm16(200))))
-    assert send(ce.InputAudioCommit()).start is not None
+    assert any(isinstance(e, StartAnswer) for e in send(ce.InputAudioCommit()))
     batch = Batch(state, ECHO.capabilities, clock + 5)
     emit_chunk(batch, state.response, ModelChunk(audio=tone_pcm16(100), text="hi"))
     finish_response(batch, "completed")

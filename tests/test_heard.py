@@ -8,6 +8,7 @@ import msgspec
 
 from duplex_server.models import build_model
 from duplex_server.sessions.core.commands import HandlerContext
+from duplex_server.sessions.core.effects import Effects, StartAnswer, StopAnswer
 from duplex_server.sessions.core.heard import (
     DeferredTurnDue,
     OverlapResolved,
@@ -72,11 +73,15 @@ class Session:
         """Start an answer (a text turn) and return its response id."""
         self.run(ce.InputTextAppend(text="hello"))
         effects = self.run(ce.InputAudioCommit(response_create=True))
-        assert effects.start is not None
-        return effects.start.id
+        [start] = [e for e in effects if isinstance(e, StartAnswer)]
+        return start.response.id
 
     def refold(self) -> SessionState:
         return fold(self.log, self.initial())
+
+
+def _stopped(effects: Effects) -> list[str]:
+    return [e.response_id for e in effects if isinstance(e, StopAnswer)]
 
 
 def test_speech_over_an_answer_is_a_barge_in_once_it_lasts():
@@ -89,7 +94,7 @@ def test_speech_over_an_answer_is_a_barge_in_once_it_lasts():
     sustained = hearing.decide(session.state, Transition("speech_sustained", 5400.0))
     assert sustained == OverlapResolved("barge_in", 400.0, response_id)
     effects = session.run(sustained)
-    assert effects.abort == [response_id] and session.state.response is None
+    assert _stopped(effects) == [response_id] and session.state.response is None
     stopped = hearing.decide(session.state, Transition("speech_stopped", 6000.0))
     assert stopped == TurnEnded(6000.0, response_create=True, deferred=False)
 
@@ -101,7 +106,7 @@ def test_openai_semantics_cut_the_answer_when_speech_starts():
     start = hearing.decide(session.state, Transition("speech_started", 5000.0))
     assert start == SpeechStart(5000.0, cut_answer=True)
     effects = session.run(start)
-    assert effects.abort == [response_id]
+    assert _stopped(effects) == [response_id]
     cut = session.events[session.events.index("input_audio_buffer.speech_started") :]
     # OpenAI's events only: the cut, without the duplex wire's overlap.decision
     # and turn.events (core/event_dialect.py)
@@ -137,13 +142,15 @@ def test_listen_only_defers_the_turn_until_the_answer_ends():
     ended = hearing.decide(session.state, Transition("speech_stopped", 5600.0))
     assert isinstance(ended, TurnEnded) and ended.deferred
     effects = session.run(ended)
-    assert effects.start is None and session.state.response.id == response_id
+    assert not any(isinstance(e, StartAnswer) for e in effects)
+    assert session.state.response.id == response_id
     assert hearing.answer_ended() is None  # not recorded yet: nothing is owed
     hearing.recorded(ended)
     session.run(ce.ResponseCancel())
     due = hearing.answer_ended()
     assert due == DeferredTurnDue()
-    assert session.run(due).start is not None  # the deferred turn is answered now
+    # the deferred turn is answered now
+    assert any(isinstance(e, StartAnswer) for e in session.run(due))
     assert hearing.answer_ended() is None  # once
     assert session.refold() == session.state
 

@@ -165,7 +165,7 @@ async def test_a_stopped_answer_is_aborted_and_says_nothing_more():
 
 def test_model_audio_is_encoded_in_bounded_pieces():
     from duplex_server.sessions.core.model_port import FunctionCallPart
-    from duplex_server.sessions.runtime.model_feed import MAX_OUTPUT_PIECE_MS, bounded
+    from duplex_server.sessions.runtime.output_pieces import MAX_OUTPUT_PIECE_MS, bounded
 
     rate = 24_000
     audio = bytes(range(256)) * (rate * 5 // 256)  # 2.5 s of pcm16

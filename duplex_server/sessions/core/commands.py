@@ -3,14 +3,14 @@
 A handler first validates against the current state (raising
 :class:`ProtocolError` before recording anything), then adds facts and
 outbound events to the batch. What the actor must do outside the log
-(start or abort an engine stream, trim the journal, close) is returned as
-:class:`Effects`.
+(start or stop an answer, keep a turn's audio, trim the journal, close) is
+returned as typed values (``core/effects.py``), in the order they are done.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
@@ -25,6 +25,14 @@ from duplex_server.sessions.core.config import (
     merge_config,
     response_output_format,
     tells_transcripts,
+)
+from duplex_server.sessions.core.effects import (
+    Close,
+    Effects,
+    KeepTurn,
+    StartAnswer,
+    StopAnswer,
+    Trim,
 )
 from duplex_server.sessions.core.gates import immutable_refusals, model_update, refuse_gated
 from duplex_server.sessions.core.items import Item, Part, item_text, to_wire
@@ -88,17 +96,6 @@ from protocol.server_events import (
     TranscriptionUsage,
 )
 from protocol.session_config import InputTranscription, SessionUpdate
-
-
-@dataclass
-class Effects:
-    # (item_id, pcm16) of newly committed user audio, for the model's cache; the
-    # rate is the item's own (part.audio_rate)
-    audio: list[tuple[str, bytes]] = field(default_factory=list)
-    start: Response | None = None
-    abort: list[str] = field(default_factory=list)
-    trim_to: int | None = None
-    close: bool = False
 
 
 @dataclass
@@ -245,7 +242,7 @@ def session_update(batch: Batch, event: ce.SessionUpdateEvent, ctx: HandlerConte
     for refusal in refusals:
         batch.emit(Error(error=error_body(refusal)))
     batch.emit(SessionUpdated(session=session_object(state, batch.capabilities)))
-    return Effects()
+    return ()
 
 
 def event_ack(batch: Batch, event: ce.SessionEventAck, ctx: HandlerContext) -> Effects:
@@ -258,19 +255,16 @@ def event_ack(batch: Batch, event: ce.SessionEventAck, ctx: HandlerContext) -> E
             event_id=event.event_id,
         )
     batch.fact(AckBody(what="event", server_event_seq=event.server_event_seq))
-    return Effects(trim_to=event.server_event_seq)
+    return (Trim(event.server_event_seq),)
 
 
 def session_close(batch: Batch, event: ce.SessionClose, ctx: HandlerContext) -> Effects:
-    effects = Effects(close=True)
     aborted = cancel_response(batch, "client_cancelled") if batch.state.response else None
-    if aborted:
-        effects.abort.append(aborted)
     batch.emit(
         SessionClosed(reason="client_close", detail=event.reason, session_id=batch.state.session_id)
     )
     batch.fact(CloseBody(reason="client_close", detail=event.reason))
-    return effects
+    return (*_stopping(aborted), Close())
 
 
 # --- input ------------------------------------------------------------------
@@ -441,7 +435,7 @@ def audio_append(batch: Batch, event: ce.InputAudioAppend, ctx: HandlerContext) 
     )
     for data in frames:
         batch.fact(FrameBody(data=data, audio_ms=state.input.audio_ms))
-    return Effects()
+    return ()
 
 
 MAX_VIDEO_FRAMES = 8  # per append
@@ -530,7 +524,7 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
     if event.is_speech is False:
         batch.fact(CommitBody(item_id="", response_create=False, is_speech=False))
         listen(batch, "client_declared_silence")
-        return Effects()
+        return ()
     if not state.input.chunks and not state.input.text:
         raise ProtocolError(
             "input_audio_buffer_empty",
@@ -543,7 +537,7 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
     transcript = state.input.client_transcript or transcript
     previous = state.items[-1].id if state.items else None
     item_id = next_user_item_id(state)
-    audio = (item_id, b"".join(state.input.chunks))
+    pcm = b"".join(state.input.chunks)
     batch.fact(
         CommitBody(
             item_id=item_id,
@@ -586,10 +580,8 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
             )
         )
     batch.emit(ItemDone(item=wire, previous_item_id=previous))
-    effects = _maybe_respond(batch, model) if respond else Effects()
-    if audio[1]:
-        effects.audio.append(audio)
-    return effects
+    kept = (KeepTurn(item_id, pcm),) if pcm else ()
+    return kept + (_maybe_respond(batch, model) if respond else ())
 
 
 def _maybe_respond(batch: Batch, model: ModelPort) -> Effects:
@@ -602,7 +594,7 @@ def _maybe_respond(batch: Batch, model: ModelPort) -> Effects:
         or not answering.wants_to_speak(history_view(state.items), session_view(state.config))
     ):
         listen(batch, "model_listening")
-        return Effects()
+        return ()
     return _supersede_and_start(batch, None)
 
 
@@ -610,13 +602,14 @@ def _supersede_and_start(
     batch: Batch, overrides: ce.ResponseOverrides | None, requested: bool = False
 ) -> Effects:
     """Start a response, cancelling the active one (``new_response``) first."""
-    effects = Effects()
-    if batch.state.response is not None:
-        aborted = cancel_response(batch, "new_response")
-        if aborted:
-            effects.abort.append(aborted)
-    effects.start = start_response(batch, overrides, requested=requested)
-    return effects
+    aborted = cancel_response(batch, "new_response") if batch.state.response is not None else None
+    stopping = _stopping(aborted)
+    return (*stopping, StartAnswer(start_response(batch, overrides, requested=requested)))
+
+
+def _stopping(aborted: str | None) -> Effects:
+    """Stopping the answer a cancel fenced off (None: it had no stream)."""
+    return (StopAnswer(aborted),) if aborted else ()
 
 
 def start_answer(batch: Batch) -> Effects:
@@ -627,14 +620,14 @@ def start_answer(batch: Batch) -> Effects:
 def audio_clear(batch: Batch, event: ce.InputAudioClear, ctx: HandlerContext) -> Effects:
     batch.fact(SignalBody(signal="input.clear"))
     batch.emit(InputCleared(epoch=batch.state.epoch))
-    return Effects()
+    return ()
 
 
 def input_cancel(batch: Batch, event: ce.InputCancel, ctx: HandlerContext) -> Effects:
     batch.fact(SignalBody(signal="input.cancel"))
     advance_epoch(batch, "input_cancelled")
     batch.emit(InputCleared(epoch=batch.state.epoch))
-    return Effects()
+    return ()
 
 
 def text_append(batch: Batch, event: ce.InputTextAppend, ctx: HandlerContext) -> Effects:
@@ -648,7 +641,7 @@ def text_append(batch: Batch, event: ce.InputTextAppend, ctx: HandlerContext) ->
         )
     _check_epoch(batch.state, event)
     batch.fact(TextBody(text=event.text))
-    return Effects()
+    return ()
 
 
 # --- conversation -----------------------------------------------------------
@@ -802,7 +795,7 @@ def item_create(batch: Batch, event: ce.ItemCreate, ctx: HandlerContext) -> Effe
     emit_twins(batch, ItemAdded(item=to_wire(item), previous_item_id=previous))
     batch.emit(ItemDone(item=to_wire(item), previous_item_id=previous))
     pcm = b"".join(audio)
-    return Effects(audio=[(item.id, pcm)] if pcm else [])
+    return (KeepTurn(item.id, pcm),) if pcm else ()
 
 
 def _existing_item(state: SessionState, event: ce.ClientEvent, item_id: str) -> Item:
@@ -820,7 +813,7 @@ def _existing_item(state: SessionState, event: ce.ClientEvent, item_id: str) -> 
 def item_retrieve(batch: Batch, event: ce.ItemRetrieve, ctx: HandlerContext) -> Effects:
     item = _existing_item(batch.state, event, event.item_id)
     batch.emit(ItemRetrieved(item=to_wire(item)))
-    return Effects()
+    return ()
 
 
 def item_delete(batch: Batch, event: ce.ItemDelete, ctx: HandlerContext) -> Effects:
@@ -835,7 +828,7 @@ def item_delete(batch: Batch, event: ce.ItemDelete, ctx: HandlerContext) -> Effe
         )
     batch.fact(ItemBody(op="delete", item_id=event.item_id))
     batch.emit(ItemDeleted(item_id=event.item_id))
-    return Effects()
+    return ()
 
 
 # Clients count whole milliseconds of what they played (Pipecat sends the
@@ -891,7 +884,7 @@ def item_truncate(batch: Batch, event: ce.ItemTruncate, ctx: HandlerContext) -> 
             audio_end_ms=round(end_ms),
         )
     )
-    return Effects()
+    return ()
 
 
 # --- response ---------------------------------------------------------------
@@ -971,7 +964,7 @@ def response_create(batch: Batch, event: ce.ResponseCreate, ctx: HandlerContext)
         batch.fact(
             SignalBody(signal="response.create", overrides=event.response, response_id=folded.id)
         )
-        return Effects()
+        return ()
     batch.fact(SignalBody(signal="response.create", overrides=event.response))
     return _supersede_and_start(batch, event.response, requested=True)
 
@@ -1012,7 +1005,7 @@ def response_cancel(batch: Batch, event: ce.ResponseCancel, ctx: HandlerContext)
         )
     batch.fact(SignalBody(signal="response.cancel", response_id=active.id))
     aborted = cancel_response(batch, "client_cancelled")
-    return Effects(abort=[aborted] if aborted else [])
+    return _stopping(aborted)
 
 
 def _stop_output(batch: Batch, signal: SignalName, reason: FenceReason) -> Effects:
@@ -1023,7 +1016,7 @@ def _stop_output(batch: Batch, signal: SignalName, reason: FenceReason) -> Effec
     batch.emit(
         OutputAudioCleared(response_id=cleared.id if cleared else "", epoch=batch.state.epoch)
     )
-    return Effects(abort=[aborted] if aborted else [])
+    return _stopping(aborted)
 
 
 def overlap_decision(
@@ -1049,14 +1042,14 @@ def overlap_decision(
     if action == "drop":
         batch.fact(SignalBody(signal="input.clear"))  # the remark is not a turn
         batch.emit(InputCleared(epoch=batch.state.epoch))
-    return Effects()
+    return ()
 
 
 def respond_to_input(batch: Batch, model: ModelPort) -> Effects:
     """Answer input committed earlier (a turn deferred while the assistant
     spoke), unless a response.create answered it meanwhile."""
     if latest_input_answered(batch.state):
-        return Effects()
+        return ()
     return _maybe_respond(batch, model)
 
 
@@ -1171,7 +1164,7 @@ def playback_ack(batch: Batch, event: ce.PlaybackAck, ctx: HandlerContext) -> Ef
     )
     if _played_to_the_end(response, played_before):
         batch.emit(OutputAudioStopped(response_id=response.id), response_id=response.id)
-    return Effects()
+    return ()
 
 
 def _played_to_the_end(response: Response, played_before: float) -> bool:
@@ -1212,4 +1205,4 @@ for _spelling in ce.CLIENT_EVENT_TYPES.values():
             CLIENT_HANDLERS[base] for base in _spelling.__mro__ if base in CLIENT_HANDLERS
         )
 
-__all__ = ["CLIENT_HANDLERS", "SOCKET_EVENTS", "Effects", "HandlerContext", "item_text"]
+__all__ = ["CLIENT_HANDLERS", "SOCKET_EVENTS", "HandlerContext", "item_text"]

@@ -3,7 +3,7 @@ not change: the gates, as tables.
 
 ``GATES`` maps a client event type to the capabilities it needs; a model
 that lacks one has the event refused with the gate's code before any
-handler runs (``pipeline.step`` calls :func:`refuse_gated`), so a refused
+handler runs (``pipeline.admit`` calls :func:`refuse_gated`), so a refused
 event adds nothing to the session. ``session.resume`` never reaches the
 step (the manager serves it), so the manager asks :func:`refuse_unsupported`.
 ``IMMUTABLE_AFTER_OPEN`` says how a ``session.update`` changes each field a
@@ -233,7 +233,7 @@ def immutable_refusals(
 def refuse_gated(
     state: SessionState, command: object, capabilities: Capabilities
 ) -> ProtocolError | None:
-    """What ``pipeline.step`` asks before the handler: the refusal of a
+    """What ``pipeline.admit`` asks before the handler: the refusal of a
     client event the model cannot serve (None for anything else, and for
     the server's own commands, which are not gated here). A session.update
     is never refused whole here: its fixed fields are (``immutable_refusals``)."""

@@ -17,7 +17,6 @@ import msgspec
 
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands import (
-    Effects,
     Handler,
     HandlerContext,
     OverlapAction,
@@ -30,6 +29,7 @@ from duplex_server.sessions.core.commands import (
     tell_transcription_error,
 )
 from duplex_server.sessions.core.config import vad_responds
+from duplex_server.sessions.core.effects import Effects
 from duplex_server.sessions.core.records import DecisionBody
 from duplex_server.sessions.core.turns import Transition
 from protocol import client_events as ce
@@ -123,7 +123,7 @@ def speech_start(batch: Batch, command: SpeechStart, ctx: HandlerContext) -> Eff
     response = batch.state.response
     if response is not None and command.cut_answer:
         return overlap_decision(batch, "barge_in", 0.0, response.id)
-    return Effects()
+    return ()
 
 
 def overlap_resolved(batch: Batch, command: OverlapResolved, ctx: HandlerContext) -> Effects:
@@ -132,7 +132,7 @@ def overlap_resolved(batch: Batch, command: OverlapResolved, ctx: HandlerContext
 
 def overlap_hinted(batch: Batch, command: OverlapHinted, ctx: HandlerContext) -> Effects:
     if batch.state.response is None or batch.state.response.id != command.response_id:
-        return Effects()  # the answer ended before the decision ran
+        return ()  # the answer ended before the decision ran
     return overlap_decision(batch, command.action, command.overlap_ms, command.response_id)
 
 
@@ -147,7 +147,7 @@ def turn_ended(batch: Batch, command: TurnEnded, ctx: HandlerContext) -> Effects
     speech_transition(batch, Transition("speech_stopped", command.at_ms))
     if not batch.state.input.chunks and not batch.state.input.text:
         # Two utterances in one append: the first commit took all of it.
-        return Effects()
+        return ()
     respond = (
         False if command.deferred else vad_responds(batch.state.config, command.response_create)
     )
@@ -161,12 +161,12 @@ def turn_ended(batch: Batch, command: TurnEnded, ctx: HandlerContext) -> Effects
 
 def input_trimmed(batch: Batch, command: InputTrimmed, ctx: HandlerContext) -> Effects:
     batch.fact(DecisionBody(action="input_trimmed", audio_ms=command.keep_ms), origin="server")
-    return Effects()
+    return ()
 
 
 def partial_heard(batch: Batch, command: PartialHeard, ctx: HandlerContext) -> Effects:
     batch.emit(InputTranscriptionDelta(item_id=command.item_id, delta=command.delta))
-    return Effects()
+    return ()
 
 
 def deferred_turn_due(batch: Batch, command: DeferredTurnDue, ctx: HandlerContext) -> Effects:

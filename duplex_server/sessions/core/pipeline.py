@@ -2,23 +2,27 @@
 
 A command is a client's event (``core/commands.py``) or what the server
 decided from what it heard (``core/heard.py``). Either goes the same way:
-handler(state, command, context) -> a batch of records (each applied to the
-state as it is added) and the events they journal, plus the effects the
-runtime applies once the batch is in the log.
+``admit`` runs the guards (a retry, a capability gate) once, then ``apply``
+runs handler(state, command, context) -> a batch of records (each applied
+to the state as it is added) and the events they journal, plus the effects
+(``core/effects.py``) the runtime performs once the batch is in the log.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import msgspec
 
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import CLIENT_HANDLERS, Effects, Handler, HandlerContext
+from duplex_server.sessions.core.commands import CLIENT_HANDLERS, Handler, HandlerContext
+from duplex_server.sessions.core.effects import Effects
 from duplex_server.sessions.core.gates import refuse_gated
 from duplex_server.sessions.core.heard import HEARD_HANDLERS, HeardCommand
 from duplex_server.sessions.core.state import SessionState
 from protocol import client_events as ce
+from protocol.capabilities import Capabilities
 from protocol.errors import ProtocolError
 
 Command = ce.ClientEvent | HeardCommand
@@ -26,28 +30,59 @@ Command = ce.ClientEvent | HeardCommand
 HANDLERS: dict[type, Handler] = {**CLIENT_HANDLERS, **HEARD_HANDLERS}
 
 
-def step(
-    state: SessionState, command: Command, ctx: HandlerContext, now_ms: int
-) -> tuple[Batch, Effects]:
-    """The pure session step: one command -> the records it adds (each
-    already applied to ``state``), the events they journal, and what the
-    runtime must do outside the log. Raises :class:`ProtocolError` for input
-    that is refused (records added before the refusal are the caller's to
-    discard: refold); a retried event, or one the model's capabilities gate
-    (``core/gates.py``), is refused before any record. Tests and benches
-    call this, as the actor does."""
-    event_id = command.event_id if isinstance(command, ce.ClientEvent) else None
+@dataclass(frozen=True)
+class Admitted:
+    """A command the guards let through, with its client event's digest (for
+    the window of recent ids). Only :func:`admit` makes one, so only an
+    admitted command is applied, and the guards never run twice."""
+
+    command: Command
+    digest: str | None
+
+
+def admit(
+    state: SessionState, command: Command, capabilities: Capabilities
+) -> Admitted | ProtocolError:
+    """The guards, run once before anything is prepared or recorded: a
+    retried event (``refuse_retry``) and one the model's capabilities gate
+    (``core/gates.py``) are refused here. The runtime asks this before it
+    prepares the command's context, so a refused commit is not transcribed."""
     digest = None
-    if event_id is not None:
+    if isinstance(command, ce.ClientEvent) and command.event_id is not None:
         digest = event_digest(command)
         if (refusal := refuse_retry(state, command, digest)) is not None:
-            raise refusal
-    if (refusal := refuse_gated(state, command, ctx.model.capabilities)) is not None:
-        raise refusal
-    batch = Batch(state, ctx.model.capabilities, now_ms, event_id, digest)
+            return refusal
+    if (refusal := refuse_gated(state, command, capabilities)) is not None:
+        return refusal
+    return Admitted(command, digest)
+
+
+def apply(
+    state: SessionState, admitted: Admitted, ctx: HandlerContext, now_ms: int
+) -> tuple[Batch, Effects]:
+    """The admitted command's handler: the records it adds (each already
+    applied to ``state``), the events they journal, and what the runtime
+    must do outside the log. Raises :class:`ProtocolError` for input the
+    handler refuses (records added before the refusal are the caller's to
+    discard: refold)."""
+    command = admitted.command
+    event_id = command.event_id if isinstance(command, ce.ClientEvent) else None
+    batch = Batch(state, ctx.model.capabilities, now_ms, event_id, admitted.digest)
     effects = HANDLERS[type(command)](batch, command, ctx)
     batch.settle()
     return batch, effects
+
+
+def step(
+    state: SessionState, command: Command, ctx: HandlerContext, now_ms: int
+) -> tuple[Batch, Effects]:
+    """The pure session step, :func:`apply` after :func:`admit` (a refusal of
+    either raises :class:`ProtocolError`). Tests and benches call this; the
+    actor calls the two halves, preparing the context between them."""
+    admitted = admit(state, command, ctx.model.capabilities)
+    if isinstance(admitted, ProtocolError):
+        raise admitted
+    return apply(state, admitted, ctx, now_ms)
 
 
 def event_digest(event: msgspec.Struct) -> str:

@@ -15,11 +15,12 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import assert_never
 
 from duplex_server import metrics
+from duplex_server.sessions.core import effects as fx
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands import (
-    Effects,
     HandlerContext,
     append_format,
     check_session_patch,
@@ -31,7 +32,6 @@ from duplex_server.sessions.core.config import (
     response_output_format,
     with_default_turn_detection,
 )
-from duplex_server.sessions.core.gates import refuse_gated
 from duplex_server.sessions.core.heard import HeardCommand, TurnEnded
 from duplex_server.sessions.core.model_names import ModelNames, opening_model
 from duplex_server.sessions.core.model_port import (
@@ -42,7 +42,7 @@ from duplex_server.sessions.core.model_port import (
     session_view,
     stream_setup,
 )
-from duplex_server.sessions.core.pipeline import Command, duplicate_event, refuse_retry, step
+from duplex_server.sessions.core.pipeline import Command, admit, apply, duplicate_event
 from duplex_server.sessions.core.records import (
     AudioBody,
     CloseBody,
@@ -189,7 +189,7 @@ class SessionActor:
         # (server_event_seq of input_audio_buffer.committed, record seq of its commit)
         self.retention = AudioRetention(log_backend, session_id, settings.retain_audio)
         self.attachment: Attachment | None = None
-        self._mailbox: asyncio.Queue[object] = asyncio.Queue()
+        self._mailbox: asyncio.Queue[mb.Message] = asyncio.Queue()
         self._pending_client = 0
         self._heartbeats = 0  # acks sent, for their event ids
         self.timing = AnswerTiming()
@@ -340,7 +340,7 @@ class SessionActor:
         """Queue a client command; False when the mailbox is full (flood)."""
         return self._post_from_socket(mb.Client(event, generation, time.perf_counter()))
 
-    def _post_from_socket(self, message: mb.Client | mb.Reject | mb.Heartbeat) -> bool:
+    def _post_from_socket(self, message: mb.SocketMessage) -> bool:
         """Queue what a socket sent, counted against the mailbox bound until
         applied; False when the mailbox is full (flood)."""
         if self._pending_client >= self.settings.mailbox_size:
@@ -410,7 +410,7 @@ class SessionActor:
         """Stop serving but keep the session resumable (durable store, restart)."""
         self._mailbox.put_nowait(mb.Suspend())
 
-    def post(self, message: object) -> None:
+    def post(self, message: mb.Message) -> None:
         """Queue a message for the actor's loop (engine and stage results)."""
         self._mailbox.put_nowait(message)
 
@@ -463,7 +463,7 @@ class SessionActor:
             return "failed"
         return self.state.closed_reason or "shutdown"
 
-    async def _dispatch(self, message: object) -> None:
+    async def _dispatch(self, message: mb.Message) -> None:
         # Every message heals a state a storage failure left wrong, not only
         # those that need the log: a detach, an end or a suspend also append,
         # and a batch built on the wrong state would not follow the log.
@@ -472,33 +472,36 @@ class SessionActor:
             return
         if not self.lifecycle.serving:
             return  # the heal found the session closed, and closed its socket
-        if isinstance(message, mb.Client | mb.Reject | mb.Heartbeat):
-            # Counted until applied, not until taken: a heartbeat is answered
-            # at once only while none of its socket's commands is in flight.
-            try:
-                await self._on_socket(message)
-            finally:
-                self._pending_client -= 1
-        elif isinstance(message, mb.Chunks):
-            await self._on_chunks(message)
-        elif isinstance(message, mb.StreamEnd):
-            await self._on_stream_end(message)
-        elif isinstance(message, mb.Resume):
-            await self._on_resume(message)
-        elif isinstance(message, mb.Detach):
-            await self._on_detach(message)
-        elif isinstance(message, mb.End):
-            await self._on_end(message.reason)
-        elif isinstance(message, mb.Suspend):
-            await self._on_suspend()
-        elif isinstance(message, mb.LeaseLost):
-            await self._leave(message.status)
-        elif isinstance(message, mb.Partial):
-            await self._run_heard(self.hearing.partial(self.state, message))
-        elif isinstance(message, mb.UnitOutputs):
-            await self._on_unit_outputs(message)
-        elif isinstance(message, mb.ModelFailed):
-            await self._on_model_failed(message)
+        match message:
+            case mb.Client() | mb.Reject() | mb.Heartbeat():
+                # Counted until applied, not until taken: a heartbeat is answered
+                # at once only while none of its socket's commands is in flight.
+                try:
+                    await self._on_socket(message)
+                finally:
+                    self._pending_client -= 1
+            case mb.Chunks():
+                await self._on_chunks(message)
+            case mb.StreamEnd():
+                await self._on_stream_end(message)
+            case mb.Resume():
+                await self._on_resume(message)
+            case mb.Detach():
+                await self._on_detach(message)
+            case mb.End():
+                await self._on_end(message.reason)
+            case mb.Suspend():
+                await self._on_suspend()
+            case mb.LeaseLost():
+                await self._leave(message.status)
+            case mb.Partial():
+                await self._run_heard(self.hearing.partial(self.state, message))
+            case mb.UnitOutputs():
+                await self._on_unit_outputs(message)
+            case mb.ModelFailed():
+                await self._on_model_failed(message)
+            case _:
+                assert_never(message)
 
     def new_batch(self, event_id: str | None = None) -> Batch:
         return Batch(self.state, self.model.capabilities, _now_ms(), event_id)
@@ -618,18 +621,25 @@ class SessionActor:
             await self.commit_batch(batch)
         return not self._dirty
 
-    async def _refuse_unrecorded(self, message: object) -> None:
-        """Answer what cannot be recorded while the store is down; nothing is applied."""
+    async def _refuse_unrecorded(self, message: mb.NeedsLog) -> None:
+        """Answer what cannot be recorded while the store is down; nothing is
+        applied. What needs no answer (engine output, a partial transcript)
+        is dropped: the heal that follows the outage stops its response."""
         reason = "the session log is unavailable; retry"
-        if isinstance(message, mb.Client | mb.Reject):
-            self._pending_client -= 1
-        if isinstance(message, mb.Client):
-            event_id = message.event.event_id
-            await self._send_error_now(
-                ProtocolError("storage_unavailable", reason, event_id=event_id)
-            )
-        elif isinstance(message, mb.Resume):
-            message.done.set_exception(ProtocolError("storage_unavailable", reason))
+        match message:
+            case mb.Client():
+                self._pending_client -= 1
+                await self._send_error_now(
+                    ProtocolError("storage_unavailable", reason, event_id=message.event.event_id)
+                )
+            case mb.Reject():
+                self._pending_client -= 1
+            case mb.Resume():
+                message.done.set_exception(ProtocolError("storage_unavailable", reason))
+            case mb.Chunks() | mb.StreamEnd() | mb.Partial() | mb.UnitOutputs() | mb.ModelFailed():
+                pass
+            case _:
+                assert_never(message)
 
     async def _leave(self, status: LeaseStatus) -> None:
         """The lease is another replica's now (``lost``) or is asked for
@@ -668,13 +678,18 @@ class SessionActor:
 
     # --- client commands ---------------------------------------------------
 
-    async def _on_socket(self, message: mb.Client | mb.Reject | mb.Heartbeat) -> None:
-        if isinstance(message, mb.Client):
-            await self._on_client(message)
-        elif isinstance(message, mb.Heartbeat):
-            self._answer_heartbeat(message.generation)
-        elif self.attachment is not None and message.generation == self.attachment.generation:
-            await self.reject(message.error)
+    async def _on_socket(self, message: mb.SocketMessage) -> None:
+        match message:
+            case mb.Client():
+                await self._on_client(message)
+            case mb.Heartbeat():
+                self._answer_heartbeat(message.generation)
+            case mb.Reject():
+                attachment = self.attachment
+                if attachment is not None and message.generation == attachment.generation:
+                    await self.reject(message.error)
+            case _:
+                assert_never(message)
 
     async def _on_client(self, message: mb.Client) -> None:
         if self.attachment is None or message.generation != self.attachment.generation:
@@ -688,14 +703,7 @@ class SessionActor:
     async def _apply_client(self, message: mb.Client) -> None:
         event = message.event
         self.last_activity = time.monotonic()
-        # Before the context: a retried commit must not be transcribed again.
-        refusal = refuse_retry(self.state, event) or refuse_gated(
-            self.state, event, self.model.capabilities
-        )
-        if refusal is not None:
-            await self.reject(refusal)
-            return
-        done = await self._execute(event, await self._context_for(event))
+        done = await self._execute(event)
         if done is None:
             return
         batch, effects = done
@@ -708,12 +716,19 @@ class SessionActor:
             self._feed_model(batch)
             await self._hear(batch)
 
-    async def _execute(self, command: Command, ctx: HandlerContext) -> tuple[Batch, Effects] | None:
-        """Step the command and append its batch; None when it was refused
-        (the client is told why) or could not be recorded."""
+    async def _execute(self, command: Command) -> tuple[Batch, fx.Effects] | None:
+        """Admit the command, prepare its context, apply it and append its
+        batch; None when it was refused (the client is told why) or could
+        not be recorded. Admitted before the context: a retried commit must
+        not be transcribed again."""
+        admitted = admit(self.state, command, self.model.capabilities)
+        if isinstance(admitted, ProtocolError):
+            await self.reject(admitted)
+            return None
+        ctx = await self._context_for(command)
         before = self.state.last_seq
         try:
-            batch, effects = step(self.state, command, ctx, _now_ms())
+            batch, effects = apply(self.state, admitted, ctx, _now_ms())
         except ProtocolError as err:
             if self.state.last_seq != before:
                 await self._refold()
@@ -787,7 +802,7 @@ class SessionActor:
         if command is None:
             return
         decided_at = time.perf_counter()
-        done = await self._execute(command, await self._context_for(command))
+        done = await self._execute(command)
         if done is not None:
             if isinstance(command, TurnEnded):
                 self.timing.speech_stopped(decided_at)
@@ -804,19 +819,24 @@ class SessionActor:
         batch.emit(Error(error=error_body(err)))
         await self.commit_batch(batch)
 
-    async def apply_effects(self, effects: Effects) -> None:
-        for item_id, pcm in effects.audio:
-            self._feed.keep_turn(item_id, pcm)
-        for response_id in effects.abort:
-            self._feed.stop(response_id)
-        if effects.start is not None:
-            self._start_stream(effects.start)
-        if effects.trim_to is not None:
-            self.journal.trim(effects.trim_to)
-            await self._tidy(self._log.trim(self.session_id, effects.trim_to))
-            await self._tidy(self.retention.acknowledged(effects.trim_to))
-        if effects.close:
-            await self._finish_close()
+    async def apply_effects(self, effects: fx.Effects) -> None:
+        """Do what a landed step asks outside the log, in the order it asks."""
+        for effect in effects:
+            match effect:
+                case fx.KeepTurn(item_id, pcm):
+                    self._feed.keep_turn(item_id, pcm)
+                case fx.StopAnswer(response_id):
+                    self._feed.stop(response_id)
+                case fx.StartAnswer(response):
+                    self._start_stream(response)
+                case fx.Trim(upto):
+                    self.journal.trim(upto)
+                    await self._tidy(self._log.trim(self.session_id, upto))
+                    await self._tidy(self.retention.acknowledged(upto))
+                case fx.Close():
+                    await self._finish_close()
+                case _:
+                    assert_never(effect)
 
     # --- the model: its input and its output ---------------------------------
 

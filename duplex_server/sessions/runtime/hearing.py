@@ -89,7 +89,7 @@ class Hearing:
     """One session's ears. ``post`` queues a message on the session's
     mailbox (partial transcripts come back that way, off the actor)."""
 
-    def __init__(self, model: ModelPort, post: Callable[[object], None]) -> None:
+    def __init__(self, model: ModelPort, post: Callable[[mb.Partial], None]) -> None:
         self._model = model
         self._post = post
         self._vad: VadTracker | None = None  # server VAD under the current settings

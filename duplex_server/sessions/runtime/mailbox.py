@@ -2,7 +2,9 @@
 
 Everything that changes a session arrives as one of these, in order: the
 socket's commands (and its undecodable frames), engine output, attachment
-changes and lifecycle orders.
+changes and lifecycle orders. :data:`Message` is their union: the actor
+takes it apart with one ``match`` ending in ``assert_never``, so a kind
+added here and not handled there is a type error, never a silent drop.
 """
 
 from __future__ import annotations
@@ -112,7 +114,6 @@ class Partial:
     text: str
 
 
-# What cannot be handled without recording it: held back while the log is down.
 @dataclass
 class UnitOutputs:
     """A native duplex model's decisions and output for the units it just
@@ -133,4 +134,18 @@ class ModelFailed:
     epoch: int
 
 
+# What a socket sends, counted against the mailbox bound until applied.
+SocketMessage = Client | Reject | Heartbeat
+
+# What a model's feed posts about the output it produced (runtime/*_feed.py).
+ModelMessage = Chunks | StreamEnd | UnitOutputs | ModelFailed
+
+# Orders about the session itself: attachments and the lifecycle.
+ControlMessage = Resume | Detach | End | Suspend | LeaseLost
+
+Message = SocketMessage | ModelMessage | ControlMessage | Partial
+
+# What cannot be applied without recording it: refused, not applied, while
+# the log is down (the union for the type checker, the tuple for isinstance).
+NeedsLog = Client | Reject | Chunks | StreamEnd | Resume | Partial | UnitOutputs | ModelFailed
 NEEDS_LOG = (Client, Reject, Chunks, StreamEnd, Resume, Partial, UnitOutputs, ModelFailed)

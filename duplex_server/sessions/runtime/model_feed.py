@@ -22,6 +22,9 @@ from duplex_server.sessions.core.model_port import (
     UnitOutput,
 )
 from duplex_server.sessions.core.records import UnitBody
+from duplex_server.sessions.runtime import mailbox as mb
+from duplex_server.sessions.runtime.turn_feed import TurnFeed
+from duplex_server.sessions.runtime.unit_feed import UnitFeed
 
 
 class ModelFeed(Protocol):
@@ -71,35 +74,10 @@ class ModelFeed(Protocol):
     async def close(self) -> None: ...
 
 
-# A model's audio is encoded for the wire in pieces of at most this, so one
-# huge chunk from a model never holds the event loop for long.
-MAX_OUTPUT_PIECE_MS = 1000
-
-
-def bounded(output: UnitOutput) -> list[UnitOutput]:
-    """``output`` with its audio cut into pieces of at most
-    ``MAX_OUTPUT_PIECE_MS``. Its text and stage times ride on the first piece; its floor
-    decision on the first if it takes the floor (``speak``), else on the
-    last, with any tool call."""
-    step = output.sample_rate_hz * MAX_OUTPUT_PIECE_MS // 1000 * 2
-    if len(output.audio) <= step:
-        return [output]
-    audio = [output.audio[at : at + step] for at in range(0, len(output.audio), step)]
-    pieces = [UnitOutput(audio=piece, sample_rate_hz=output.sample_rate_hz) for piece in audio]
-    pieces[0].text = output.text
-    pieces[0].stage_ms = output.stage_ms
-    if output.decision == "speak":
-        pieces[0].decision = output.decision
-    else:
-        pieces[-1].decision = output.decision
-    pieces[-1].function_call = output.function_call
-    return pieces
-
-
 def open_feed(
     model: ModelPort,
     session_id: str,
-    post: Callable[[object], None],
+    post: Callable[[mb.ModelMessage], None],
     epoch: Callable[[], int],
     setup: Callable[[], StreamSetup | None] = StreamSetup,
     text_delta_interval_s: float = 0.0,
@@ -109,10 +87,6 @@ def open_feed(
     what a primed model hears first (None while the session has no input),
     ``text_delta_interval_s`` how long a turn model's text gathers after
     its first delta."""
-    # Imported here: each feed imports this module for its protocol.
-    from duplex_server.sessions.runtime.turn_feed import TurnFeed
-    from duplex_server.sessions.runtime.unit_feed import UnitFeed
-
     if model.streaming is not None and model.answering is not None:
         raise ValueError(f"model {model.name!r} offers both ports; a model takes input one way")
     if model.streaming is not None:

@@ -43,7 +43,7 @@ import msgspec
 from duplex_server.sessions.core.model_port import Answering, ResponseRequest, UnitOutput
 from duplex_server.sessions.core.records import UnitBody
 from duplex_server.sessions.runtime import mailbox as mb
-from duplex_server.sessions.runtime.model_feed import bounded
+from duplex_server.sessions.runtime.output_pieces import bounded
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class TurnFeed:
     def __init__(
         self,
         model: Answering,
-        post: Callable[[object], None],
+        post: Callable[[mb.ModelMessage], None],
         text_delta_interval_s: float = 0.0,
     ) -> None:
         self.model = model

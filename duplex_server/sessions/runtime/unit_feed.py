@@ -52,7 +52,7 @@ from duplex_server.sessions.core.model_port import (
 from duplex_server.sessions.core.records import UnitBody
 from duplex_server.sessions.core.units import UnitFramer
 from duplex_server.sessions.runtime import mailbox as mb
-from duplex_server.sessions.runtime.model_feed import bounded
+from duplex_server.sessions.runtime.output_pieces import bounded
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class UnitFeed:
         self,
         model: Streaming,
         session_id: str,
-        post: Callable[[object], None],
+        post: Callable[[mb.ModelMessage], None],
         epoch: Callable[[], int],
         setup: Callable[[], StreamSetup | None] = StreamSetup,
     ) -> None:
