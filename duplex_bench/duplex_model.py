@@ -272,4 +272,4 @@ def run(args: argparse.Namespace) -> None:
     from duplex_bench.tiny_moshi import tiny_moshi
 
     with tempfile.TemporaryDirectory() as tmp:
-        print(json.dumps(measure_both(args, tiny_moshi(Path(tmp)))))
+        print(json.dumps(measure_both(args, tiny_moshi(Path(tmp), tokenizer=False))))

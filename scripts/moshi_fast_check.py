@@ -19,10 +19,10 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from duplex_bench.tiny_moshi import FRAME_SAMPLES, tiny_moshi  # noqa: E402
 from duplex_server.engine.duplex.fast_step import FastDuplexStepper  # noqa: E402
 from duplex_server.engine.duplex.sampling import Sampling  # noqa: E402
 from duplex_server.engine.duplex.stepper import DuplexStepper  # noqa: E402
-from tests.tiny_moshi import FRAME_SAMPLES, tiny_moshi  # noqa: E402
 
 TICKS = 16
 

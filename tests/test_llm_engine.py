@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from duplex_bench.tiny_llm import BONJOUR, CAPITAL, FRENCH, HELLO, chat, trained_chat_model
 from duplex_server.engine import EngineRequest
 from duplex_server.engine.core import RequestAborted
 from duplex_server.engine.llm import (
@@ -18,7 +19,6 @@ from duplex_server.engine.llm import (
     build_llm_engine,
     vllm_build,
 )
-from tests.tiny_chat import BONJOUR, CAPITAL, FRENCH, HELLO, chat, trained_chat_model
 
 
 @pytest.fixture(scope="module")

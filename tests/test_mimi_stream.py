@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from duplex_server.engine.duplex.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
-from tests.tiny_moshi import (
+from duplex_bench.tiny_moshi import (
     AUDIO_VOCAB,
     FRAME_SAMPLES,
     MIMI_SLIDING_WINDOW,
@@ -18,6 +17,7 @@ from tests.tiny_moshi import (
     frame,
     tiny_moshi,
 )
+from duplex_server.engine.duplex.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
 
 FRAMES = 12  # 24 decoder-transformer steps: four times its sliding window
 

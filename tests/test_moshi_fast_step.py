@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from duplex_bench.tiny_moshi import FRAME_SAMPLES, noise_frames, tiny_moshi, windowed
 from duplex_server.engine.duplex.fast_step import FastDuplexStepper, make_stepper
 from duplex_server.engine.duplex.prime import prime_frames
 from duplex_server.engine.duplex.prompt_codec import encode_frames, prompt_codes
 from duplex_server.engine.duplex.stepper import DuplexStepper
-from tests.tiny_moshi import FRAME_SAMPLES, noise_frames, tiny_moshi, windowed
 
 WINDOW = 6
 TICKS = 14

@@ -18,13 +18,13 @@ import pytest
 import torch
 import transformers
 
+from duplex_bench.tiny_moshi import FRAME_SAMPLES, NUM_CODEBOOKS, tiny_moshi
 from duplex_server import cli
 from duplex_server.engine.duplex.prime import SILENCE_FRAMES
 from duplex_server.engine.duplex.service import Prompt, StreamClosed
 from duplex_server.engine.duplex.stepper import DuplexStepper, RowsFull
 from duplex_server.models import build_model
 from duplex_server.sessions.core.model_port import InputUnit, SteppedUnit, StreamSetup
-from tests.tiny_moshi import FRAME_SAMPLES, NUM_CODEBOOKS, tiny_moshi
 
 UNITS = 6
 

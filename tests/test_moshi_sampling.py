@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from duplex_bench.tiny_moshi import noise_frames, tiny_moshi, windowed
 from duplex_server.engine.duplex.fast_step import FastDuplexStepper
 from duplex_server.engine.duplex.sampling import GREEDY, Sampling, choose, draw, gumbel
 from duplex_server.engine.duplex.stepper import DuplexStepper
 from duplex_server.models.moshi.model import session_seed
-from tests.tiny_moshi import noise_frames, tiny_moshi, windowed
 
 TICKS = 12
 WINDOW = 6

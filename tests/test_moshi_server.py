@@ -13,10 +13,10 @@ import base64
 import numpy as np
 
 from duplex_bench.server_process import free_port
+from duplex_bench.tiny_moshi import FRAME_SAMPLES, tiny_moshi
 from duplex_server.config import ServerConfig
 from tests.conftest import running_server
 from tests.e2e.sequences import RESPONSE_OPEN
-from tests.tiny_moshi import FRAME_SAMPLES, tiny_moshi
 from tests.wsclient import types_of
 
 UNITS = 8

@@ -11,11 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from duplex_server.engine.duplex import FrameTokens, PrimeFrame
-from duplex_server.engine.duplex.prime import prime_frames
-from duplex_server.engine.duplex.prompt_codec import encode_frames, prompt_codes
-from duplex_server.engine.duplex.stepper import DuplexStepper, RowsFull
-from tests.tiny_moshi import (
+from duplex_bench.tiny_moshi import (
     AUDIO_VOCAB,
     FRAME_SAMPLES,
     NUM_CODEBOOKS,
@@ -25,6 +21,10 @@ from tests.tiny_moshi import (
     noise_signals,
     tiny_moshi,
 )
+from duplex_server.engine.duplex import FrameTokens, PrimeFrame
+from duplex_server.engine.duplex.prime import prime_frames
+from duplex_server.engine.duplex.prompt_codec import encode_frames, prompt_codes
+from duplex_server.engine.duplex.stepper import DuplexStepper, RowsFull
 
 FRAMES = 14
 

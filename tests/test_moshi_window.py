@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from duplex_bench.tiny_moshi import FRAME_SAMPLES, float64_moshi, frame, noise_signals, tiny_moshi
 from duplex_server.engine.duplex.checkpoint import check_moshi_checkpoint
 from duplex_server.engine.duplex.stepper import DuplexStepper
-from tests.tiny_moshi import FRAME_SAMPLES, float64_moshi, frame, noise_signals, tiny_moshi
 
 WINDOW = 5
 FRAMES = 3 * WINDOW

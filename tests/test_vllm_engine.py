@@ -1,5 +1,5 @@
 """The vLLM AR backend on vLLM's CPU build: the tiny Qwen2 chat model
-trained here (tests/tiny_qwen_chat.py), decoded by vLLM's async engine
+(``duplex_bench.tiny_llm.tiny_qwen_chat_model``), decoded by vLLM's async engine
 through EngineCore, against the transformers backend on the same checkpoint.
 One engine serves the whole test session: it takes tens of seconds to start."""
 
@@ -11,6 +11,17 @@ import json
 import psutil
 import pytest
 
+from duplex_bench.tiny_llm import (
+    BONJOUR,
+    CAPITAL,
+    COUNT,
+    COUNT_QUESTION,
+    FRENCH,
+    HELLO,
+    QWEN_SCRIPT,
+    chat,
+    trained_qwen_chat_model,
+)
 from duplex_server.engine import EngineRequest
 from duplex_server.engine.core import RequestAborted
 from duplex_server.engine.llm import (
@@ -22,8 +33,6 @@ from duplex_server.engine.llm import (
     vllm_build,
 )
 from duplex_server.engine.llm.vllm_backend import GenerationFailed
-from tests.tiny_chat import BONJOUR, CAPITAL, FRENCH, HELLO, chat
-from tests.tiny_qwen_chat import COUNT, COUNT_QUESTION, SCRIPT, trained_qwen_chat_model
 from tests.vllm_support import assert_vllm_installed, requires_vllm, vllm_options
 
 pytestmark = requires_vllm
@@ -63,7 +72,7 @@ async def answer(llm, request) -> list[str]:
 
 
 async def test_greedy_answers_are_the_transformers_backends(llm, reference):
-    for index, (system, user, reply) in enumerate(SCRIPT):
+    for index, (system, user, reply) in enumerate(QWEN_SCRIPT):
         deltas = await answer(llm, ask(f"v{index}", user, system, cap=96))
         expected = await answer(reference, ask(f"t{index}", user, system, cap=96))
         # vLLM's deltas are each step's tokens, merged when its output handler

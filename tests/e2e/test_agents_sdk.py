@@ -22,9 +22,9 @@ import pytest
 from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner, RealtimeSession
 
+from duplex_bench.tiny_llm import FOLLOW_UP, QUESTION, WEATHER, trained_tool_model
 from tests.conftest import serving_llm
 from tests.speech import PHRASES, silence, speak
-from tests.tiny_tool_chat import FOLLOW_UP, QUESTION, WEATHER, trained_tool_model
 
 RATE = 24_000  # the SDK's default pcm16 rate
 CHUNK_MS = 20

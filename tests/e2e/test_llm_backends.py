@@ -1,7 +1,7 @@
 """The AR path end to end on both backends (``--llm-backend transformers``
 and ``vllm``), each behind one real server for the module, answering with
 the tiny Qwen2 chat model trained here to known replies
-(tests/tiny_qwen_chat.py): a text conversation and a tool call round trip
+(``duplex_bench.tiny_llm.tiny_qwen_chat_model``): a text conversation and a tool call round trip
 through the stock openai SDK, a spoken question answered with the trained
 reply (its audio transcribed back), 16 sessions at once, and speech over a
 spoken answer that barges in while the answer is still being decoded:
@@ -22,6 +22,24 @@ import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
 
+from duplex_bench.tiny_llm import (
+    BONJOUR,
+    CAPITAL,
+    CAPITAL_QUESTIONS,
+    COUNT,
+    COUNT_QUESTION,
+    FOLLOW_UP,
+    FRANCE,
+    FRANCE_QUESTION,
+    FRENCH,
+    HELLO,
+    LET_ME_CHECK,
+    QUESTION,
+    WEATHER,
+    WEATHER_TOOL,
+    trained_qwen_chat_model,
+)
+from duplex_bench.tiny_llm import call_arguments as weather_arguments
 from duplex_server import cli
 from duplex_server.audio import resample_pcm16
 from tests.conftest import RunningServer, free_port, running_server
@@ -31,17 +49,6 @@ from tests.e2e.test_llm_tools import ask, open_session, text_of, until_done
 from tests.e2e.test_voice import first, silence, stream_paced, vad_session
 from tests.llm_decoding import decoding_of, wait_for
 from tests.speech import speak
-from tests.tiny_chat import BONJOUR, CAPITAL, FRENCH, HELLO
-from tests.tiny_qwen_chat import (
-    CAPITAL_QUESTIONS,
-    COUNT,
-    COUNT_QUESTION,
-    FRANCE,
-    FRANCE_QUESTION,
-    trained_qwen_chat_model,
-)
-from tests.tiny_tool_chat import FOLLOW_UP, LET_ME_CHECK, QUESTION, WEATHER, WEATHER_TOOL
-from tests.tiny_tool_chat import call_arguments as weather_arguments
 from tests.vllm_support import SERVE_FLAGS, assert_vllm_installed, requires_vllm
 from tests.wsclient import WsClient
 

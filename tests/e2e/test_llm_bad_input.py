@@ -12,6 +12,7 @@ import shutil
 import httpx
 import pytest
 
+from duplex_bench.tiny_llm import CAPITAL, HELLO, TEMPLATE, trained_chat_model
 from duplex_server import cli, metrics
 from duplex_server.app import create_app
 from duplex_server.engine.llm import LLMConfigError
@@ -19,7 +20,6 @@ from tests.conftest import free_port, running_server
 from tests.e2e.serverproc import run_cli
 from tests.e2e.test_llm_cascade import say
 from tests.e2e.test_voice import client_commit_session
-from tests.tiny_chat import CAPITAL, HELLO, TEMPLATE, trained_chat_model
 
 
 async def serving(path, *flags: str):

@@ -1,5 +1,5 @@
 """``--llm PATH``: the cascade answers with a chat model (the tiny one
-trained in tests/tiny_chat.py), in text through the stock openai SDK and in
+trained in ``duplex_bench.tiny_llm``), in text through the stock openai SDK and in
 speech through Whisper and eSpeak."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
+from duplex_bench.tiny_llm import BONJOUR, CAPITAL, FRENCH, HELLO, trained_chat_model
 from duplex_server import cli
 from duplex_server.config import ServerConfig
 from duplex_server.engine.llm import vllm_build
@@ -22,7 +23,6 @@ from tests.e2e.test_voice import (
     vad_session,
 )
 from tests.speech import speak
-from tests.tiny_chat import BONJOUR, CAPITAL, FRENCH, HELLO, trained_chat_model
 
 
 @pytest.fixture

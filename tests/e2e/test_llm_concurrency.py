@@ -14,11 +14,11 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
+from duplex_bench.tiny_llm import BONJOUR, CAPITAL, FRENCH, HELLO, trained_chat_model
 from duplex_server import cli
 from tests.conftest import free_port, running_server
 from tests.e2e.test_llm_cascade import text_answer
 from tests.e2e.test_voice import client_commit_session
-from tests.tiny_chat import BONJOUR, CAPITAL, FRENCH, HELLO, trained_chat_model
 
 SESSIONS = 16
 # (instructions, question, the trained answer), sessions cycle through them

@@ -9,8 +9,8 @@ import asyncio
 import urllib.error
 import urllib.request
 
+from duplex_bench.tiny_llm import CAPITAL, trained_chat_model
 from tests.e2e.serverproc import ServerProcess
-from tests.tiny_chat import CAPITAL, trained_chat_model
 from tests.wsclient import WsClient
 
 QUESTION = "What is the capital of Spain?"

@@ -1,4 +1,4 @@
-"""Tools through ``--llm``: the tiny tool model (tests/tiny_tool_chat.py)
+"""Tools through ``--llm``: the tiny tool model (``duplex_bench.tiny_llm``)
 calls ``get_weather`` through the stock openai SDK, the client answers the
 call, and the model's follow-up uses the answer; ``tool_choice`` decides
 what the model may do; a malformed call ends in ``engine_error``."""
@@ -10,8 +10,7 @@ import json
 import pytest
 from openai import AsyncOpenAI
 
-from tests.conftest import serving_llm
-from tests.tiny_tool_chat import (
+from duplex_bench.tiny_llm import (
     BROKEN,
     FOLLOW_UP,
     LET_ME_CHECK,
@@ -23,6 +22,7 @@ from tests.tiny_tool_chat import (
     call_arguments,
     trained_tool_model,
 )
+from tests.conftest import serving_llm
 
 
 @pytest.fixture

@@ -33,11 +33,11 @@ import numpy as np
 import pytest
 import websockets
 
+from duplex_bench.tiny_moshi import FRAME_SAMPLES, tiny_moshi
 from duplex_server.models import build_model
 from tests.e2e.serverproc import ServerProcess
 from tests.e2e.test_moshi_wire import write_wav
 from tests.e2e.test_replicas import resume
-from tests.tiny_moshi import FRAME_SAMPLES, tiny_moshi
 from tests.wsclient import WsClient
 
 ROWS = 2

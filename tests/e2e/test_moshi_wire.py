@@ -1,6 +1,6 @@
 """``--model moshi:PATH`` on the duplex wire, through a real server process
 and a real WebSocket, with a Moshi-architecture checkpoint whose behaviour
-is known (``tests.tiny_moshi.talking_moshi``: it pads while the user talks,
+is known (``duplex_bench.tiny_moshi.talking_moshi``: it pads while the user talks,
 answers ``WORDS`` once they fall silent). A spoken conversation: audio in,
 no commit; the model's answer opens by itself, streams audio paired with its
 words, and ends when it falls silent (``response.listen``, ``turn.event``);
@@ -25,9 +25,9 @@ import wave
 import numpy as np
 import pytest
 
+from duplex_bench.tiny_moshi import ANSWER, WORDS, speech_pcm16, talking_moshi
 from tests.e2e.sequences import AUDIO_CHUNK, RESPONSE_CLOSE, RESPONSE_OPEN
 from tests.e2e.serverproc import ServerProcess, run_cli
-from tests.tiny_moshi import ANSWER, WORDS, speech_pcm16, talking_moshi
 from tests.wsclient import WsClient, types_of
 
 UNIT_BYTES = 2 * 1920  # one 80 ms unit of pcm16 at 24 kHz

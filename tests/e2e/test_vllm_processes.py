@@ -12,8 +12,8 @@ import urllib.request
 import psutil
 import pytest
 
+from duplex_bench.tiny_llm import trained_qwen_chat_model
 from tests.e2e.serverproc import ServerProcess
-from tests.tiny_qwen_chat import trained_qwen_chat_model
 from tests.vllm_support import SERVE_FLAGS, assert_vllm_installed, requires_vllm
 
 pytestmark = requires_vllm
