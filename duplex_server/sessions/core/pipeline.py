@@ -1,6 +1,6 @@
 """The one way anything changes a session: a command through ``step``.
 
-A command is a client's event (``core/commands.py``) or what the server
+A command is a client's event (``core/commands/``) or what the server
 decided from what it heard (``core/heard.py``). Either goes the same way:
 ``admit`` runs the guards (a retry, a capability gate) once, then ``apply``
 runs handler(state, command, context) -> a batch of records (each applied

@@ -1,0 +1,84 @@
+"""session.update: the checks a patch to the session's config must pass (also
+run by the runtime on the opening patch) and the handler that applies it."""
+
+from __future__ import annotations
+
+import msgspec
+from msgspec import UNSET
+
+from duplex_server.sessions.core.batch import Batch
+from duplex_server.sessions.core.commands.context import HandlerContext
+from duplex_server.sessions.core.commands.shared import check_voice
+from duplex_server.sessions.core.config import merge_config
+from duplex_server.sessions.core.effects import Effects
+from duplex_server.sessions.core.gates import immutable_refusals, model_update
+from duplex_server.sessions.core.model_port import Listening, ModelPort
+from duplex_server.sessions.core.records import ConfigBody
+from duplex_server.sessions.core.snapshot import session_object
+from protocol import client_events as ce
+from protocol.errors import ProtocolError, error_body
+from protocol.server_events import Error, SessionUpdated
+from protocol.session_config import InputTranscription, SessionUpdate
+
+
+def check_session_patch(patch: SessionUpdate, model: ModelPort, event_id: str | None) -> None:
+    """What a session.update (or the opening patch) may not do, beyond the
+    config merge's own checks: name a voice the model cannot speak, give
+    instructions it cannot take, or ask its recogniser for a language or a
+    prompt it cannot take."""
+    check_voice(patch.voice, "session.voice", model, event_id)
+    if isinstance(patch.instructions, str) and (
+        why := model.instructions_refusal(patch.instructions)
+    ):
+        raise ProtocolError("invalid_value", why, param="session.instructions", event_id=event_id)
+    if patch.audio is not UNSET and patch.audio.output is not UNSET:
+        check_voice(patch.audio.output.voice, "session.audio.output.voice", model, event_id)
+    param = "session.input_audio_transcription"
+    transcription = patch.input_audio_transcription
+    if patch.audio is not UNSET and patch.audio.input is not UNSET and transcription is UNSET:
+        param, transcription = "session.audio.input.transcription", patch.audio.input.transcription
+    if isinstance(transcription, InputTranscription) and model.listening is not None:
+        check_transcription(transcription, param, model.listening, event_id)
+
+
+def check_transcription(
+    settings: InputTranscription, param: str, listening: Listening, event_id: str | None
+) -> None:
+    languages = listening.transcription_languages
+    language = settings.language if isinstance(settings.language, str) else ""
+    if language and languages is not None and language.lower() not in languages:
+        raise ProtocolError(
+            "invalid_value",
+            f"language {language!r} is not one the recogniser hears: "
+            + ", ".join(sorted(languages)),
+            param=f"{param}.language",
+            event_id=event_id,
+        )
+    if isinstance(settings.prompt, str) and settings.prompt and not listening.transcription_prompts:
+        raise ProtocolError(
+            "invalid_value",
+            "the recogniser takes no prompt (Whisper recognisers do: --asr whisper-ct2)",
+            param=f"{param}.prompt",
+            event_id=event_id,
+        )
+
+
+def session_update(batch: Batch, event: ce.SessionUpdateEvent, ctx: HandlerContext) -> Effects:
+    """Apply an update; a field the model fixed at open that it would change
+    is refused on its own (an ``error`` naming it, before ``session.updated``)
+    and the rest applies. A name the model answers to is no change."""
+    model = ctx.model
+    state = batch.state
+    event = msgspec.structs.replace(event, session=model_update(event.session, ctx.model_names))
+    patch, refusals = immutable_refusals(state, event, model.capabilities)
+    try:
+        merge_config(state.config, patch, model.turn_detection_types)
+    except ProtocolError as err:
+        err.event_id = event.event_id
+        raise
+    check_session_patch(patch, model, event.event_id)
+    batch.fact(ConfigBody(patch=patch))
+    for refusal in refusals:
+        batch.emit(Error(error=error_body(refusal)))
+    batch.emit(SessionUpdated(session=session_object(state, batch.capabilities)))
+    return ()
