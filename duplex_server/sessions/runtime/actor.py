@@ -354,7 +354,7 @@ class SessionActor:
 
         A heartbeat concerns one socket, like ``session.created``: it keeps
         the session from idling out and is answered to that socket alone,
-        never recorded (docs/DECISIONS.md, "heartbeats"). It is answered here
+        never recorded (docs/decisions/wire.md, "heartbeats"). It is answered here
         at once unless a command of this socket is still queued or being
         applied, or a storage failure left the state to heal; then it waits
         its turn in the mailbox, so that its ack still says everything sent
