@@ -367,6 +367,7 @@ class ServerConfig:
         None,
         group=ACCESS,
         min_length=MIN_API_KEY_CHARS,
+        unit="an API key",
         help="require this key (Bearer header or subprotocol); default: none",
     )
     api_keys_file: str | None = declare(

@@ -63,7 +63,7 @@ class Setting:
     minimum: float | None = None
     maximum: float | None = None
     exclusive_minimum: bool = False
-    unit: str | None = None  # in a range's refusal: "give milliseconds in [0, 1000.0]"
+    unit: str | None = None  # what the value is, in a refusal: "give milliseconds in [0, 1000.0]"
     min_length: int | None = None  # text settings (an API key)
     metavar: str | None = None
     repeatable: bool = False  # a list flag given twice adds, rather than replaces
@@ -136,7 +136,7 @@ class Option:
             raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(setting.choices)}")
         if setting.min_length is not None and len(str(value).strip()) < setting.min_length:
             raise argparse.ArgumentTypeError(
-                f"needs at least {setting.min_length} characters "
+                f"{setting.unit or 'the value'} needs at least {setting.min_length} characters "
                 "(an empty or short one protects nothing)"
             )
         if isinstance(value, int | float) and not self._within(value):
