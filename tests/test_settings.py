@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from duplex_server import cli, settings
+from duplex_server import cli, config_sources, settings
 from duplex_server.config import ServerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,13 +30,8 @@ def test_every_declared_setting_has_a_group_and_help():
 
 def test_every_declared_setting_is_a_serve_flag_and_nothing_else_is():
     _, serve_parser = cli.parsers()
-    flags = {
-        action.dest
-        for action in serve_parser._actions
-        if action.option_strings
-        and not isinstance(action, argparse._HelpAction | argparse._VersionAction)
-    }
-    assert flags - {"config"} == set(BY_NAME)
+    flags = set(config_sources.options(serve_parser))
+    assert flags - {config_sources.CONFIG_OPTION} == set(BY_NAME)
 
 
 def test_serve_help_shows_the_groups_in_order():
