@@ -240,7 +240,7 @@ async def _collect_refusals(ws: ClientConnection, report: AttackReport, refused:
 async def video_flood(target: Target, stop: asyncio.Event) -> AttackReport:
     """Appends carrying nine video frames, or one of 1.1 MiB (the review
     added ~345 MB with 100 appends of ~3 MiB of frames): each refused."""
-    from duplex_server.sessions.core.commands import MAX_VIDEO_FRAME_BYTES, MAX_VIDEO_FRAMES
+    from duplex_server.surface import MAX_VIDEO_FRAME_BYTES, MAX_VIDEO_FRAMES
 
     many = [base64.b64encode(b"\xff\xd8\xff").decode()] * (MAX_VIDEO_FRAMES + 1)
     large = [base64.b64encode(b"\xff\xd8" + b"\x00" * (MAX_VIDEO_FRAME_BYTES + 1024)).decode()]

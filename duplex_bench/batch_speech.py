@@ -57,9 +57,9 @@ async def time_speech(url: str, requests: int, response_format: str) -> dict:
 
 
 def seconds_of(body: bytes, response_format: str) -> float:
-    from duplex_server.audio.containers import decode  # PyAV: loaded when used
+    from duplex_server.surface import decode_audio  # PyAV: loaded when used
 
-    pcm = body if response_format == "pcm" else decode(body, SAMPLE_RATE_HZ, 3600)
+    pcm = body if response_format == "pcm" else decode_audio(body, SAMPLE_RATE_HZ, 3600)
     return len(pcm) / 2 / SAMPLE_RATE_HZ
 
 

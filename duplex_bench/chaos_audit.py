@@ -14,9 +14,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 from duplex_bench.chaos_client import Witness
-from duplex_server.models import build_model
-from duplex_server.sessions.core.records import LeaseBody, OutBody, Record
-from duplex_server.sessions.core.state import fold, initial_state
+from duplex_server.surface import LeaseBody, OutBody, Record, build_model, fold, initial_state
 
 
 @dataclass

@@ -28,9 +28,7 @@ from typing import Protocol
 
 from duplex_bench.redis_process import RedisServer
 from duplex_bench.server_process import ServerProcess
-from duplex_server.sessions.core.records import Record
-from duplex_server.sessions.log.redis_store import RedisLog
-from duplex_server.sessions.log.sqlite_store import SqliteReader
+from duplex_server.surface import Record, RedisLog, SqliteReader
 
 # Every journaled event, both spellings: the witness checks the journal is contiguous.
 WS_PATH = "/v1/realtime?duplex=1&events=both"

@@ -224,10 +224,7 @@ def _wait_ready(server: ServerProcess) -> None:
 
 def direct_phase(args: argparse.Namespace, checkpoint: Path) -> dict[str, Any]:
     # Imported here: the server phase needs none of torch in this process.
-    from duplex_server.engine.duplex.bench_step import measure
-    from duplex_server.engine.duplex.checkpoint import check_moshi_checkpoint
-    from duplex_server.engine.duplex.fast_step import make_stepper
-    from duplex_server.engine.duplex.service import load_moshi
+    from duplex_server.surface import check_moshi_checkpoint, load_moshi, make_stepper, measure
 
     model = load_moshi(check_moshi_checkpoint(str(checkpoint)), args.device, args.dtype)
     figures = measure(

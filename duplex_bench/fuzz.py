@@ -45,10 +45,15 @@ import websockets
 
 from duplex_bench.generator import GeneratorCpu, validity
 from duplex_bench.server_process import ServerProcess
-from duplex_server.models import build_model
-from duplex_server.sessions.core.records import OutBody, Record, RecordLine
-from duplex_server.sessions.core.snapshot import session_object
-from duplex_server.sessions.core.state import fold, initial_state
+from duplex_server.surface import (
+    OutBody,
+    Record,
+    RecordLine,
+    build_model,
+    fold,
+    initial_state,
+    session_object,
+)
 from protocol.capabilities import Capabilities
 from protocol.client_events import CLIENT_EVENT_TYPES, SessionClose
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES, FrameDecoder

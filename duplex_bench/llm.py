@@ -60,7 +60,7 @@ from duplex_bench import tiny_llm, voice_phrases
 from duplex_bench.generator import GeneratorCpu, validity
 from duplex_bench.llm_direct import open_direct
 from duplex_bench.server_process import ServerProcess
-from duplex_server.engine.llm import LLMOptions
+from duplex_server.surface import LLMOptions
 
 TARGET_TTFT_OVERHEAD = 0.05
 TARGET_THROUGHPUT_RATIO = 0.95

@@ -36,9 +36,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from duplex_server.engine.core import EngineCore, EngineRequest
-from duplex_server.engine.llm import ChatPayload
-from duplex_server.engine.llm.transformers_backend import TransformersBackend
+from duplex_server.surface import ChatPayload, EngineCore, EngineRequest, TransformersBackend
 
 SHAPES: dict[str, dict[str, Any]] = {
     # Llama-2-7B

@@ -23,15 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from duplex_bench import tiny_llm
-from duplex_server.engine.llm import ChatPayload, LLMOptions
+from duplex_server.surface import ChatPayload, LLMOptions
 
 READY_TIMEOUT_S = 600.0
 
 
 class DirectTransformers:
     def __init__(self, options: LLMOptions) -> None:
-        from duplex_server.engine.core import EngineCore
-        from duplex_server.engine.llm.transformers_backend import TransformersBackend
+        from duplex_server.surface import EngineCore, TransformersBackend
 
         self.backend = TransformersBackend(
             Path(options.path),
@@ -51,7 +50,7 @@ class DirectTransformers:
         return self.backend.steps
 
     def stream(self, prompt: str, tag: str, max_new: int) -> AsyncIterator[str]:
-        from duplex_server.engine.core import EngineRequest
+        from duplex_server.surface import EngineRequest
 
         payload = ChatPayload(tiny_llm.chat(prompt), 0.0, max_new)
         return self.core.submit(EngineRequest(tag, tag, tag, 0, payload))
@@ -65,8 +64,7 @@ class DirectVllm:
     running: the caller runs its measurements on it)."""
 
     def __init__(self, options: LLMOptions) -> None:
-        from duplex_server.engine.llm.chat_template import render_prompt
-        from duplex_server.engine.llm.vllm_backend import engine_arguments, private_environment
+        from duplex_server.surface import engine_arguments, private_environment, render_prompt
 
         self._runtime = Path(tempfile.mkdtemp(prefix="duplex-bench-vllm-"))
         environment = private_environment(self._runtime)

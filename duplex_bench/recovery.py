@@ -18,17 +18,26 @@ from pathlib import Path
 
 import numpy as np
 
-from duplex_server.models import build_model
-from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import HandlerContext, audio_append, audio_commit
-from duplex_server.sessions.core.model_port import ModelChunk
-from duplex_server.sessions.core.records import LeaseBody, Record
-from duplex_server.sessions.core.responses import emit_chunk, finish_response
-from duplex_server.sessions.core.state import Response, initial_state
-from duplex_server.sessions.log.sqlite_store import SqliteLog
-from duplex_server.sessions.log.tokens import hash_token, new_session_id
-from duplex_server.sessions.runtime.actor import ActorSettings
-from duplex_server.sessions.runtime.manager import ManagerSettings, SessionManager
+from duplex_server.surface import (
+    ActorSettings,
+    Batch,
+    HandlerContext,
+    LeaseBody,
+    ManagerSettings,
+    ModelChunk,
+    Record,
+    Response,
+    SessionManager,
+    SqliteLog,
+    audio_append,
+    audio_commit,
+    build_model,
+    emit_chunk,
+    finish_response,
+    hash_token,
+    initial_state,
+    new_session_id,
+)
 from protocol import client_events as ce
 
 TARGET_SECONDS = 3.0

@@ -24,9 +24,7 @@ import numpy as np
 import websockets
 
 from duplex_bench.server_process import ServerProcess
-from duplex_server.sessions.core.records import AudioBody, Record
-from duplex_server.sessions.log.redis_store import RedisLog, connect
-from duplex_server.sessions.log.store import StorageUnavailable
+from duplex_server.surface import AudioBody, Record, RedisLog, StorageUnavailable, connect_redis
 
 PIPELINE = 16
 CLIENTS = 50
@@ -67,7 +65,7 @@ def drop_prefix(url: str, prefix: str) -> int:
     """Delete every key a benchmark phase wrote under ``prefix``."""
 
     async def drop() -> int:
-        client = connect(url)
+        client = connect_redis(url)
         try:
             keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
             for at in range(0, len(keys), 500):

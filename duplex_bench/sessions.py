@@ -49,8 +49,7 @@ from duplex_bench.load_processes import (
     usable_cores,
 )
 from duplex_bench.server_process import ServerProcess, free_port
-from duplex_server.metrics import histogram_quantile, parse_histogram
-from duplex_server.sessions.log.redis_store import REDIS_SCHEMES
+from duplex_server.surface import REDIS_SCHEMES, histogram_quantile, parse_histogram
 
 TARGET_COMMIT_TO_AUDIO_P99_MS = 50.0
 TARGET_HEARTBEAT_RATIO = 1.5

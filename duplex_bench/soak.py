@@ -35,7 +35,7 @@ import websockets
 from duplex_bench.generator import GeneratorCpu, validity
 from duplex_bench.server_process import ServerProcess
 from duplex_bench.sessions import BenchClient, Measures, append_frame, quantiles
-from duplex_server.sessions.log import redis_store
+from duplex_server.surface import REDIS_SCHEMES, connect_redis
 
 TARGET_SLOPE_MB_PER_1000 = 0.05
 RECONNECT_PAUSE_S = 0.1  # after a failed session, before the next
@@ -107,9 +107,7 @@ class StoreSize:
     def __init__(self, store: str) -> None:
         self.store = store
         # The store's own client: every URL the server takes, sentinels too.
-        self._redis = (
-            redis_store.connect(store) if store.startswith(redis_store.REDIS_SCHEMES) else None
-        )
+        self._redis = connect_redis(store) if store.startswith(REDIS_SCHEMES) else None
 
     async def bytes(self) -> int | None:
         if self.store.startswith("sqlite:"):

@@ -51,7 +51,7 @@ from duplex_bench.load_processes import CorePlan, pinned, plan_cores, usable_cor
 from duplex_bench.recorded_speech import Utterance
 from duplex_bench.server_process import ServerProcess
 from duplex_bench.voice_client import HeartbeatProbe, SessionOutcome, Speaker, Turn
-from duplex_server.metrics import sample_value
+from duplex_server.surface import sample_value
 
 TARGET_P50_MS = 700.0
 TARGET_P95_MS = 1000.0

@@ -23,7 +23,7 @@ import websockets
 
 from duplex_bench.recorded_speech import SAMPLE_RATE_HZ as SPEECH_RATE_HZ
 from duplex_bench.recorded_speech import Utterance
-from duplex_server.audio import resample_pcm16
+from duplex_server.surface import resample_pcm16
 
 RATE = 24_000  # pcm16, the server's default input format: what a page sends
 LEAD_SILENCE_S = 0.6  # before each utterance, so the VAD hears its onset

@@ -30,8 +30,7 @@ import websockets
 
 from duplex_bench.generator import GeneratorCpu, validity
 from duplex_bench.server_process import ServerProcess
-from duplex_server.audio import resample_pcm16
-from duplex_server.sessions.core.turns import BARGE_IN_MS
+from duplex_server.surface import BARGE_IN_MS, resample_pcm16
 
 RATE = 24_000
 JITTER_MS = 120.0
@@ -72,7 +71,7 @@ class VoiceMeasures:
 
 
 def _speech(text: str) -> bytes:
-    from duplex_server.engine.audio.espeak import Espeak
+    from duplex_server.surface import Espeak
 
     espeak = Espeak.shared()
     return resample_pcm16(espeak.synthesize(text, VOICE), espeak.sample_rate_hz, RATE)
@@ -179,8 +178,7 @@ class Speaker:
 
 
 def _stage_rtf() -> dict:
-    from duplex_server.engine.audio.espeak import Espeak
-    from duplex_server.engine.audio.sphinx import Sphinx
+    from duplex_server.surface import Espeak, Sphinx
 
     espeak = Espeak.shared()
     sphinx = Sphinx(PHRASES)
