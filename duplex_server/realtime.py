@@ -27,6 +27,7 @@ from duplex_server.auth import (
     presented_key,
 )
 from duplex_server.config import ServerConfig
+from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.actor import SessionActor
 from duplex_server.sessions.runtime.attachment import Attachment, TransportClosed
 from duplex_server.sessions.runtime.input_budget import REFUSAL_PAUSE_S
@@ -128,7 +129,7 @@ class RealtimeConnection:
             pass
         finally:
             if self.actor is not None:
-                self.actor.detach(self.attachment.generation)
+                self.actor.post(mb.Detach(self.attachment.generation))
 
     async def _receive(self, deadline: float) -> Message | None:
         """The next message; until a session is open, None once the
@@ -273,7 +274,7 @@ class RealtimeConnection:
         if previous is not None:
             # The socket's autostarted session is abandoned for the resumed one.
             await self.attachment.stop()
-            previous.detach(self.attachment.generation)
+            previous.post(mb.Detach(self.attachment.generation))
             previous.end("client_close")
         metrics.RESUMES.labels("resumed").inc()
         self.attachment = fresh

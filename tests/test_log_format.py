@@ -12,6 +12,7 @@ from duplex_bench.server_process import free_port
 from duplex_server.config import ServerConfig
 from duplex_server.log_format import JsonLines, SessionFields
 from duplex_server.sessions.runtime import log_context
+from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.actor import SessionActor
 from tests.conftest import running_server
 from tests.wsclient import tone_pcm16
@@ -88,18 +89,19 @@ async def test_the_actor_binds_its_session_and_the_response_in_progress(monkeypa
     """Lines logged in a real actor's task, while it streams an answer, carry
     the ids the client was told."""
     probe = logging.getLogger("test.log_format.actor")
-    on_chunks = SessionActor._on_chunks
+    on_model = SessionActor._on_model
     on_client = SessionActor._on_client
 
     async def chunks_logged(self, message):
-        probe.info("chunks")
-        await on_chunks(self, message)
+        if isinstance(message, mb.Chunks):
+            probe.info("chunks")
+        await on_model(self, message)
 
-    async def client_logged(self, message):
+    async def client_logged(self, event, received_at):
         probe.info("client event")
-        await on_client(self, message)
+        await on_client(self, event, received_at)
 
-    monkeypatch.setattr(SessionActor, "_on_chunks", chunks_logged)
+    monkeypatch.setattr(SessionActor, "_on_model", chunks_logged)
     monkeypatch.setattr(SessionActor, "_on_client", client_logged)
     lines = capture("test.log_format.actor")
     try:

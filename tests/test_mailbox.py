@@ -11,10 +11,12 @@ from duplex_server.sessions.runtime import mailbox as mb
 
 
 def _kinds() -> set[type]:
+    """Every message dataclass the mailbox defines or takes from the core
+    (the model's output is a core input: core/model_output.py)."""
     return {
         cls
         for _, cls in inspect.getmembers(mb, inspect.isclass)
-        if dataclasses.is_dataclass(cls) and cls.__module__ == mb.__name__
+        if dataclasses.is_dataclass(cls)
     }
 
 

@@ -370,13 +370,13 @@ async def test_a_renewal_overtaken_by_a_resume_here_keeps_the_session(lone_repli
     client, created = await lone_replica.open()
     session_id, token = created["session"]["id"], created["resume_token"]
     actor = manager.actors[session_id]
-    old_fence = actor.fence
+    old_fence = actor.lease.fence
     renew = log.renew_leases
     resumed: list[WsClient] = []
 
     async def renew_after_a_resume(owner: str, leases: dict[str, int]) -> dict:
         await client.close()
-        while actor.holds_lease:
+        while actor.lifecycle.holds_lease:
             await asyncio.sleep(0.01)
         again = await lone_replica.connect("autostart=0")
         await again.send(
@@ -394,5 +394,5 @@ async def test_a_renewal_overtaken_by_a_resume_here_keeps_the_session(lone_repli
     log.renew_leases = renew_after_a_resume
     await manager.renew_leases()
     log.renew_leases = renew
-    assert actor.fence > old_fence and manager.actors[session_id] is actor
+    assert actor.lease.fence > old_fence and manager.actors[session_id] is actor
     assert (await next_turn(resumed[0]))[-2]["response"]["status"] == "completed"

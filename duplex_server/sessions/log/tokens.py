@@ -6,9 +6,11 @@ SHA-256 hash; comparison is constant-time.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
+
+from duplex_server.sessions.core.token_hashes import hash_token, token_matches
+
+__all__ = ["hash_token", "new_resume_token", "new_session_id", "token_matches"]
 
 
 def new_session_id() -> str:
@@ -17,13 +19,3 @@ def new_session_id() -> str:
 
 def new_resume_token() -> str:
     return secrets.token_urlsafe(16)
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def token_matches(token: str, token_hash: str | None) -> bool:
-    if token_hash is None:
-        return False
-    return hmac.compare_digest(hash_token(token), token_hash)

@@ -13,8 +13,9 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from duplex_server.sessions.core.model_port import UnitOutput
-from duplex_server.sessions.core.records import CloseReason, UnitBody
+# What a model's feed posts is a session input the core steps (core/model_output.py).
+from duplex_server.sessions.core.model_output import Chunks, ModelFailed, StreamEnd, UnitOutputs
+from duplex_server.sessions.core.records import CloseReason
 from duplex_server.sessions.log.store import LeaseStatus
 from duplex_server.sessions.runtime.attachment import Attachment
 from protocol.client_events import ClientEvent, SessionResume
@@ -40,25 +41,6 @@ class Heartbeat:
     ack still means they were applied; it is never recorded."""
 
     generation: int
-
-
-@dataclass
-class Chunks:
-    """Engine output is waiting: the actor takes every chunk pending for the
-    response at once (chunks produced while it was busy share one batch)."""
-
-    response_id: str
-    epoch: int
-
-
-@dataclass
-class StreamEnd:
-    response_id: str
-    epoch: int
-    error: str | None
-    # The model's stage times that came after its last output (reported on
-    # the response's done events, so they are journaled with it).
-    stage_ms: dict[str, float] | None = None
 
 
 # Whether a caller may use a session its owner (a principal's name) opened.
@@ -112,26 +94,6 @@ class Partial:
 
     item_id: str
     text: str
-
-
-@dataclass
-class UnitOutputs:
-    """A native duplex model's decisions and output for the units it just
-    stepped, under the epoch they were stepped in, and the unit itself with
-    the model's tokens (``unit``: logged whatever the epoch, since the
-    model's state moved on either way)."""
-
-    outputs: list[UnitOutput]
-    epoch: int
-    unit: UnitBody | None = None
-
-
-@dataclass
-class ModelFailed:
-    """A native duplex model's step raised: it says nothing more this session."""
-
-    error: str
-    epoch: int
 
 
 # What a socket sends, counted against the mailbox bound until applied.

@@ -24,6 +24,7 @@ from duplex_server.sessions.core.records import Record, is_job_session
 from duplex_server.sessions.core.state import fold, initial_state
 from duplex_server.sessions.log.store import LeaseHeld, LogError, SessionLog, UnknownSession
 from duplex_server.sessions.log.tokens import new_session_id, token_matches
+from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.actor import ActorSettings, SessionActor
 from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.lease import SessionMoved
@@ -400,7 +401,11 @@ class SessionManager:
         fence it was asked about: while the renewal was in flight the actor
         may have let the lease go and taken it back with a newer fence (a
         resume here), and that lease is not lost."""
-        held = {sid: a.fence for sid, a in self.actors.items() if a.holds_lease and a.fence}
+        held = {
+            sid: a.lease.fence
+            for sid, a in self.actors.items()
+            if a.lifecycle.holds_lease and a.lease.fence
+        }
         try:
             statuses = await self.log.renew_leases(self.settings.owner, held)
         except LogError as exc:
@@ -410,9 +415,9 @@ class SessionManager:
             actor = self.actors.get(session_id)
             if status == "held" or actor is None:
                 continue
-            if actor.holds_lease and actor.fence == held[session_id]:
+            if actor.lifecycle.holds_lease and actor.lease.fence == held[session_id]:
                 log.info("session %s: lease %s (fence %d)", session_id, status, held[session_id])
-                actor.lease_lost(status)
+                actor.post(mb.LeaseLost(status))
 
     async def expire_orphans(self, now_ms: int) -> list[str]:
         """Close sessions whose owner died and whose client never came back:
@@ -509,8 +514,8 @@ class SessionManager:
 
     def reap(self, now: float) -> None:
         for actor in list(self.actors.values()):
-            if actor.detached_at is not None:
-                if now - actor.detached_at >= self.settings.disconnect_grace_s:
+            if (detached_at := actor.lifecycle.detached_at) is not None:
+                if now - detached_at >= self.settings.disconnect_grace_s:
                     actor.end("disconnect_grace_expired")
                 continue
             ttl = actor.state.config.idle_timeout_s or self.settings.idle_ttl_s
@@ -527,7 +532,7 @@ class SessionManager:
         for actor in actors:
             # A durable log outlives this process: the next one resumes them.
             if self.log.durable:
-                actor.suspend()
+                actor.post(mb.Suspend())
             else:
                 actor.end("shutdown")
         for actor in actors:
