@@ -23,7 +23,7 @@ from duplex_server.engine.llm import LLM_BACKENDS, LLM_DTYPES
 from duplex_server.log_format import LOG_FORMATS
 from duplex_server.models import MODEL_CHOICES
 from duplex_server.sessions.core.model_names import ModelNames
-from duplex_server.sessions.runtime.actor import ActorSettings
+from duplex_server.sessions.runtime.actor_settings import ActorSettings
 from duplex_server.sessions.runtime.manager import ManagerSettings
 from duplex_server.settings import (
     ACCESS,

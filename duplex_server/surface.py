@@ -62,7 +62,7 @@ from duplex_server.sessions.log.redis_store import connect as connect_redis
 from duplex_server.sessions.log.sqlite_store import SqliteLog, SqliteReader
 from duplex_server.sessions.log.store import StorageUnavailable
 from duplex_server.sessions.log.tokens import hash_token, new_session_id
-from duplex_server.sessions.runtime.actor import ActorSettings
+from duplex_server.sessions.runtime.actor_settings import ActorSettings
 from duplex_server.sessions.runtime.manager import ManagerSettings, SessionManager
 
 if TYPE_CHECKING:

@@ -14,9 +14,7 @@ def _kinds() -> set[type]:
     """Every message dataclass the mailbox defines or takes from the core
     (the model's output is a core input: core/model_output.py)."""
     return {
-        cls
-        for _, cls in inspect.getmembers(mb, inspect.isclass)
-        if dataclasses.is_dataclass(cls)
+        cls for _, cls in inspect.getmembers(mb, inspect.isclass) if dataclasses.is_dataclass(cls)
     }
 
 
@@ -26,4 +24,5 @@ def test_every_message_kind_is_in_the_union():
 
 def test_the_tuple_isinstance_sees_is_the_union_mypy_sees():
     assert typing.get_args(mb.NeedsLog) == mb.NEEDS_LOG
+    assert typing.get_args(mb.SocketMessage) == mb.SOCKET_MESSAGES
     assert set(typing.get_args(mb.SocketMessage)) <= set(typing.get_args(mb.Message))

@@ -17,9 +17,11 @@ from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.config import response_config, response_output_format
 from duplex_server.sessions.core.model_port import (
     ResponseRequest,
+    StreamSetup,
     UnitOutput,
     history_view,
     session_view,
+    stream_setup,
 )
 from duplex_server.sessions.core.records import UnitBody
 from duplex_server.sessions.core.responses import finish_response, project_unit_outputs
@@ -69,6 +71,12 @@ class ModelFailed:
 
     error: str
     epoch: int
+
+
+def primed_setup(state: SessionState) -> StreamSetup | None:
+    """What a primed native model hears first: the session's setup, once it
+    has input (None before)."""
+    return stream_setup(state.config) if state.input_started else None
 
 
 def answer_request(state: SessionState, response: Response) -> ResponseRequest:

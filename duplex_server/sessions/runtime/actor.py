@@ -18,7 +18,6 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import assert_never
 
 from duplex_server import metrics
@@ -30,22 +29,21 @@ from duplex_server.sessions.core.config import merge_config
 from duplex_server.sessions.core.heard import HeardCommand, TurnEnded
 from duplex_server.sessions.core.model_names import ModelNames, opening_model
 from duplex_server.sessions.core.model_output import (
-    answer_request,
-    output_format,
+    primed_setup,
     record_answer_output,
     record_model_failure,
     record_stream_end,
     record_unit_outputs,
 )
-from duplex_server.sessions.core.model_port import ModelPort, StreamSetup, stream_setup
+from duplex_server.sessions.core.model_port import ModelPort
 from duplex_server.sessions.core.pipeline import Command, admit, apply
 from duplex_server.sessions.core.records import AudioBody, CloseReason, Record
-from duplex_server.sessions.core.snapshot import session_object
 from duplex_server.sessions.core.state import SessionState, initial_state
-from duplex_server.sessions.log.store import LeaseStatus, LogError, SessionLog
+from duplex_server.sessions.log.store import LogError, SessionLog
 from duplex_server.sessions.log.tokens import new_resume_token
 from duplex_server.sessions.runtime import log_context
 from duplex_server.sessions.runtime import mailbox as mb
+from duplex_server.sessions.runtime.actor_settings import ActorSettings
 from duplex_server.sessions.runtime.answer_timing import AnswerTiming
 from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.codecs import SessionCodecs
@@ -53,59 +51,23 @@ from duplex_server.sessions.runtime.hearing import Hearing
 from duplex_server.sessions.runtime.idle_timer import IdleTimer
 from duplex_server.sessions.runtime.input_budget import InputBudget
 from duplex_server.sessions.runtime.input_preparation import InputPreparation
-from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, Journal
-from duplex_server.sessions.runtime.lease import SessionLease, SessionMoved
+from duplex_server.sessions.runtime.journal import Journal
+from duplex_server.sessions.runtime.lease import SessionLease
 from duplex_server.sessions.runtime.lifecycle import Lifecycle, Phase
-from duplex_server.sessions.runtime.log_writer import Deposed, Duplicate, LogWriter, StoreDown
-from duplex_server.sessions.runtime.mailbox import OwnerCheck, anyone, not_yours
+from duplex_server.sessions.runtime.log_writer import LogWriter
+from duplex_server.sessions.runtime.mailbox import OwnerCheck, anyone
 from duplex_server.sessions.runtime.model_feed import open_feed
+from duplex_server.sessions.runtime.performer import Performer
 from duplex_server.sessions.runtime.recovery import media_bytes, recent_turn_audio, stepped_units
 from duplex_server.sessions.runtime.retention import AudioRetention
+from duplex_server.sessions.runtime.socket_changes import SocketChanges
 from duplex_server.sessions.runtime.socket_slot import SocketSlot
 from duplex_server.sessions.runtime.turn_feed import RECENT_TURNS
-from protocol.capabilities import Capabilities
 from protocol.client_events import ClientEvent, InputAudioAppend, InputAudioCommit, SessionResume
-from protocol.close_codes import CloseCode
-from protocol.errors import ProtocolError, error_body
-from protocol.server_events import Error, SessionObject
+from protocol.errors import ProtocolError
 from protocol.session_config import SessionUpdate
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ActorSettings:
-    owner: str
-    mailbox_size: int = 256
-    journal_max_events: int = DEFAULT_MAX_EVENTS
-    journal_max_bytes: int = DEFAULT_MAX_BYTES
-    # "all": keep input audio in the log; "uncommitted": once the client has
-    # acknowledged a turn's commit, its samples are compacted to metadata.
-    retain_audio: str = "all"
-    # Input media admitted per second of wall time, and the burst beyond it
-    # (token bucket, runtime/input_budget.py); a factor of 0 lifts the bound.
-    max_input_realtime_factor: float = 2.0
-    input_burst_ms: float = 10_000.0
-    # Media (audio samples, video frames) one session may put in the log.
-    max_session_media_bytes: int = 1024 * 1024 * 1024
-    # After a response's first text delta, text gathers this long before the
-    # next one: a delta, record and frame per interval, not per token (0: each
-    # token as it comes). Audio and function calls never wait.
-    text_delta_interval_ms: float = 20.0
-    # The names the model answers to (None: its adapter's name, and OpenAI's
-    # realtime names as aliases).
-    model_names: ModelNames | None = None
-
-
-def _setup_reader(writer: LogWriter) -> Callable[[], StreamSetup | None]:
-    """What a primed native model hears first: the session's setup, once it
-    has input (None before)."""
-
-    def setup() -> StreamSetup | None:
-        state = writer.state
-        return stream_setup(state.config) if state.input_started else None
-
-    return setup
 
 
 class SessionActor:
@@ -140,11 +102,7 @@ class SessionActor:
             AudioRetention(log_backend, session_id, settings.retain_audio),
             self.timing,
         )
-        self.socket = SocketSlot(
-            session_id,
-            self.journal,
-            functools.partial(_snapshot, self.writer, model.capabilities),
-        )
+        self.socket = SocketSlot(session_id, self.journal, self.writer, model.capabilities)
         self._mailbox: asyncio.Queue[mb.Message] = asyncio.Queue()
         self._pending_client = 0
         # The model, unit by unit or turn by turn, behind one interface. What
@@ -160,7 +118,7 @@ class SessionActor:
             session_id,
             post,
             lambda: writer.state.epoch,
-            _setup_reader(writer),
+            lambda: primed_setup(writer.state),
             text_delta_interval_s=settings.text_delta_interval_ms / 1000,
         )
         self._task: asyncio.Task[None] | None = None  # held: the loop keeps only weak refs
@@ -179,6 +137,10 @@ class SessionActor:
         self.hearing = Hearing(model, post)
         self._prepare = InputPreparation(
             model, self.names, self.hearing, self.input_budget, self.codecs, self._feed
+        )
+        self._out = Performer(self.writer, self.socket, self._feed, self.lease, self.lifecycle)
+        self._changes = SocketChanges(
+            self.writer, self.socket, self._feed, self.lease, self.lifecycle, self._out
         )
         self._end_requested = False
 
@@ -208,7 +170,7 @@ class SessionActor:
         batch = self.writer.new_batch()
         inputs.record_opening(
             batch,
-            self._holder(),
+            self.lease.holder(),
             patch,
             token,
             handshake=handshake,
@@ -216,7 +178,7 @@ class SessionActor:
             owner=owner,
             turn_detection_types=self.model.turn_detection_types,
         )
-        if not await self._commit(batch):
+        if not await self._out.commit(batch):
             raise LogError(f"could not record the opening of {self.session_id}")
         self.socket.attach(attachment, 1)
         self.lifecycle.to(Phase.ATTACHED)
@@ -250,8 +212,8 @@ class SessionActor:
         self._feed.restore(stepped_units(records))
         batch = self.writer.new_batch()
         expired = downtime_s >= grace_s
-        inputs.record_restore(batch, self._holder(), expired=expired)
-        if not await self._commit(batch):
+        inputs.record_restore(batch, self.lease.holder(), expired=expired)
+        if not await self._out.commit(batch):
             raise LogError(f"could not record the recovery of {self.session_id}")
         if expired:
             await self.lease.release()
@@ -346,7 +308,15 @@ class SessionActor:
             while self.lifecycle.serving and (
                 self.writer.dirty or self.state.closed_reason is None
             ):
-                await self._dispatch(await self._mailbox.get())
+                message = await self._mailbox.get()
+                try:
+                    await self._dispatch(message)
+                finally:
+                    # Counted until applied, not until taken: a heartbeat is
+                    # answered at once only while none of its socket's
+                    # commands is in flight.
+                    if isinstance(message, mb.SOCKET_MESSAGES):
+                        self._pending_client -= 1
         except Exception:
             # A bug in the actor ends this actor loudly: logged with its
             # traceback, and the socket closed with INTERNAL_ERROR so the client
@@ -361,120 +331,39 @@ class SessionActor:
                 await self._feed.close()
             finally:
                 self.closed.set()
-                self._on_closed(self.session_id, self._exit_reason(failed))
-
-    def _exit_reason(self, failed: bool) -> str:
-        """Why this actor stopped, for the manager: ``moved`` and ``failed``
-        leave the session open (served elsewhere, or rebuilt on resume)."""
-        if self.lifecycle.phase is Phase.MOVED:
-            return "moved"
-        if failed:
-            return "failed"
-        return self.state.closed_reason or "shutdown"
+                self._on_closed(
+                    self.session_id, self.lifecycle.exit_reason(self.state.closed_reason, failed)
+                )
 
     async def _dispatch(self, message: mb.Message) -> None:
         # Every message heals a state a storage failure left wrong, not only
         # those that need the log: a detach, an end or a suspend also append,
         # and a batch built on the wrong state would not follow the log.
-        if self.writer.dirty and not await self._heal() and isinstance(message, mb.NEEDS_LOG):
-            await self._refuse_unrecorded(message)
+        if self.writer.dirty and not await self._out.heal() and isinstance(message, mb.NEEDS_LOG):
+            await self._out.refuse_unrecorded(message)
             return
         if not self.lifecycle.serving:
             return  # the heal found the session closed, and closed its socket
         match message:
             case mb.Client() | mb.Reject() | mb.Heartbeat():
-                # Counted until applied, not until taken: a heartbeat is answered
-                # at once only while none of its socket's commands is in flight.
-                try:
-                    await self._on_socket(message)
-                finally:
-                    self._pending_client -= 1
+                await self._on_socket(message)
             case mb.Chunks() | mb.StreamEnd() | mb.UnitOutputs() | mb.ModelFailed():
                 await self._on_model(message)
             case mb.Partial():
                 await self._run_heard(self.hearing.partial(self.state, message))
             case mb.Resume():
-                await self._on_resume(message)
+                if await self._changes.resume(message):
+                    self.last_activity = time.monotonic()
             case mb.Detach():
-                await self._on_detach(message.generation)
+                await self._changes.detach(message.generation)
             case mb.End():
                 await self._on_end(message.reason)
             case mb.Suspend():
-                await self._on_suspend()
+                await self._changes.suspend()
             case mb.LeaseLost():
-                await self._leave(message.status)
+                await self._out.leave(message.status)
             case _:
                 assert_never(message)
-
-    # --- the log -----------------------------------------------------------
-
-    def _holder(self) -> inputs.LeaseHolder:
-        return inputs.LeaseHolder(self.settings.owner, self.lease.fence)
-
-    async def _commit(self, batch: Batch) -> bool:
-        """Append the batch; False when the store refused it, after doing
-        what the refusal asks of the session."""
-        refusal = await self.writer.commit(batch)
-        match refusal:
-            case None:
-                return True
-            case Duplicate(error):
-                await self._reject(error)
-            case Deposed():
-                await self._leave("lost")
-            case StoreDown(error):
-                # A response whose output cannot be recorded must not carry
-                # on with a hole in it: its stream stops here.
-                self._feed.stop_all()
-                await self.socket.send_error_now(error)
-            case _:
-                assert_never(refusal)
-        return False
-
-    async def _heal(self) -> bool:
-        """Refold from the log once the store answers again; ends as failed
-        the response whose stream a storage failure stopped."""
-        if not await self.writer.heal():
-            return False
-        if self.state.closed_reason is not None:
-            # The closing batch landed though its append failed (a timeout
-            # lost the reply): once the journal's close went out, so does the socket.
-            await self._finish_close()
-            return True
-        batch = self.writer.new_batch()
-        inputs.record_outage_stop(batch)
-        await self._commit(batch)
-        return not self.writer.dirty
-
-    async def _refuse_unrecorded(self, message: mb.NeedsLog) -> None:
-        """Answer what cannot be recorded while the store is down; nothing is
-        applied. What needs no answer (engine output, a partial transcript)
-        is dropped: the heal that follows the outage stops its response."""
-        reason = "the session log is unavailable; retry"
-        match message:
-            case mb.Client():
-                self._pending_client -= 1
-                await self.socket.send_error_now(
-                    ProtocolError("storage_unavailable", reason, event_id=message.event.event_id)
-                )
-            case mb.Reject():
-                self._pending_client -= 1
-            case mb.Resume():
-                message.done.set_exception(ProtocolError("storage_unavailable", reason))
-            case mb.Chunks() | mb.StreamEnd() | mb.Partial() | mb.UnitOutputs() | mb.ModelFailed():
-                pass
-            case _:
-                assert_never(message)
-
-    async def _reject(self, err: ProtocolError) -> None:
-        """Journal an error event for a rejected input; the session keeps serving."""
-        err.forget_traceback()
-        batch = self.writer.new_batch()
-        # Its records do not carry the refused event's id (a retry must not be
-        # taken for a duplicate), but a store failure must still name it.
-        batch.answers = err.event_id
-        batch.emit(Error(error=error_body(err)))
-        await self._commit(batch)
 
     # --- commands: the client's, and what hearing decided --------------------
 
@@ -492,7 +381,7 @@ class SessionActor:
             case mb.Heartbeat():
                 self._answer_heartbeat(message.generation)
             case mb.Reject() if self.socket.holds(message.generation):
-                await self._reject(message.error)
+                await self._out.reject(message.error)
             case mb.Reject():
                 pass
             case _:
@@ -506,7 +395,7 @@ class SessionActor:
         metrics.APPEND_LATENCY.observe(time.perf_counter() - received_at)
         if isinstance(event, InputAudioCommit):
             self.timing.committed(received_at)
-        await self._perform(effects)
+        await self._out.perform(effects)
         if isinstance(event, InputAudioAppend):
             self._prepare.charge(batch)
             for record in batch.records:
@@ -521,7 +410,7 @@ class SessionActor:
         not be transcribed again."""
         admitted = admit(self.state, command, self.model.capabilities)
         if isinstance(admitted, ProtocolError):
-            await self._reject(admitted)
+            await self._out.reject(admitted)
             return None
         ctx = await self._prepare.context_for(self.state, command)
         before = self.state.last_seq
@@ -530,9 +419,9 @@ class SessionActor:
         except ProtocolError as err:
             if self.state.last_seq != before:
                 await self.writer.refold()
-            await self._reject(err)
+            await self._out.reject(err)
             return None
-        if not await self._commit(batch):
+        if not await self._out.commit(batch):
             return None
         return batch, effects
 
@@ -557,24 +446,7 @@ class SessionActor:
             if isinstance(command, TurnEnded):
                 self.timing.speech_stopped(decided_at)
             self.hearing.recorded(command)
-            await self._perform(done[1])
-
-    async def _perform(self, effects: fx.Effects) -> None:
-        """Do what a landed step asks outside the log, in the order it asks."""
-        for effect in effects:
-            match effect:
-                case fx.KeepTurn(item_id, pcm):
-                    self._feed.keep_turn(item_id, pcm)
-                case fx.StopAnswer(response_id):
-                    self._feed.stop(response_id)
-                case fx.StartAnswer(response):
-                    self._feed.answer(answer_request(self.state, response))
-                case fx.Trim(upto):
-                    await self.writer.trim(upto)
-                case fx.Close():
-                    await self._finish_close()
-                case _:
-                    assert_never(effect)
+            await self._out.perform(done[1])
 
     # --- the model's output ----------------------------------------------------
 
@@ -583,7 +455,7 @@ class SessionActor:
         never reaches the log."""
         batch = self.writer.new_batch()
         state = self.state
-        encoder = functools.partial(_response_encoder, self.codecs, state)
+        encoder = functools.partial(self.codecs.response_encoder, state)
         match message:
             case mb.UnitOutputs():
                 record_unit_outputs(batch, message, encoder)
@@ -593,78 +465,14 @@ class SessionActor:
                 record_model_failure(batch, message)
             case mb.StreamEnd(response_id):
                 self._feed.forget(response_id)
-                if record_stream_end(batch, message) and await self._commit(batch):
+                if record_stream_end(batch, message) and await self._out.commit(batch):
                     await self._run_heard(self.hearing.answer_ended())
                 return
             case _:
                 assert_never(message)
-        await self._commit(batch)
+        await self._out.commit(batch)
 
-    # --- attachments and the lease --------------------------------------------
-
-    async def _on_resume(self, message: mb.Resume) -> None:
-        request = message.request
-        if not message.may_use(self.state.owner):
-            message.done.set_exception(not_yours(request))
-            return
-        if (refused := inputs.resume_refusal(self.state, request)) is not None:
-            message.done.set_exception(refused)
-            return
-        try:
-            # A detached session's lease was let go; take it back unless
-            # another replica took the session meanwhile (it is served there).
-            await self.lease.take_back()
-        except (SessionMoved, ProtocolError) as exc:
-            message.done.set_exception(exc)
-            return
-        token = new_resume_token()
-        batch = self.writer.new_batch()
-        generation = inputs.record_resume(batch, self._holder(), token)
-        if not await self._commit(batch):
-            message.done.set_exception(
-                ProtocolError("storage_unavailable", "could not record the resume")
-            )
-            return
-        await self.socket.replace(generation)
-        self.socket.attach(message.attachment, generation)
-        self.lifecycle.to(Phase.ATTACHED)
-        self.last_activity = time.monotonic()
-        await self.socket.greet_resumed(token, request.last_received_server_event_seq)
-        message.done.set_result(None)
-
-    async def _on_detach(self, generation: int) -> None:
-        if await self.socket.take(generation) is None:
-            return
-        self.lifecycle.to(Phase.DETACHED, at=time.monotonic())
-        batch = self.writer.new_batch()
-        inputs.record_detach(batch, self._holder())
-        if await self._commit(batch):
-            await self.lease.release()
-
-    async def _on_suspend(self) -> None:
-        """Hand the session over to the next process: detach, tell the client to resume."""
-        self._feed.stop_all()
-        attachment = await self.socket.take()
-        if attachment is not None:
-            batch = self.writer.new_batch()
-            inputs.record_detach(batch, self._holder())
-            await self._commit(batch)
-            await attachment.close(
-                CloseCode.SERVICE_RESTART, "server restarting: resume the session"
-            )
-        await self.lease.release()
-        self.lifecycle.to(Phase.SUSPENDED)
-
-    async def _leave(self, status: LeaseStatus) -> None:
-        """The lease is another replica's now (``lost``) or is asked for
-        (``handoff``): stop writing, tell the socket, let the lease go."""
-        if not self.lifecycle.serving:
-            return
-        self._feed.stop_all()
-        await self.socket.move_away()
-        if status == "handoff":
-            await self.lease.release()
-        self.lifecycle.to(Phase.MOVED)
+    # --- the session's end --------------------------------------------
 
     async def _on_end(self, reason: CloseReason) -> None:
         """Expiry or server shutdown: tell the client why, then close."""
@@ -675,28 +483,13 @@ class SessionActor:
             return
         batch = self.writer.new_batch()
         aborted = inputs.record_end(batch, reason)
-        if not await self._commit(batch):
+        if not await self._out.commit(batch):
             self._end_requested = False  # not recorded: the reaper asks again
             return
         if aborted:
             self._feed.stop(aborted)
-        await self._finish_close()
-
-    async def _finish_close(self) -> None:
-        if self.lifecycle.serving:
-            self.lifecycle.to(Phase.CLOSED)
-        await self.socket.close_after_drain(self.state.closed_reason or "closed")
+        await self._out.finish_close()
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _snapshot(writer: LogWriter, capabilities: Capabilities) -> SessionObject:
-    return session_object(writer.state, capabilities)
-
-
-def _response_encoder(
-    codecs: SessionCodecs, state: SessionState, response_id: str
-) -> Callable[[bytes, int], bytes] | None:
-    return codecs.stream_encoder(response_id, output_format(state, response_id))

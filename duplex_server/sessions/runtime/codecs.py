@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 from duplex_server.audio import StreamEncoder
 from duplex_server.audio.opus import OpusDecoder
+from duplex_server.sessions.core.model_output import output_format
+from duplex_server.sessions.core.state import SessionState
 from protocol.audio_formats import AudioFormat
 
 
@@ -34,3 +36,9 @@ class SessionCodecs:
         if self._encoder is None or self._encoder[:2] != (response_id, fmt):
             self._encoder = (response_id, fmt, StreamEncoder(fmt))
         return self._encoder[2].encode
+
+    def response_encoder(
+        self, state: SessionState, response_id: str
+    ) -> Callable[[bytes, int], bytes] | None:
+        """:meth:`stream_encoder` in the format ``response_id`` speaks in."""
+        return self.stream_encoder(response_id, output_format(state, response_id))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from duplex_server.sessions.core.server_inputs import LeaseHolder
 from duplex_server.sessions.log.store import LeaseHeld, LogError, SessionLog, StaleFence
 from duplex_server.sessions.runtime.lifecycle import Lifecycle, Phase
 from protocol.errors import ProtocolError
@@ -30,6 +31,10 @@ class SessionLease:
         self._owner = owner
         self._lifecycle = lifecycle
         self.fence = 0  # every append carries it; the store refuses an older one
+
+    def holder(self) -> LeaseHolder:
+        """Who writes the session now, as its lease records name it."""
+        return LeaseHolder(self._owner, self.fence)
 
     async def acquire(self) -> None:
         """Take the lease of a new session."""

@@ -65,3 +65,12 @@ class Lifecycle:
     def serving(self) -> bool:
         """Whether the actor still serves the session (its loop goes on)."""
         return self.phase not in _ENDS
+
+    def exit_reason(self, closed_reason: str | None, failed: bool) -> str:
+        """Why the actor stopped, for the manager: ``moved`` and ``failed``
+        leave the session open (served elsewhere, or rebuilt on resume)."""
+        if self.phase is Phase.MOVED:
+            return "moved"
+        if failed:
+            return "failed"
+        return closed_reason or "shutdown"

@@ -98,6 +98,7 @@ class Partial:
 
 # What a socket sends, counted against the mailbox bound until applied.
 SocketMessage = Client | Reject | Heartbeat
+SOCKET_MESSAGES = (Client, Reject, Heartbeat)
 
 # What a model's feed posts about the output it produced (runtime/*_feed.py).
 ModelMessage = Chunks | StreamEnd | UnitOutputs | ModelFailed

@@ -25,7 +25,8 @@ from duplex_server.sessions.core.state import fold, initial_state
 from duplex_server.sessions.log.store import LeaseHeld, LogError, SessionLog, UnknownSession
 from duplex_server.sessions.log.tokens import new_session_id, token_matches
 from duplex_server.sessions.runtime import mailbox as mb
-from duplex_server.sessions.runtime.actor import ActorSettings, SessionActor
+from duplex_server.sessions.runtime.actor import SessionActor
+from duplex_server.sessions.runtime.actor_settings import ActorSettings
 from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.lease import SessionMoved
 from duplex_server.sessions.runtime.mailbox import OwnerCheck, anyone, not_yours

@@ -9,10 +9,11 @@ events reach it through the attachment's sender, from a cursor.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from duplex_server.sessions.core.snapshot import session_object
 from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.journal import Journal
+from duplex_server.sessions.runtime.log_writer import LogWriter
+from protocol.capabilities import Capabilities
 from protocol.close_codes import CloseCode
 from protocol.codec import encode_server_event
 from protocol.errors import ProtocolError, error_body
@@ -30,22 +31,26 @@ DRAIN_TIMEOUT_S = 2.0
 
 
 class SocketSlot:
-    """``snapshot()``: the session object as the session stands now (for
-    greetings and resyncs); it reads the writer's state, never the actor,
-    so that a closed session holds no cycle through its sender."""
+    """Greetings and resyncs carry the session object as the writer's state
+    has it now (never read through the actor, so that a closed session
+    holds no cycle through its sender)."""
 
     def __init__(
-        self, session_id: str, journal: Journal, snapshot: Callable[[], SessionObject]
+        self, session_id: str, journal: Journal, writer: LogWriter, capabilities: Capabilities
     ) -> None:
         self._session_id = session_id
         self._journal = journal
-        self._snapshot = snapshot
+        self._writer = writer
+        self._capabilities = capabilities
         self.current: Attachment | None = None
         self._heartbeats = 0  # acks sent, for their event ids
 
     def holds(self, generation: int) -> bool:
         """Whether ``generation`` is the socket attached now (not a superseded one)."""
         return self.current is not None and self.current.generation == generation
+
+    def _snapshot(self) -> SessionObject:
+        return session_object(self._writer.state, self._capabilities)
 
     def _event_id(self, kind: str) -> str:
         return f"event_{self._session_id[-8:]}_{kind}"
