@@ -21,10 +21,10 @@ import numpy as np
 from duplex_server.surface import (
     ActorSettings,
     Batch,
-    HandlerContext,
     LeaseBody,
     ManagerSettings,
     ModelChunk,
+    ModelFacts,
     Record,
     Response,
     SessionManager,
@@ -69,8 +69,8 @@ def synth_session(session_id: str, count: int, now_ms: int) -> list[Record]:
     chunk = ModelChunk(audio=pcm.tobytes(), sample_rate_hz=RATE_HZ, text="w ")
     while len(records) < count:
         for _ in range(3):
-            run(lambda b: audio_append(b, append, HandlerContext(model)))
-        run(lambda b: audio_commit(b, ce.InputAudioCommit(), HandlerContext(model)))
+            run(lambda b: audio_append(b, append, ModelFacts(model)))
+        run(lambda b: audio_commit(b, ce.InputAudioCommit(), ModelFacts(model)))
         for _ in range(3):
             if len(records) >= count:
                 break

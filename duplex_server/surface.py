@@ -47,7 +47,7 @@ from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands import (
     MAX_VIDEO_FRAME_BYTES,
     MAX_VIDEO_FRAMES,
-    HandlerContext,
+    ModelFacts,
     audio_append,
     audio_commit,
 )
@@ -115,7 +115,7 @@ __all__ = [
     "session_object",
     # the session core's commands, batches and response projection
     "Batch",
-    "HandlerContext",
+    "ModelFacts",
     "MAX_VIDEO_FRAMES",
     "MAX_VIDEO_FRAME_BYTES",
     "BARGE_IN_MS",

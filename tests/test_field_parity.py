@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from duplex_server.models import build_model
-from duplex_server.sessions.core.commands import HandlerContext
+from duplex_server.sessions.core.commands import ModelFacts
 from duplex_server.sessions.core.config import EffectiveConfig, merge_config
 from duplex_server.sessions.core.effects import Close, StartAnswer, StopAnswer
 from duplex_server.sessions.core.items import to_wire
@@ -43,7 +43,7 @@ class Session:
     def send(self, event: dict[str, Any]):
         self.clock += 10
         batch, effects = step(
-            self.state, self.decoder.decode(json.dumps(event)), HandlerContext(MODEL), self.clock
+            self.state, self.decoder.decode(json.dumps(event)), ModelFacts(MODEL), self.clock
         )
         self.records += batch.records
         self.events += [json.loads(payload) for _, payload in batch.outbound]

@@ -7,7 +7,7 @@ import pytest
 
 from duplex_server.models import build_model
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import HandlerContext
+from duplex_server.sessions.core.commands import ModelFacts
 from duplex_server.sessions.core.effects import StartAnswer, StopAnswer
 from duplex_server.sessions.core.model_port import ModelChunk
 from duplex_server.sessions.core.pipeline import step
@@ -41,7 +41,7 @@ class Script:
 
     def send(self, event: ce.ClientEvent):
         self.clock += 10
-        batch, effects = step(self.state, event, HandlerContext(MODEL), self.clock)
+        batch, effects = step(self.state, event, ModelFacts(MODEL), self.clock)
         self._keep(batch)
         return effects
 

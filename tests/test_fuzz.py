@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from duplex_bench.fuzz import FrameFuzzer, FuzzClient, Known, Tally
 from duplex_server.models import build_model
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import SOCKET_EVENTS, HandlerContext
+from duplex_server.sessions.core.commands import SOCKET_EVENTS, ModelFacts, PreparedAppend
 from duplex_server.sessions.core.config import response_output_format, with_default_turn_detection
 from duplex_server.sessions.core.model_port import ModelChunk
 from duplex_server.sessions.core.pipeline import step
@@ -142,10 +142,10 @@ class PureSession:
         batch.emit(Error(error=error_body(err)))
         self._keep(batch)
 
-    def _context(self, event: ce.ClientEvent) -> HandlerContext:
+    def _prepared(self, event: ce.ClientEvent) -> PreparedAppend | None:
         if isinstance(event, ce.InputAudioAppend):
-            return HandlerContext(MODEL, decode_stream=self.codecs.decode_opus)
-        return HandlerContext(MODEL)
+            return PreparedAppend(decode_stream=self.codecs.decode_opus)
+        return None
 
     def feed(self, frame: str | bytes) -> str:
         """What became of ``frame``: its error code, "stepped", or why it never stepped."""
@@ -159,7 +159,7 @@ class PureSession:
         before = self.state.last_seq
         self.clock += 10
         try:
-            batch, _ = step(self.state, event, self._context(event), self.clock)
+            batch, _ = step(self.state, event, ModelFacts(MODEL), self.clock, self._prepared(event))
         except ProtocolError as err:
             if self.state.last_seq != before:
                 self.state = self.refold()  # as the actor does

@@ -14,7 +14,7 @@ import pytest
 from duplex_server.models import build_model
 from duplex_server.models.cascade.model import CascadeModel
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import HandlerContext
+from duplex_server.sessions.core.commands import ModelFacts
 from duplex_server.sessions.core.effects import StartAnswer
 from duplex_server.sessions.core.gates import (
     GATES,
@@ -94,7 +94,7 @@ def spoken_conversation() -> SessionState:
     def send(event: ce.ClientEvent):
         nonlocal clock
         clock += 10
-        return step(state, event, HandlerContext(ECHO), clock)[1]
+        return step(state, event, ModelFacts(ECHO), clock)[1]
 
     send(ce.SessionUpdateEvent(session=ce.SessionUpdate(instructions="be brief", voice="alloy")))
     send(ce.InputAudioAppend(audio=b64(tone_pcm16(200))))
@@ -182,7 +182,7 @@ def test_a_gated_surface_is_refused_and_changes_nothing(surface):
     event.event_id = "evt_gated"
     before = copy.deepcopy(state)
     with pytest.raises(ProtocolError) as refused:
-        step(state, event, HandlerContext(LACKING), 5000)
+        step(state, event, ModelFacts(LACKING), 5000)
     _, _, code, param = surface
     assert (refused.value.code, refused.value.param) == (code, param)
     assert refused.value.event_id == "evt_gated"
@@ -210,7 +210,7 @@ def test_a_fixed_field_is_refused_alone(fixed):
     before = msgspec.structs.asdict(state.config)
     patch = msgspec.structs.replace(event.session, speed=1.5, metadata={"k": "v"})
     event = ce.SessionUpdateEvent(session=patch, event_id="evt_fixed")
-    batch, _ = step(state, event, HandlerContext(LACKING), 5000)
+    batch, _ = step(state, event, ModelFacts(LACKING), 5000)
     error, updated = _sent(batch)
     assert error["type"] == "error" and updated["type"] == "session.updated"
     assert (error["error"]["code"], error["error"]["param"]) == (code, param)
@@ -227,10 +227,10 @@ def test_a_name_the_model_answers_to_is_no_change(name):
     served model) change nothing and are not refused; any model fixes its
     model, so echo refuses another name."""
     state = spoken_conversation()
-    batch, _ = step(state, update(model=name, speed=1.25), HandlerContext(ECHO), 5000)
+    batch, _ = step(state, update(model=name, speed=1.25), ModelFacts(ECHO), 5000)
     assert [event["type"] for event in _sent(batch)] == ["session.updated"]
     assert (state.config.model, state.config.speed) == ("echo", 1.25)
-    batch, _ = step(state, update(model="another"), HandlerContext(ECHO), 5000)
+    batch, _ = step(state, update(model="another"), ModelFacts(ECHO), 5000)
     error, _updated = _sent(batch)
     assert error["error"]["code"] == "model_update_unsupported"
 
@@ -326,6 +326,6 @@ def test_a_turn_signal_carries_its_events_own_gates():
     )
     before = copy.deepcopy(state)
     with pytest.raises(ProtocolError) as refused:
-        step(state, truncate, HandlerContext(NoTruncation()), 5000)
+        step(state, truncate, ModelFacts(NoTruncation()), 5000)
     assert (refused.value.code, refused.value.event_id) == ("capability_unsupported", "sig")
     assert state == before

@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 
 from duplex_server.models import build_model
-from duplex_server.sessions.core.commands import HandlerContext
+from duplex_server.sessions.core.commands import HeardTurn, ModelFacts
 from duplex_server.sessions.core.effects import Effects, StartAnswer, StopAnswer
 from duplex_server.sessions.core.heard import (
     DeferredTurnDue,
@@ -57,9 +57,9 @@ class Session:
         state.config.overlap_policy = self.overlap_policy
         return state
 
-    def run(self, command: Command, ctx: HandlerContext | None = None):
+    def run(self, command: Command, heard: HeardTurn | None = None):
         self.clock += 10
-        batch, effects = step(self.state, command, ctx or HandlerContext(MODEL), self.clock)
+        batch, effects = step(self.state, command, ModelFacts(MODEL), self.clock, heard)
         self.log.extend(batch.records)
         sent = [msgspec.json.decode(payload) for _, payload in batch.outbound]
         self.sent += sent
@@ -234,8 +234,8 @@ def test_the_commit_tells_the_rest_so_deltas_add_up():
     session.speak(300)
     item_id = f"item_{session.state.session_id[-10:]}_u1"
     session.run(PartialHeard(item_id, "what is"))
-    ctx = HandlerContext(MODEL, transcript="what is the weather", transcript_told="what is")
-    session.run(TurnEnded(300.0, response_create=False), ctx)
+    heard = HeardTurn("what is the weather", told="what is")
+    session.run(TurnEnded(300.0, response_create=False), heard)
     deltas = [e for e in session.sent if e["type"].endswith("transcription.delta")]
     (completed,) = [e for e in session.sent if e["type"].endswith("transcription.completed")]
     assert "".join(d["delta"] for d in deltas) == completed["transcript"] == "what is the weather"
@@ -246,8 +246,7 @@ def test_a_failed_recognition_is_told_before_the_turn_it_spoils():
     session.run(SpeechStart(0.0))
     session.speak(300)
     failure = ProtocolError("engine_error", "recogniser crashed")
-    ctx = HandlerContext(MODEL, transcription_error=failure)
-    session.run(TurnEnded(300.0, response_create=False), ctx)
+    session.run(TurnEnded(300.0, response_create=False), HeardTurn(error=failure))
     assert session.events[-7:] == [
         "error",
         "input_audio_buffer.speech_stopped",
@@ -270,7 +269,7 @@ def test_a_second_turn_in_the_same_append_stops_without_an_empty_commit():
     session.run(hearing.decide(session.state, Transition("speech_started", 100.0)))
     session.speak(2000)
     first = hearing.decide(session.state, Transition("speech_stopped", 700.0))
-    session.run(first, HandlerContext(MODEL))
+    session.run(first, HeardTurn())
     session.run(hearing.decide(session.state, Transition("speech_started", 1200.0)))
     second = hearing.decide(session.state, Transition("speech_stopped", 1800.0))
     assert isinstance(second, TurnEnded)

@@ -9,7 +9,6 @@ import asyncio
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from duplex_server.sessions.core.commands import HandlerContext
 from duplex_server.sessions.core.heard import TurnEnded
 from duplex_server.sessions.core.model_port import NO_HINTS, TranscriptionHints
 from duplex_server.sessions.core.records import AudioBody, CommitBody
@@ -89,14 +88,12 @@ class Driver:
                 command = self.hearing.decide(self.session.state, transition)
                 if command is None:
                     continue
-                ctx = HandlerContext(MODEL)
+                heard = None
                 if isinstance(command, TurnEnded):
                     self.finals_at_stop = len(self.ears.finals)
+                    # What the actor's input preparation does before the step.
                     heard = await self.hearing.transcribe(self.session.state, command.at_ms)
-                    ctx = HandlerContext(
-                        MODEL, transcript=heard.text, transcription_ms=heard.wait_ms
-                    )
-                self.session.run(command, ctx)
+                self.session.run(command, heard)
             self.hearing.after_audio(self.session.state)
             await asyncio.sleep(0)
 

@@ -17,8 +17,10 @@ import msgspec
 
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands import (
+    NOTHING_HEARD,
     Handler,
-    HandlerContext,
+    HeardTurn,
+    ModelFacts,
     OverlapAction,
     audio_commit,
     next_user_item_id,
@@ -118,7 +120,7 @@ HeardCommand = (
 )
 
 
-def speech_start(batch: Batch, command: SpeechStart, ctx: HandlerContext) -> Effects:
+def speech_start(batch: Batch, command: SpeechStart, facts: ModelFacts) -> Effects:
     speech_transition(batch, Transition("speech_started", command.at_ms))
     response = batch.state.response
     if response is not None and command.cut_answer:
@@ -126,24 +128,26 @@ def speech_start(batch: Batch, command: SpeechStart, ctx: HandlerContext) -> Eff
     return ()
 
 
-def overlap_resolved(batch: Batch, command: OverlapResolved, ctx: HandlerContext) -> Effects:
+def overlap_resolved(batch: Batch, command: OverlapResolved, facts: ModelFacts) -> Effects:
     return overlap_decision(batch, command.action, command.overlap_ms, command.response_id)
 
 
-def overlap_hinted(batch: Batch, command: OverlapHinted, ctx: HandlerContext) -> Effects:
+def overlap_hinted(batch: Batch, command: OverlapHinted, facts: ModelFacts) -> Effects:
     if batch.state.response is None or batch.state.response.id != command.response_id:
         return ()  # the answer ended before the decision ran
     return overlap_decision(batch, command.action, command.overlap_ms, command.response_id)
 
 
-def remark_dropped(batch: Batch, command: RemarkDropped, ctx: HandlerContext) -> Effects:
+def remark_dropped(batch: Batch, command: RemarkDropped, facts: ModelFacts) -> Effects:
     speech_transition(batch, Transition("speech_stopped", command.at_ms))
     return overlap_decision(batch, "drop", command.overlap_ms, command.response_id)
 
 
-def turn_ended(batch: Batch, command: TurnEnded, ctx: HandlerContext) -> Effects:
+def turn_ended(
+    batch: Batch, command: TurnEnded, facts: ModelFacts, heard: HeardTurn = NOTHING_HEARD
+) -> Effects:
     # A failed recognition is told first, as for a client's commit.
-    tell_transcription_error(batch, ctx)
+    tell_transcription_error(batch, heard)
     speech_transition(batch, Transition("speech_stopped", command.at_ms))
     if not batch.state.input.chunks and not batch.state.input.text:
         # Two utterances in one append: the first commit took all of it.
@@ -155,25 +159,25 @@ def turn_ended(batch: Batch, command: TurnEnded, ctx: HandlerContext) -> Effects
     # The silence the VAD waited for before it called the speech over.
     hangover_ms = max(batch.state.input.end_ms - command.at_ms, 0.0)
     return audio_commit(
-        batch, commit, replace(ctx, transcription_error=None, vad_hangover_ms=hangover_ms)
+        batch, commit, facts, replace(heard, error=None), vad_hangover_ms=hangover_ms
     )
 
 
-def input_trimmed(batch: Batch, command: InputTrimmed, ctx: HandlerContext) -> Effects:
+def input_trimmed(batch: Batch, command: InputTrimmed, facts: ModelFacts) -> Effects:
     batch.fact(DecisionBody(action="input_trimmed", audio_ms=command.keep_ms), origin="server")
     return ()
 
 
-def partial_heard(batch: Batch, command: PartialHeard, ctx: HandlerContext) -> Effects:
+def partial_heard(batch: Batch, command: PartialHeard, facts: ModelFacts) -> Effects:
     batch.emit(InputTranscriptionDelta(item_id=command.item_id, delta=command.delta))
     return ()
 
 
-def deferred_turn_due(batch: Batch, command: DeferredTurnDue, ctx: HandlerContext) -> Effects:
-    return respond_to_input(batch, ctx.model)
+def deferred_turn_due(batch: Batch, command: DeferredTurnDue, facts: ModelFacts) -> Effects:
+    return respond_to_input(batch, facts.model)
 
 
-def idle_timed_out(batch: Batch, command: IdleTimedOut, ctx: HandlerContext) -> Effects:
+def idle_timed_out(batch: Batch, command: IdleTimedOut, facts: ModelFacts) -> Effects:
     """OpenAI's idle timeout: tell it, commit the silent buffer as the user's
     turn and answer it (a buffer the VAD trimmed to nothing: answer anyway)."""
     batch.emit(
@@ -184,7 +188,7 @@ def idle_timed_out(batch: Batch, command: IdleTimedOut, ctx: HandlerContext) -> 
         )
     )
     if batch.state.input.chunks:
-        return audio_commit(batch, ce.InputAudioCommit(response_create=True), ctx)
+        return audio_commit(batch, ce.InputAudioCommit(response_create=True), facts)
     return start_answer(batch)
 
 

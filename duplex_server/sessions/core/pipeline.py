@@ -3,9 +3,12 @@
 A command is a client's event (``core/commands/``) or what the server
 decided from what it heard (``core/heard.py``). Either goes the same way:
 ``admit`` runs the guards (a retry, a capability gate) once, then ``apply``
-runs handler(state, command, context) -> a batch of records (each applied
-to the state as it is added) and the events they journal, plus the effects
-(``core/effects.py``) the runtime performs once the batch is in the log.
+runs handler(batch, command, facts[, prepared]) -> a batch of records (each
+applied to the state as it is added) and the events they journal, plus the
+effects (``core/effects.py``) the runtime performs once the batch is in the
+log. Every handler knows the model (``ModelFacts``); only a commit is given
+what recognition heard (``HeardTurn``) and only an append what the runtime
+prepared for it (``PreparedAppend``).
 """
 
 from __future__ import annotations
@@ -16,10 +19,19 @@ from dataclasses import dataclass
 import msgspec
 
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import CLIENT_HANDLERS, Handler, HandlerContext
+from duplex_server.sessions.core.commands import (
+    CLIENT_HANDLERS,
+    Handler,
+    HeardTurn,
+    ModelFacts,
+    Prepared,
+    PreparedAppend,
+    audio_append,
+    audio_commit,
+)
 from duplex_server.sessions.core.effects import Effects
 from duplex_server.sessions.core.gates import refuse_gated
-from duplex_server.sessions.core.heard import HEARD_HANDLERS, HeardCommand
+from duplex_server.sessions.core.heard import HEARD_HANDLERS, HeardCommand, TurnEnded, turn_ended
 from duplex_server.sessions.core.state import SessionState
 from protocol import client_events as ce
 from protocol.capabilities import Capabilities
@@ -46,7 +58,7 @@ def admit(
     """The guards, run once before anything is prepared or recorded: a
     retried event (``refuse_retry``) and one the model's capabilities gate
     (``core/gates.py``) are refused here. The runtime asks this before it
-    prepares the command's context, so a refused commit is not transcribed."""
+    prepares the command, so a refused commit is not transcribed."""
     digest = None
     if isinstance(command, ce.ClientEvent) and command.event_id is not None:
         digest = event_digest(command)
@@ -58,31 +70,57 @@ def admit(
 
 
 def apply(
-    state: SessionState, admitted: Admitted, ctx: HandlerContext, now_ms: int
+    state: SessionState,
+    admitted: Admitted,
+    facts: ModelFacts,
+    now_ms: int,
+    prepared: Prepared | None = None,
 ) -> tuple[Batch, Effects]:
     """The admitted command's handler: the records it adds (each already
     applied to ``state``), the events they journal, and what the runtime
-    must do outside the log. Raises :class:`ProtocolError` for input the
-    handler refuses (records added before the refusal are the caller's to
-    discard: refold)."""
+    must do outside the log. ``prepared``: what the runtime worked out for
+    this command first (``runtime/input_preparation.py``). Raises
+    :class:`ProtocolError` for input the handler refuses (records added
+    before the refusal are the caller's to discard: refold)."""
     command = admitted.command
     event_id = command.event_id if isinstance(command, ce.ClientEvent) else None
-    batch = Batch(state, ctx.model.capabilities, now_ms, event_id, admitted.digest)
-    effects = HANDLERS[type(command)](batch, command, ctx)
+    batch = Batch(state, facts.model.capabilities, now_ms, event_id, admitted.digest)
+    effects = _handle(batch, command, facts, prepared)
     batch.settle()
     return batch, effects
 
 
+def _handle(
+    batch: Batch, command: Command, facts: ModelFacts, prepared: Prepared | None
+) -> Effects:
+    """The command's handler, given what was prepared for it; a preparation
+    meant for another command is a bug in the runtime, never skipped."""
+    match command, prepared:
+        case ce.InputAudioAppend(), PreparedAppend():
+            return audio_append(batch, command, facts, prepared)
+        case ce.InputAudioCommit(), HeardTurn():
+            return audio_commit(batch, command, facts, prepared)
+        case TurnEnded(), HeardTurn():
+            return turn_ended(batch, command, facts, prepared)
+        case _, None:
+            return HANDLERS[type(command)](batch, command, facts)
+    raise TypeError(f"{type(prepared).__name__} was prepared for a {type(command).__name__}")
+
+
 def step(
-    state: SessionState, command: Command, ctx: HandlerContext, now_ms: int
+    state: SessionState,
+    command: Command,
+    facts: ModelFacts,
+    now_ms: int,
+    prepared: Prepared | None = None,
 ) -> tuple[Batch, Effects]:
     """The pure session step, :func:`apply` after :func:`admit` (a refusal of
     either raises :class:`ProtocolError`). Tests and benches call this; the
-    actor calls the two halves, preparing the context between them."""
-    admitted = admit(state, command, ctx.model.capabilities)
+    actor calls the two halves, preparing the command between them."""
+    admitted = admit(state, command, facts.model.capabilities)
     if isinstance(admitted, ProtocolError):
         raise admitted
-    return apply(state, admitted, ctx, now_ms)
+    return apply(state, admitted, facts, now_ms, prepared)
 
 
 def event_digest(event: msgspec.Struct) -> str:

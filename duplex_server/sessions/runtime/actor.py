@@ -13,6 +13,7 @@ those parts; it decides no record itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -24,7 +25,7 @@ from duplex_server import metrics
 from duplex_server.sessions.core import effects as fx
 from duplex_server.sessions.core import server_inputs as inputs
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import check_session_patch
+from duplex_server.sessions.core.commands import ModelFacts, check_session_patch
 from duplex_server.sessions.core.config import merge_config
 from duplex_server.sessions.core.heard import HeardCommand, TurnEnded
 from duplex_server.sessions.core.model_names import ModelNames, opening_model
@@ -135,9 +136,8 @@ class SessionActor:
             time.monotonic(),
         )
         self.hearing = Hearing(model, post)
-        self._prepare = InputPreparation(
-            model, self.names, self.hearing, self.input_budget, self.codecs, self._feed
-        )
+        self._facts = ModelFacts(model, self.names)
+        self._prepare = InputPreparation(self.hearing, self.input_budget, self.codecs, self._feed)
         self._out = Performer(self.writer, self.socket, self._feed, self.lease, self.lifecycle)
         self._changes = SocketChanges(
             self.writer, self.socket, self._feed, self.lease, self.lifecycle, self._out
@@ -404,18 +404,18 @@ class SessionActor:
             await self._hear(batch)
 
     async def _execute(self, command: Command) -> tuple[Batch, fx.Effects] | None:
-        """Admit the command, prepare its context, apply it and append its
-        batch; None when it was refused (the client is told why) or could
-        not be recorded. Admitted before the context: a retried commit must
-        not be transcribed again."""
+        """Admit the command, prepare it, apply it and append its batch; None
+        when it was refused (the client is told why) or could not be
+        recorded. Admitted before it is prepared: a retried commit must not
+        be transcribed again."""
         admitted = admit(self.state, command, self.model.capabilities)
         if isinstance(admitted, ProtocolError):
             await self._out.reject(admitted)
             return None
-        ctx = await self._prepare.context_for(self.state, command)
+        prepared = await self._prepare.prepare(self.state, command)
         before = self.state.last_seq
         try:
-            batch, effects = apply(self.state, admitted, ctx, _now_ms())
+            batch, effects = apply(self.state, admitted, self._facts, _now_ms(), prepared)
         except ProtocolError as err:
             if self.state.last_seq != before:
                 await self.writer.refold()
@@ -431,10 +431,10 @@ class SessionActor:
         audio = next((r.body for r in batch.records if isinstance(r.body, AudioBody)), None)
         if audio is None:
             return
-        for transition in await self.hearing.hear(self.state, audio):
-            await self._run_heard(self.hearing.decide(self.state, transition))
-        await self._run_heard(self.hearing.overlap_hints(self.state, audio))
-        await self._run_heard(self.hearing.after_audio(self.state))
+        decisions = self.hearing.after_append(lambda: self.state, audio)
+        async with contextlib.aclosing(decisions) as heard:
+            async for command in heard:
+                await self._run_heard(command)
         await self._run_heard(self.idle.check(self.state))
 
     async def _run_heard(self, command: HeardCommand | None) -> None:

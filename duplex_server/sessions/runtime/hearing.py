@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from msgspec import UNSET
 
 from duplex_server.audio import pcm16_rms
-from duplex_server.sessions.core.commands import next_user_item_id
+from duplex_server.sessions.core.commands import HeardTurn, next_user_item_id
 from duplex_server.sessions.core.config import SERVED_BY_SERVER_VAD, tells_transcripts
 from duplex_server.sessions.core.heard import (
     DeferredTurnDue,
@@ -59,16 +59,6 @@ TRIM_SLACK_MS = 1000.0  # silence beyond the prefix padding before it is trimmed
 # while the VAD still waits out its hangover (silence_duration_ms): if the
 # speech does not resume, the transcript is ready when the turn ends.
 SPECULATE_AFTER_MS = 120.0
-
-
-@dataclass
-class HeardTurn:
-    """The final transcript of a turn, as the commit records it."""
-
-    text: str = ""
-    error: ProtocolError | None = None
-    wait_ms: float | None = None  # how long the commit waited for it (None: no recogniser)
-    told: str = ""  # the start of ``text`` the client was told as partial deltas
 
 
 @dataclass
@@ -138,6 +128,23 @@ class Hearing:
     def _told(self, state: SessionState) -> str:
         """What partials told of the utterance in the buffer now."""
         return self._partial_text if self._partial_item == _utterance(state) else ""
+
+    async def after_append(
+        self, state_of: Callable[[], SessionState], audio: AudioBody
+    ) -> AsyncGenerator[HeardCommand]:
+        """What hearing decides about one chunk just appended, a command at a
+        time: the speech transitions the VAD heard in it, speech over the
+        answer judged from hints, then the trim or partial transcript its
+        end calls for. Each is decided on the session as the command before
+        it left it (``state_of``), so the caller steps each command before it
+        asks for the next."""
+        for transition in await self.hear(state_of(), audio):
+            if (decided := self.decide(state_of(), transition)) is not None:
+                yield decided
+        if (hinted := self.overlap_hints(state_of(), audio)) is not None:
+            yield hinted
+        if (after := self.after_audio(state_of())) is not None:
+            yield after
 
     async def hear(self, state: SessionState, audio: AudioBody) -> list[Transition]:
         """Server VAD: score the chunk just appended (its end is the buffer's

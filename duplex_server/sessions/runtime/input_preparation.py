@@ -14,10 +14,13 @@ import asyncio
 import time
 
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import HandlerContext, append_format, decode_append
+from duplex_server.sessions.core.commands import (
+    Prepared,
+    PreparedAppend,
+    append_format,
+    decode_append,
+)
 from duplex_server.sessions.core.heard import TurnEnded
-from duplex_server.sessions.core.model_names import ModelNames
-from duplex_server.sessions.core.model_port import ModelPort
 from duplex_server.sessions.core.pipeline import Command
 from duplex_server.sessions.core.records import AudioBody
 from duplex_server.sessions.core.state import SessionState
@@ -36,36 +39,20 @@ OFFLOAD_DECODE_CHARS = 256 * 1024
 
 class InputPreparation:
     def __init__(
-        self,
-        model: ModelPort,
-        names: ModelNames,
-        hearing: Hearing,
-        budget: InputBudget,
-        codecs: SessionCodecs,
-        feed: ModelFeed,
+        self, hearing: Hearing, budget: InputBudget, codecs: SessionCodecs, feed: ModelFeed
     ) -> None:
-        self._model = model
-        self._names = names
         self._hearing = hearing
         self._budget = budget
         self._codecs = codecs
         self._feed = feed
 
-    async def context_for(self, state: SessionState, command: Command) -> HandlerContext:
-        """The transcript of the buffer a commit seals; for an append, why it
-        cannot be taken now, its pcm16 when decoded off the loop, and the
-        session's Opus decoder."""
+    async def prepare(self, state: SessionState, command: Command) -> Prepared | None:
+        """What recognition heard in the buffer a commit seals; for an append,
+        why it cannot be taken now, its pcm16 when decoded off the loop, and
+        the session's Opus decoder; None for a command that needs nothing."""
         if isinstance(command, InputAudioCommit | TurnEnded):
             speech_end = command.at_ms if isinstance(command, TurnEnded) else None
-            heard = await self._hearing.transcribe(state, speech_end)
-            return HandlerContext(
-                self._model,
-                names=self._names,
-                transcript=heard.text,
-                transcript_told=heard.told,
-                transcription_error=heard.error,
-                transcription_ms=heard.wait_ms,
-            )
+            return await self._hearing.transcribe(state, speech_end)
         if isinstance(command, InputAudioAppend):
             refused = self._budget.refusal(time.monotonic())
             if refused is None and self._feed.full:
@@ -75,14 +62,8 @@ class InputPreparation:
             decoded = None
             if refused is None and len(command.audio) > OFFLOAD_DECODE_CHARS:
                 decoded = await self._decode_off_loop(state, command)
-            return HandlerContext(
-                self._model,
-                names=self._names,
-                decode_stream=self._codecs.decode_opus,
-                input_refused=refused,
-                decoded=decoded,
-            )
-        return HandlerContext(self._model, names=self._names)
+            return PreparedAppend(self._codecs.decode_opus, refused, decoded)
+        return None
 
     async def _decode_off_loop(
         self, state: SessionState, event: InputAudioAppend

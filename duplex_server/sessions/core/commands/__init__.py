@@ -22,7 +22,15 @@ from __future__ import annotations
 import msgspec
 
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands.context import Handler, HandlerContext
+from duplex_server.sessions.core.commands.given import (
+    NOT_PREPARED,
+    NOTHING_HEARD,
+    Handler,
+    HeardTurn,
+    ModelFacts,
+    Prepared,
+    PreparedAppend,
+)
 from duplex_server.sessions.core.commands.input_audio import (
     MAX_INPUT_MS,
     MAX_VIDEO_FRAME_BYTES,
@@ -67,12 +75,12 @@ from protocol import client_events as ce
 from protocol.errors import ProtocolError
 
 
-def turn_signal(batch: Batch, event: ce.TurnSignal, ctx: HandlerContext) -> Effects:
+def turn_signal(batch: Batch, event: ce.TurnSignal, facts: ModelFacts) -> Effects:
     """An external turn signal (a client-side VAD, a push-to-talk button, a
     supervisor): the event it names, with ``payload`` as that event's fields,
     applied as if the client had sent it."""
     if event.event == "barge_in":
-        return barge_in(batch, event, ctx)
+        return barge_in(batch, event, facts)
     fields = {**event.payload, "type": event.event, "event_id": event.event_id}
     try:
         signalled = msgspec.convert(fields, ce.CLIENT_EVENT_TYPES[event.event])
@@ -86,7 +94,7 @@ def turn_signal(batch: Batch, event: ce.TurnSignal, ctx: HandlerContext) -> Effe
     # The event it carries needs what that event needs (a truncate, truncation).
     if (refusal := refuse_gated(batch.state, signalled, batch.capabilities)) is not None:
         raise refusal
-    return CLIENT_HANDLERS[type(signalled)](batch, signalled, ctx)
+    return CLIENT_HANDLERS[type(signalled)](batch, signalled, facts)
 
 
 def _path_of(message: str) -> str:
@@ -134,8 +142,13 @@ __all__ = [
     "MAX_VIDEO_FRAMES",
     "MAX_VIDEO_FRAME_BYTES",
     "SOCKET_EVENTS",
+    "NOTHING_HEARD",
+    "NOT_PREPARED",
     "Handler",
-    "HandlerContext",
+    "HeardTurn",
+    "ModelFacts",
+    "Prepared",
+    "PreparedAppend",
     "OverlapAction",
     "append_format",
     "audio_append",

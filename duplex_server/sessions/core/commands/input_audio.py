@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from duplex_server.audio import pcm16_duration_ms
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands.context import HandlerContext
+from duplex_server.sessions.core.commands.given import NOT_PREPARED, ModelFacts, PreparedAppend
 from duplex_server.sessions.core.commands.shared import _asked, _check_epoch, decode_audio
 from duplex_server.sessions.core.effects import Effects
 from duplex_server.sessions.core.records import AudioBody, FrameBody
@@ -102,18 +102,24 @@ def _declared_timing(
     return end_ms
 
 
-def audio_append(batch: Batch, event: ce.InputAudioAppend, ctx: HandlerContext) -> Effects:
-    """``ctx.decode_stream``: the session's decoder for codecs whose packets
-    depend on the ones before (Opus); the runtime keeps it. ``ctx.decoded``:
-    a large append the runtime already decoded off the event loop."""
-    if ctx.input_refused is not None:
-        ctx.input_refused.event_id = event.event_id
-        raise ctx.input_refused
+def audio_append(
+    batch: Batch,
+    event: ce.InputAudioAppend,
+    facts: ModelFacts,
+    prepared: PreparedAppend = NOT_PREPARED,
+) -> Effects:
+    """``prepared``: what the runtime worked out first (why it cannot take
+    the audio now, the session's Opus decoder, a large append's pcm16 decoded
+    off the event loop); unprepared, the handler decodes the audio itself."""
+    if prepared.refused is not None:
+        prepared.refused.event_id = event.event_id
+        raise prepared.refused
     state = batch.state
     fmt = append_format(state, event)
-    if isinstance(ctx.decoded, ProtocolError):
-        raise ctx.decoded
-    pcm = ctx.decoded if ctx.decoded is not None else decode_append(event, fmt, ctx.decode_stream)
+    decoded = prepared.decoded
+    if isinstance(decoded, ProtocolError):
+        raise decoded
+    pcm = decoded if decoded is not None else decode_append(event, fmt, prepared.decode_stream)
     duration_ms = pcm16_duration_ms(len(pcm), fmt.sample_rate_hz)
     if state.input.audio_ms + duration_ms > MAX_INPUT_MS:
         raise ProtocolError(
@@ -137,7 +143,7 @@ def audio_append(batch: Batch, event: ce.InputAudioAppend, ctx: HandlerContext) 
     if hint == "barge_in" and not batch.capabilities.supports_barge_in:
         raise ProtocolError(
             "capability_unsupported",
-            f"model {ctx.model.name!r} does not support barge_in",
+            f"model {facts.model.name!r} does not support barge_in",
             param="overlap_action" if event.overlap_action else "force_barge_in",
             event_id=event.event_id,
         )

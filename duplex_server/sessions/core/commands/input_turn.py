@@ -5,7 +5,7 @@ server VAD's speech decisions that hearing records (``core/heard.py``)."""
 from __future__ import annotations
 
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands.context import HandlerContext
+from duplex_server.sessions.core.commands.given import NOTHING_HEARD, HeardTurn, ModelFacts
 from duplex_server.sessions.core.commands.shared import (
     _asked,
     _check_epoch,
@@ -57,28 +57,36 @@ def speech_transition(batch: Batch, transition: Transition) -> None:
         batch.emit(SpeechStopped(audio_end_ms=round(transition.at_ms), item_id=item_id))
 
 
-def tell_transcription_error(batch: Batch, ctx: HandlerContext) -> None:
+def tell_transcription_error(batch: Batch, heard: HeardTurn) -> None:
     """Recognition failed on the buffer being committed: the client hears
     why before the commit (which goes ahead without a transcript)."""
-    if ctx.transcription_error is not None:
-        batch.emit(Error(error=error_body(ctx.transcription_error)))
+    if heard.error is not None:
+        batch.emit(Error(error=error_body(heard.error)))
 
 
-def _turn_stages(ctx: HandlerContext) -> dict[str, float]:
-    stages = {"vad_hangover_ms": ctx.vad_hangover_ms, "asr_final_ms": ctx.transcription_ms}
+def _turn_stages(heard: HeardTurn, vad_hangover_ms: float | None) -> dict[str, float]:
+    stages = {"vad_hangover_ms": vad_hangover_ms, "asr_final_ms": heard.wait_ms}
     return {name: round(ms, 3) for name, ms in stages.items() if ms is not None}
 
 
-def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) -> Effects:
-    """Commit the input buffer as a user item; ``ctx.transcript`` is what the
-    model's speech recognition heard in it (the runtime runs it beforehand).
+def audio_commit(
+    batch: Batch,
+    event: ce.InputAudioCommit,
+    facts: ModelFacts,
+    heard: HeardTurn = NOTHING_HEARD,
+    *,
+    vad_hangover_ms: float | None = None,
+) -> Effects:
+    """Commit the input buffer as a user item; ``heard`` is what the model's
+    speech recognition heard in it (the runtime runs it beforehand), and
+    ``vad_hangover_ms`` the silence server VAD waited for before it ended
+    the turn (a commit of the server's: ``core/heard.turn_ended``).
     Told in OpenAI's order: committed, the item, its transcript (the part the
     partial deltas did not tell yet as one last delta, so the deltas add up
     to the completed text), the item done."""
-    model, transcript = ctx.model, ctx.transcript
     state = batch.state
     _check_epoch(state, event)
-    tell_transcription_error(batch, ctx)
+    tell_transcription_error(batch, heard)
     if event.is_speech is False:
         batch.fact(CommitBody(item_id="", response_create=False, is_speech=False))
         listen(batch, "client_declared_silence")
@@ -92,7 +100,7 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
         )
     asked = _asked(event, event.respond_named)
     respond = asked if asked is not None else auto_responds(state.config)
-    transcript = state.input.client_transcript or transcript
+    transcript = state.input.client_transcript or heard.text
     previous = state.items[-1].id if state.items else None
     item_id = next_user_item_id(state)
     pcm = b"".join(state.input.chunks)
@@ -102,7 +110,7 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
             response_create=respond,
             final=bool(event.final),
             transcript=transcript,
-            stage_ms=_turn_stages(ctx),
+            stage_ms=_turn_stages(heard, vad_hangover_ms),
         )
     )
     item = state.find_item(item_id)
@@ -124,39 +132,39 @@ def audio_commit(batch: Batch, event: ce.InputAudioCommit, ctx: HandlerContext) 
         )
     )
     emit_twins(batch, ItemAdded(item=wire, previous_item_id=previous))
-    heard = item.parts[0].transcript
-    if heard and tells_transcripts(state.config):
-        told = ctx.transcript_told if heard.startswith(ctx.transcript_told) else ""
-        rest = heard[len(told) :]
+    recorded = item.parts[0].transcript
+    if recorded and tells_transcripts(state.config):
+        told = heard.told if recorded.startswith(heard.told) else ""
+        rest = recorded[len(told) :]
         if rest and state.config.openai_semantics:
             batch.emit(InputTranscriptionDelta(item_id=item_id, delta=rest))
         batch.emit(
             InputTranscriptionCompleted(
                 item_id=item_id,
-                transcript=heard,
+                transcript=recorded,
                 usage=TranscriptionUsage(seconds=round(item.parts[0].audio_ms / 1000, 3)),
             )
         )
     batch.emit(ItemDone(item=wire, previous_item_id=previous))
     kept = (KeepTurn(item_id, pcm),) if pcm else ()
-    return kept + (_maybe_respond(batch, model) if respond else ())
+    return kept + (_maybe_respond(batch, facts.model) if respond else ())
 
 
-def audio_clear(batch: Batch, event: ce.InputAudioClear, ctx: HandlerContext) -> Effects:
+def audio_clear(batch: Batch, event: ce.InputAudioClear, facts: ModelFacts) -> Effects:
     batch.fact(SignalBody(signal="input.clear"))
     batch.emit(InputCleared(epoch=batch.state.epoch))
     return ()
 
 
-def input_cancel(batch: Batch, event: ce.InputCancel, ctx: HandlerContext) -> Effects:
+def input_cancel(batch: Batch, event: ce.InputCancel, facts: ModelFacts) -> Effects:
     batch.fact(SignalBody(signal="input.cancel"))
     advance_epoch(batch, "input_cancelled")
     batch.emit(InputCleared(epoch=batch.state.epoch))
     return ()
 
 
-def text_append(batch: Batch, event: ce.InputTextAppend, ctx: HandlerContext) -> Effects:
-    model = ctx.model
+def text_append(batch: Batch, event: ce.InputTextAppend, facts: ModelFacts) -> Effects:
+    model = facts.model
     if "text" not in model.capabilities.input_modes:
         raise ProtocolError(
             "native_text_append_unsupported",

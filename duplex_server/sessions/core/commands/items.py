@@ -7,7 +7,7 @@ from msgspec import UNSET, UnsetType
 
 from duplex_server.audio import pcm16_duration_ms
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands.context import HandlerContext
+from duplex_server.sessions.core.commands.given import ModelFacts
 from duplex_server.sessions.core.commands.shared import decode_audio, next_user_item_id
 from duplex_server.sessions.core.effects import Effects, KeepTurn
 from duplex_server.sessions.core.items import Item, Part, to_wire
@@ -144,7 +144,7 @@ def _given(value: str | UnsetType) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def item_create(batch: Batch, event: ce.ItemCreate, ctx: HandlerContext) -> Effects:
+def item_create(batch: Batch, event: ce.ItemCreate, facts: ModelFacts) -> Effects:
     state = batch.state
     previous = event.previous_item_id
     if previous not in (None, "root") and state.find_item(previous) is None:
@@ -184,13 +184,13 @@ def _existing_item(state: SessionState, event: ce.ClientEvent, item_id: str) -> 
     return item
 
 
-def item_retrieve(batch: Batch, event: ce.ItemRetrieve, ctx: HandlerContext) -> Effects:
+def item_retrieve(batch: Batch, event: ce.ItemRetrieve, facts: ModelFacts) -> Effects:
     item = _existing_item(batch.state, event, event.item_id)
     batch.emit(ItemRetrieved(item=to_wire(item)))
     return ()
 
 
-def item_delete(batch: Batch, event: ce.ItemDelete, ctx: HandlerContext) -> Effects:
+def item_delete(batch: Batch, event: ce.ItemDelete, facts: ModelFacts) -> Effects:
     _existing_item(batch.state, event, event.item_id)
     active = batch.state.response
     if active is not None and active.item_id == event.item_id:
@@ -210,8 +210,8 @@ def item_delete(batch: Batch, event: ce.ItemDelete, ctx: HandlerContext) -> Effe
 TRUNCATE_SLACK_MS = 1.0
 
 
-def item_truncate(batch: Batch, event: ce.ItemTruncate, ctx: HandlerContext) -> Effects:
-    model = ctx.model
+def item_truncate(batch: Batch, event: ce.ItemTruncate, facts: ModelFacts) -> Effects:
+    model = facts.model
     item = _existing_item(batch.state, event, event.item_id)
     if not model.capabilities.supports_audio_truncate:
         raise ProtocolError(

@@ -6,7 +6,7 @@ and a heartbeat are answered by the socket's attachment, never stepped
 from __future__ import annotations
 
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands.context import HandlerContext
+from duplex_server.sessions.core.commands.given import ModelFacts
 from duplex_server.sessions.core.commands.shared import _stopping
 from duplex_server.sessions.core.effects import Close, Effects, Trim
 from duplex_server.sessions.core.records import AckBody, CloseBody
@@ -16,7 +16,7 @@ from protocol.errors import ProtocolError
 from protocol.server_events import SessionClosed
 
 
-def event_ack(batch: Batch, event: ce.SessionEventAck, ctx: HandlerContext) -> Effects:
+def event_ack(batch: Batch, event: ce.SessionEventAck, facts: ModelFacts) -> Effects:
     if event.server_event_seq > batch.state.server_event_seq:
         raise ProtocolError(
             "invalid_event",
@@ -29,7 +29,7 @@ def event_ack(batch: Batch, event: ce.SessionEventAck, ctx: HandlerContext) -> E
     return (Trim(event.server_event_seq),)
 
 
-def session_close(batch: Batch, event: ce.SessionClose, ctx: HandlerContext) -> Effects:
+def session_close(batch: Batch, event: ce.SessionClose, facts: ModelFacts) -> Effects:
     aborted = cancel_response(batch, "client_cancelled") if batch.state.response else None
     batch.emit(
         SessionClosed(reason="client_close", detail=event.reason, session_id=batch.state.session_id)

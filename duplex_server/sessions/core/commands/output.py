@@ -5,7 +5,7 @@ acknowledgements (what was heard, and when playback started and ended)."""
 from __future__ import annotations
 
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands.context import HandlerContext
+from duplex_server.sessions.core.commands.given import ModelFacts
 from duplex_server.sessions.core.commands.shared import _stopping
 from duplex_server.sessions.core.effects import Effects
 from duplex_server.sessions.core.records import AckBody, FenceReason, SignalBody, SignalName
@@ -64,7 +64,7 @@ def overlap_decision(
     return ()
 
 
-def output_clear(batch: Batch, event: ce.OutputAudioClear, ctx: HandlerContext) -> Effects:
+def output_clear(batch: Batch, event: ce.OutputAudioClear, facts: ModelFacts) -> Effects:
     state = batch.state
     if event.response_id is not None and state.find_response(event.response_id) is None:
         raise ProtocolError(
@@ -76,8 +76,8 @@ def output_clear(batch: Batch, event: ce.OutputAudioClear, ctx: HandlerContext) 
     return _stop_output(batch, "output_audio.clear", "output_cleared")
 
 
-def barge_in(batch: Batch, event: ce.ClientEvent, ctx: HandlerContext) -> Effects:
-    model = ctx.model
+def barge_in(batch: Batch, event: ce.ClientEvent, facts: ModelFacts) -> Effects:
+    model = facts.model
     if not model.capabilities.supports_barge_in:
         raise ProtocolError(
             "capability_unsupported",
@@ -88,7 +88,7 @@ def barge_in(batch: Batch, event: ce.ClientEvent, ctx: HandlerContext) -> Effect
     return _stop_output(batch, "barge_in", "barge_in")
 
 
-def playback_ack(batch: Batch, event: ce.PlaybackAck, ctx: HandlerContext) -> Effects:
+def playback_ack(batch: Batch, event: ce.PlaybackAck, facts: ModelFacts) -> Effects:
     state = batch.state
     response = state.find_response(event.response_id)
     if response is None and event.item_id is not None:

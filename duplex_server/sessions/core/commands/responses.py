@@ -7,7 +7,7 @@ from __future__ import annotations
 from msgspec import UNSET
 
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands.context import HandlerContext
+from duplex_server.sessions.core.commands.given import ModelFacts
 from duplex_server.sessions.core.commands.shared import (
     _maybe_respond,
     _stopping,
@@ -110,8 +110,8 @@ def latest_input_answered(state: SessionState) -> bool:
     )
 
 
-def response_create(batch: Batch, event: ce.ResponseCreate, ctx: HandlerContext) -> Effects:
-    model = ctx.model
+def response_create(batch: Batch, event: ce.ResponseCreate, facts: ModelFacts) -> Effects:
+    model = facts.model
     state = batch.state
     if event.response is not None:
         check_response_overrides(event.response, model, state.config, event.event_id)
@@ -150,7 +150,7 @@ def _response_existed(state: SessionState, response_id: str) -> bool:
     )
 
 
-def response_cancel(batch: Batch, event: ce.ResponseCancel, ctx: HandlerContext) -> Effects:
+def response_cancel(batch: Batch, event: ce.ResponseCancel, facts: ModelFacts) -> Effects:
     """Cancel the active response. Nothing to cancel is OpenAI's
     ``response_cancel_not_active`` (clients treat it as harmless); a named
     response that never existed is ``response_not_found``."""

@@ -7,7 +7,7 @@ import msgspec
 from msgspec import UNSET
 
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands.context import HandlerContext
+from duplex_server.sessions.core.commands.given import ModelFacts
 from duplex_server.sessions.core.commands.shared import check_voice
 from duplex_server.sessions.core.config import merge_config
 from duplex_server.sessions.core.effects import Effects
@@ -63,13 +63,13 @@ def check_transcription(
         )
 
 
-def session_update(batch: Batch, event: ce.SessionUpdateEvent, ctx: HandlerContext) -> Effects:
+def session_update(batch: Batch, event: ce.SessionUpdateEvent, facts: ModelFacts) -> Effects:
     """Apply an update; a field the model fixed at open that it would change
     is refused on its own (an ``error`` naming it, before ``session.updated``)
     and the rest applies. A name the model answers to is no change."""
-    model = ctx.model
+    model = facts.model
     state = batch.state
-    event = msgspec.structs.replace(event, session=model_update(event.session, ctx.model_names))
+    event = msgspec.structs.replace(event, session=model_update(event.session, facts.model_names))
     patch, refusals = immutable_refusals(state, event, model.capabilities)
     try:
         merge_config(state.config, patch, model.turn_detection_types)
