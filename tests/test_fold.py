@@ -7,11 +7,11 @@ import pytest
 
 from duplex_server.models import build_model
 from duplex_server.sessions.core.batch import Batch
-from duplex_server.sessions.core.commands import ModelFacts
+from duplex_server.sessions.core.commands import HeardTurn, ModelFacts, PreparedAppend
 from duplex_server.sessions.core.effects import StartAnswer, StopAnswer
 from duplex_server.sessions.core.model_port import ModelChunk
 from duplex_server.sessions.core.pipeline import step
-from duplex_server.sessions.core.records import Record
+from duplex_server.sessions.core.records import CommitBody, Record
 from duplex_server.sessions.core.responses import emit_chunk, finish_response
 from duplex_server.sessions.core.state import SessionState, fold, initial_state
 from protocol import client_events as ce
@@ -174,3 +174,26 @@ def test_server_restart_keeps_only_acknowledged_audio():
     assert item.history_ms == 120.0 and item.status == "incomplete"
     assert script.state.last_response.reason == "server_restart"
     assert script.refold() == script.state
+
+
+def test_a_preparation_reaches_only_the_command_it_was_made_for():
+    """What the runtime prepared travels with its own command: an append's
+    refusal refuses that append, a commit's transcript is that commit's, and
+    a preparation handed to another command is a runtime bug that raises
+    rather than being dropped."""
+    script = Script()
+    facts = ModelFacts(MODEL)
+    busy = ProtocolError("rate_limited", "the model is behind real time")
+    append = ce.InputAudioAppend(audio=b64(tone_pcm16(100)), event_id="evt_a1")
+    with pytest.raises(ProtocolError) as refused:
+        step(script.state, append, facts, 2000, PreparedAppend(refused=busy))
+    assert refused.value.code == "rate_limited" and refused.value.event_id == "evt_a1"
+    assert script.state.input.chunks == []
+    script.send(ce.InputAudioAppend(audio=b64(tone_pcm16(100))))
+    batch, _ = step(script.state, ce.InputAudioCommit(), facts, 2010, HeardTurn("hello there"))
+    (commit,) = [r.body for r in batch.records if isinstance(r.body, CommitBody)]
+    assert commit.transcript == "hello there"
+    with pytest.raises(TypeError, match="HeardTurn was prepared for a InputAudioAppend"):
+        step(script.state, append, facts, 2020, HeardTurn("not an append's"))
+    with pytest.raises(TypeError, match="PreparedAppend was prepared for a InputTextAppend"):
+        step(script.state, ce.InputTextAppend(text="hi"), facts, 2030, PreparedAppend())

@@ -100,16 +100,24 @@ def record_restore(batch: Batch, holder: LeaseHolder, *, expired: bool) -> None:
         batch.fact(CloseBody(reason="disconnect_grace_expired"), origin="manager")
 
 
+def token_refusal(state: SessionState, request: SessionResume) -> ProtocolError | None:
+    """``invalid_resume_token`` when ``request``'s token is not the session's
+    (compared in constant time, against its hash); None when it is."""
+    if token_matches(request.resume_token, state.lease.token_hash):
+        return None
+    return ProtocolError(
+        "invalid_resume_token",
+        "resume_token does not match this session",
+        param="resume_token",
+        event_id=request.event_id,
+    )
+
+
 def resume_refusal(state: SessionState, request: SessionResume) -> ProtocolError | None:
     """Why ``request`` may not resume this session: a token that is not the
     session's, or a cursor beyond what was ever sent. None: it may."""
-    if not token_matches(request.resume_token, state.lease.token_hash):
-        return ProtocolError(
-            "invalid_resume_token",
-            "resume_token does not match this session",
-            param="resume_token",
-            event_id=request.event_id,
-        )
+    if (wrong_token := token_refusal(state, request)) is not None:
+        return wrong_token
     cursor = request.last_received_server_event_seq
     if cursor > state.server_event_seq:
         return ProtocolError(

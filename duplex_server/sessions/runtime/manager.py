@@ -21,9 +21,10 @@ from duplex_server.sessions.core.gates import refuse_unsupported
 from duplex_server.sessions.core.model_names import ModelNames, opening_model
 from duplex_server.sessions.core.model_port import ModelPort
 from duplex_server.sessions.core.records import Record, is_job_session
+from duplex_server.sessions.core.server_inputs import token_refusal
 from duplex_server.sessions.core.state import fold, initial_state
 from duplex_server.sessions.log.store import LeaseHeld, LogError, SessionLog, UnknownSession
-from duplex_server.sessions.log.tokens import new_session_id, token_matches
+from duplex_server.sessions.log.tokens import new_session_id
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.actor import SessionActor
 from duplex_server.sessions.runtime.actor_settings import ActorSettings
@@ -355,14 +356,8 @@ class SessionManager:
             )
         if not may_use(state.owner):
             raise not_yours(request)  # another key's session: nothing moves
-        if not token_matches(request.resume_token, state.lease.token_hash):
-            # Checked before disturbing the owner: a wrong token moves nothing.
-            raise ProtocolError(
-                "invalid_resume_token",
-                "resume_token does not match this session",
-                param="resume_token",
-                event_id=request.event_id,
-            )
+        if (wrong_token := token_refusal(state, request)) is not None:
+            raise wrong_token  # checked before disturbing the owner: it moves nothing
 
     async def _acquire_waiting(self, request: SessionResume) -> int:
         """The lease, once its owner handed it over or its TTL ran out."""
