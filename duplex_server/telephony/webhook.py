@@ -1,0 +1,96 @@
+"""``POST /v1/telephony/twilio/voice``: Twilio asks what to do with a call.
+
+The answer is TwiML connecting the call's audio to the media stream socket
+on this same host (the URL Twilio signed, so the same proxy), with the
+call's sid and numbers as the stream's parameters: Twilio refuses a query
+string on a stream URL, and hands these back in the stream's ``start``
+message. Only a request whose ``X-Twilio-Signature`` verifies is answered:
+anyone can POST here, and an answer starts a session on the server's model.
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from duplex_server.telephony.twilio_signature import signed_url, verify_request
+from protocol.errors import AUTHENTICATION, ERROR_CLASS, INVALID_REQUEST, ErrorBody
+
+log = logging.getLogger(__name__)
+
+VOICE_PATH = "/v1/telephony/twilio/voice"
+STREAM_PATH = "/v1/telephony/twilio/stream"
+MAX_BODY_BYTES = 64 * 1024
+_STREAM_SCHEME = {"https": "wss", "http": "ws"}
+
+
+async def twilio_voice(request: Request) -> Response:
+    auth_token = request.app.state.config.twilio_auth_token
+    if auth_token is None:
+        return refusal(
+            404,
+            "telephony_not_configured",
+            "telephony is off: start the server with --twilio-auth-token",
+        )
+    body = await _bounded_body(request)
+    if body is None:
+        return refusal(413, "payload_too_large", "the request body is too large")
+    fields = dict(parse_qsl(body.decode("latin-1"), keep_blank_values=True))
+    if not verify_request(request, fields, auth_token):
+        log.warning("twilio voice webhook: refused a request whose signature does not verify")
+        return refusal(403, "invalid_signature", "X-Twilio-Signature does not verify")
+    call_sid = fields.get("CallSid")
+    if not call_sid:
+        return refusal(400, "invalid_value", "the webhook carries no CallSid", param="CallSid")
+    called = fields.get("To", "")
+    # The stream applies it at its start; asked now, so that a server that
+    # cannot say what a call gets fails here, before Twilio connects audio.
+    request.app.state.call_configs.for_number(called)
+    twiml = _connect(stream_url(request), call_sid, fields.get("From", ""), called)
+    return Response(twiml, media_type="text/xml")
+
+
+async def _bounded_body(request: Request) -> bytes | None:
+    """The body, or None once it outgrows MAX_BODY_BYTES (never held whole)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            return None
+    return bytes(body)
+
+
+def stream_url(request: Request) -> str:
+    """The media stream's URL on the host Twilio called: the signed URL's
+    scheme as a WebSocket's, the stream's path, no query string."""
+    scheme, netloc, *_ = urlsplit(signed_url(request))
+    return urlunsplit((_STREAM_SCHEME[scheme], netloc, STREAM_PATH, "", ""))
+
+
+def _connect(url: str, call_sid: str, caller: str, called: str) -> str:
+    """TwiML by the twilio package (it escapes the attribute values)."""
+    from twilio.twiml.voice_response import Connect, Stream, VoiceResponse
+
+    stream = Stream(url=url)
+    stream.parameter(name="call_sid", value=call_sid)
+    stream.parameter(name="from", value=caller)
+    stream.parameter(name="to", value=called)
+    connect = Connect()
+    connect.append(stream)
+    response = VoiceResponse()
+    response.append(connect)
+    return str(response.to_xml())
+
+
+def refusal(status: int, code: str, message: str, *, param: str | None = None) -> Response:
+    """OpenAI's error shape, for the telephony routes (the webhook and the
+    stream's upgrade). Built here, not from a ProtocolError: the two codes of
+    their own (``invalid_signature``, ``telephony_not_configured``) are the
+    HTTP routes', not the realtime wire's."""
+    kind = AUTHENTICATION if code == "invalid_signature" else ERROR_CLASS.get(code, INVALID_REQUEST)
+    body = ErrorBody(type=kind, code=code, message=message, param=param)
+    return JSONResponse({"error": msgspec.to_builtins(body)}, status)

@@ -1,0 +1,176 @@
+"""Phone calls over Twilio Media Streams, end to end: a simulated Twilio
+(tests/twilio_peer.py) following the documented message sequence against
+the real server and the cascade, with the session's log checked."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import websockets
+
+from duplex_server.engine.audio.sphinx import Sphinx
+from duplex_server.sessions.core.records import AckBody, AudioBody, CloseBody, ItemBody
+from tests.speech import ANSWERS, PHRASES, silence, speak
+from tests.twilio_peer import STREAM_PATH, TwilioPeer, from_mulaw, signature, to_mulaw
+
+TOKEN = "0123456789abcdef0123456789abcdef"
+pytestmark = pytest.mark.server_config(twilio_auth_token=TOKEN, handshake_timeout_s=2.0)
+
+
+def phone_speech(phrase: str, lead_ms: float = 300, tail_ms: float = 1000) -> bytes:
+    """A spoken phrase in telephone-band mu-law (eSpeak at 8 kHz)."""
+    return to_mulaw(silence(lead_ms, 8000) + speak(phrase, 8000) + silence(tail_ms, 8000), 8000)
+
+
+async def until(check, timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def the_session(server):
+    (actor,) = server.manager.actors.values()
+    return actor
+
+
+async def the_records(server, session_id: str) -> list:
+    """A closed session's log (the memory store keeps it for the test)."""
+    await until(lambda: session_id in server.final_records)
+    return server.final_records[session_id]
+
+
+async def test_a_spoken_question_is_answered_on_the_phone(voice_server):
+    peer = await TwilioPeer.dial(voice_server.base, TOKEN, to="+15550000001", **{"from": "+1555"})
+    await until(lambda: len(voice_server.manager.actors) == 1)
+    actor = the_session(voice_server)
+    await peer.speak(phone_speech(PHRASES[0]))
+    await until(lambda: peer.played.marks_echoed and actor.state.response is None)
+    await until(lambda: actor.state.last_response is not None and _played_all(actor))
+    answer = from_mulaw(bytes(peer.played.audio), 16_000)
+    assert Sphinx(ANSWERS).transcribe(answer) == f"you said {PHRASES[0]}"
+    session_id = actor.session_id
+    await peer.stop()
+    await peer.closed()
+    records = await the_records(voice_server, session_id)
+    inbound = [r.body for r in records if isinstance(r.body, AudioBody)]
+    assert inbound and {a.source_format for a in inbound} == {"g711_ulaw"}
+    assert {a.sample_rate_hz for a in inbound} == {8000}
+    # 100 ms a record, not a record a 20 ms frame
+    assert max(a.duration_ms for a in inbound) == pytest.approx(100.0)
+    acks = [r.body for r in records if isinstance(r.body, AckBody) and r.body.what == "playback"]
+    last = peer.played.marks_echoed[-1]
+    assert acks[-1].played_ms == pytest.approx(float(last.rpartition("@")[2]))
+    closes = [r.body for r in records if isinstance(r.body, CloseBody)]
+    assert [c.reason for c in closes] == ["client_close"], closes
+
+
+def _played_all(actor) -> bool:
+    playback = actor.state.last_response.playback
+    return playback.generated_ms > 0 and playback.played_ms >= playback.generated_ms - 1e-6
+
+
+async def test_speech_over_the_answer_clears_it_and_truncates_at_the_last_mark(voice_server):
+    peer = await TwilioPeer.dial(voice_server.base, TOKEN, to="+15550000001")
+    await until(lambda: len(voice_server.manager.actors) == 1)
+    actor = the_session(voice_server)
+    await peer.speak(phone_speech(PHRASES[0], tail_ms=800))
+    await until(lambda: len(peer.played.marks_echoed) >= 3)
+    answering = actor.state.response
+    assert answering is not None
+    await peer.speak(phone_speech(PHRASES[2], lead_ms=0, tail_ms=1000))
+    await until(lambda: peer.played.clears == 1)
+    await until(lambda: actor.state.response is None or actor.state.response.id != answering.id)
+    item = actor.state.find_item(answering.item_id)
+    heard = [m for m in peer.played.marks_echoed if m.startswith(answering.id)]
+    # History holds what the caller heard: the last mark echoed for its audio,
+    # not the marks a clear handed back for audio that never played.
+    assert peer.played.marks_dropped
+    assert item.history_ms == pytest.approx(float(heard[-1].rpartition("@")[2]))
+    assert item.history_ms < answering.playback.generated_ms
+    await peer.hang_up()
+
+
+async def test_a_key_press_is_logged_as_the_callers_input(voice_server):
+    peer = await TwilioPeer.dial(voice_server.base, TOKEN, to="+15550000001")
+    await until(lambda: len(voice_server.manager.actors) == 1)
+    actor = the_session(voice_server)
+    await peer.dtmf("3")
+    await until(lambda: any(i.role == "user" for i in actor.state.items))
+    (item,) = actor.state.items
+    assert item.parts[0].text == "(the caller pressed 3)"
+    records = await voice_server.app.state.log.read(actor.session_id)
+    assert any(isinstance(r.body, ItemBody) for r in records)
+    await peer.hang_up()
+    await until(lambda: not voice_server.manager.actors)  # a dropped stream ends the call
+
+
+async def test_bad_frames_are_dropped_and_the_call_goes_on(voice_server, caplog):
+    peer = await TwilioPeer.dial(voice_server.base, TOKEN, to="+15550000001")
+    await until(lambda: len(voice_server.manager.actors) == 1)
+    actor = the_session(voice_server)
+    await peer.send("{not json")
+    await peer.send({"event": "surprise", "streamSid": peer.stream_sid})
+    await peer.send(peer.media_frame(b"\xff" * 160, stream_sid="MZ_another_stream"))
+    await peer.send(peer.media_frame(b"\xff" * 60_000))  # 7.5 s in one frame
+    await peer.send({"event": "mark", "streamSid": peer.stream_sid, "mark": {"name": "mine"}})
+    await peer.send(
+        {"event": "media", "streamSid": peer.stream_sid, "media": {"payload": "!!not base64"}}
+    )
+    await peer.speak(phone_speech(PHRASES[3]))
+    await until(lambda: actor.state.last_response is not None and _played_all(actor))
+    answer = from_mulaw(bytes(peer.played.audio), 16_000)
+    assert Sphinx(ANSWERS).transcribe(answer) == f"you said {PHRASES[3]}"
+    logged = caplog.text
+    for reason in ("unreadable", "another stream", "oversized", "did not send", "not base64"):
+        assert reason in logged, reason
+    assert "+15550000001" not in logged
+    await peer.hang_up()
+
+
+async def test_media_before_start_is_dropped_and_a_silent_stream_is_closed(voice_server):
+    url = f"ws://{voice_server.base}{STREAM_PATH}"
+    headers = {"X-Twilio-Signature": signature(TOKEN, url)}
+    async with websockets.connect(url, additional_headers=headers) as socket:
+        await socket.send('{"event": "connected", "protocol": "Call", "version": "1.0.0"}')
+        await socket.send(
+            '{"event": "media", "streamSid": "MZ1", "media": {"payload": "/////w=="}}'
+        )
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(socket.recv(), 10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    assert not voice_server.manager.actors
+
+
+async def test_the_stream_refuses_an_unsigned_or_wrongly_signed_upgrade(voice_server):
+    url = f"ws://{voice_server.base}{STREAM_PATH}"
+    for headers in ({}, {"X-Twilio-Signature": signature("another-token-altogether", url)}):
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await websockets.connect(url, additional_headers=headers)
+        assert refused.value.response.status_code == 403
+    assert not voice_server.manager.actors
+
+
+async def test_the_voice_webhook_connects_the_call_to_the_stream(voice_server):
+    url = f"http://{voice_server.base}/v1/telephony/twilio/voice"
+    form = {"CallSid": "CA1", "From": "+15551230000", "To": "+15550000001"}
+    async with httpx.AsyncClient() as http:
+        answer = await http.post(
+            url, data=form, headers={"X-Twilio-Signature": signature(TOKEN, url, form)}
+        )
+        refused = await http.post(url, data=form, headers={"X-Twilio-Signature": "bogus"})
+    assert answer.status_code == 200, answer.text
+    assert f'url="ws://{voice_server.base}{STREAM_PATH}"' in answer.text
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "invalid_signature"
+
+
+@pytest.mark.server_config(handshake_timeout_s=2.0)
+async def test_without_a_token_the_telephony_routes_are_not_there(voice_server):
+    url = f"ws://{voice_server.base}{STREAM_PATH}"
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        await websockets.connect(url, additional_headers={"X-Twilio-Signature": "x"})
+    assert refused.value.response.status_code == 404
