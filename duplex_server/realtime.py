@@ -15,7 +15,7 @@ import msgspec
 from msgspec import UNSET
 from starlette.responses import JSONResponse
 from starlette.types import Message
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex_server import metrics
 from duplex_server.auth import (
@@ -29,49 +29,27 @@ from duplex_server.auth import (
 from duplex_server.config import ServerConfig
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.actor import SessionActor
-from duplex_server.sessions.runtime.attachment import Attachment, TransportClosed
+from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.input_budget import REFUSAL_PAUSE_S
 from duplex_server.sessions.runtime.manager import SessionManager
+from duplex_server.sideband import serve_sideband
+from duplex_server.websocket_transport import (
+    WebSocketTransport,
+    dialect_of,
+    error_frame,
+    query_flag,
+)
 from protocol.client_events import SessionHeartbeat, SessionResume, SessionUpdateEvent
 from protocol.close_codes import CloseCode
-from protocol.codec import FrameDecoder, encode_server_event
-from protocol.dialect import negotiate
-from protocol.errors import INVALID_REQUEST, ProtocolError, error_body
-from protocol.server_events import Error
+from protocol.codec import FrameDecoder
+from protocol.errors import INVALID_REQUEST, ProtocolError
 from protocol.session_config import ExtraBody, SessionUpdate
 
 log = logging.getLogger(__name__)
 
-TRUE_VALUES = {"1", "true", "on", "yes"}
 # Resume refusals that a token guesser collects; a socket gets this many.
 GUESSES = ("invalid_resume_token", "invalid_session_resume", "forbidden")
 MAX_FAILED_RESUMES = 5
-FALSE_VALUES = {"0", "false", "off", "no"}
-
-
-class WebSocketTransport:
-    def __init__(self, websocket: WebSocket) -> None:
-        self.websocket = websocket
-
-    async def send(self, payload: bytes) -> None:
-        if self.websocket.application_state != WebSocketState.CONNECTED:
-            raise TransportClosed()
-        try:
-            await self.websocket.send_text(payload.decode())
-        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
-            raise TransportClosed() from exc
-
-    async def close(self, code: CloseCode, reason: str) -> None:
-        if self.websocket.application_state != WebSocketState.CONNECTED:
-            return
-        try:
-            await self.websocket.close(code, reason)
-        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
-            raise TransportClosed() from exc
-
-
-def _error_frame(err: ProtocolError) -> bytes:
-    return encode_server_event(Error(error=error_body(err)))
 
 
 class RealtimeConnection:
@@ -95,15 +73,10 @@ class RealtimeConnection:
         self.duplex = duplex
         # ?duplex_events=1 on the OpenAI endpoint: the session opts in to the
         # extension events, as extra_body.duplex_events does.
-        self.duplex_events = _flag(websocket.query_params.get("duplex_events"), False)
+        self.duplex_events = query_flag(websocket.query_params.get("duplex_events"), False)
         self.manager = manager
         self.decoder = decoder
-        self.attachment = Attachment(
-            WebSocketTransport(websocket),
-            dialect=negotiate(
-                websocket.query_params.get("events"), websocket.headers.get("openai-beta")
-            ),
-        )
+        self.attachment = Attachment(WebSocketTransport(websocket), dialect=dialect_of(websocket))
         self.actor: SessionActor | None = None
 
     async def run(self, autostart: bool, model: str | None, handshake_timeout_s: float) -> None:
@@ -167,7 +140,7 @@ class RealtimeConnection:
 
     async def _send_error(self, err: ProtocolError) -> None:
         err.forget_traceback()
-        await self.attachment.send_now(_error_frame(err))
+        await self.attachment.send_now(error_frame(err))
 
     async def _open(
         self, patch: SessionUpdate, handshake: bool, event_id: str | None = None
@@ -302,12 +275,6 @@ def _authenticate(websocket: WebSocket) -> tuple[Principal | None, SessionUpdate
     return caller(websocket), None
 
 
-def _flag(value: str | None, default: bool) -> bool:
-    if value is None:
-        return default
-    return value.lower() in TRUE_VALUES or (value.lower() not in FALSE_VALUES and default)
-
-
 async def realtime_endpoint(websocket: WebSocket) -> None:
     """One socket; a client address holds at most ``max_connections_per_ip``
     of them, and a browser page may open one only from an allowed Origin
@@ -352,8 +319,11 @@ async def _serve_socket(websocket: WebSocket) -> None:
     subprotocol = "realtime" if "realtime" in offered else None
     await websocket.accept(subprotocol=subprotocol)
     params = websocket.query_params
-    autostart = _flag(params.get("autostart"), True) and "resume" not in params
-    duplex = websocket.url.path.rstrip("/").endswith("/v1/duplex") or _flag(
+    if "call_id" in params:
+        await serve_sideband(websocket, principal, params["call_id"])
+        return
+    autostart = query_flag(params.get("autostart"), True) and "resume" not in params
+    duplex = websocket.url.path.rstrip("/").endswith("/v1/duplex") or query_flag(
         params.get("duplex"), False
     )
     connection = RealtimeConnection(

@@ -51,6 +51,8 @@ ERROR_CLASS: dict[str, str] = {
     "unauthorized": AUTHENTICATION,
     "forbidden": AUTHENTICATION,
     "session_expired": INVALID_REQUEST,  # OpenAI's, where session.expired is not sent
+    "call_not_found": INVALID_REQUEST,  # a sideband socket's call_id names no live call
+    "sideband_event_not_allowed": INVALID_REQUEST,  # a sideband socket steers, not streams
     "engine_error": SERVER_ERROR,
     "storage_unavailable": SERVER_ERROR,
 }

@@ -25,11 +25,11 @@ from collections.abc import Callable
 
 import msgspec
 from msgspec import UNSET
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.actor import SessionActor
-from duplex_server.sessions.runtime.attachment import Attachment, TransportClosed
+from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.manager import SessionManager
 from duplex_server.telephony.call_config import CallConfigs
 from duplex_server.telephony.carrier import (
@@ -44,6 +44,7 @@ from duplex_server.telephony.carrier import (
     CarrierMessage,
     Ignored,
 )
+from duplex_server.websocket_transport import WebSocketTransport
 from protocol import client_events as ce
 from protocol.close_codes import CloseCode
 from protocol.dialect import Dialect
@@ -115,6 +116,11 @@ class _DeltaMetadata(msgspec.Struct):
     playback: _Ledger | None = None
 
 
+class _Refusal(msgspec.Struct):
+    code: str = ""
+    message: str = ""
+
+
 class _Outbound(msgspec.Struct):
     """The fields of a journaled event the carrier needs (the rest is skipped)."""
 
@@ -122,6 +128,7 @@ class _Outbound(msgspec.Struct):
     response_id: str = ""
     delta: str = ""
     metadata: _DeltaMetadata | None = None
+    error: _Refusal | None = None
 
     @property
     def sent_ms(self) -> float | None:
@@ -138,7 +145,7 @@ class CarrierTransport:
     def __init__(
         self, websocket: WebSocket, dialect: CarrierDialect, stream_id: str, marks: PlaybackMarks
     ) -> None:
-        self._websocket = websocket
+        self._socket = WebSocketTransport(websocket)
         self._dialect = dialect
         self._stream_id = stream_id
         self._marks = marks
@@ -146,7 +153,7 @@ class CarrierTransport:
     async def send(self, payload: bytes) -> None:
         event = _OUTBOUND.decode(payload)
         for frame in self._frames(event):
-            await self._send_text(frame)
+            await self._socket.send_text(frame)
 
     def _frames(self, event: _Outbound) -> list[str]:
         dialect, stream = self._dialect, self._stream_id
@@ -158,25 +165,13 @@ class CarrierTransport:
             case "output_audio_buffer.cleared":
                 self._marks.cleared(event.response_id)
                 return [dialect.clear(stream)]
-            case "error":
-                log.warning("call %s: the session refused: %s", stream, event)
+            case "error" if event.error is not None:
+                # The carrier cannot be told; the sideband sockets see it too.
+                log.warning("call %s: %s: %s", stream, event.error.code, event.error.message)
         return []
 
-    async def _send_text(self, frame: str) -> None:
-        if self._websocket.application_state != WebSocketState.CONNECTED:
-            raise TransportClosed()
-        try:
-            await self._websocket.send_text(frame)
-        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
-            raise TransportClosed() from exc
-
     async def close(self, code: CloseCode, reason: str) -> None:
-        if self._websocket.application_state != WebSocketState.CONNECTED:
-            return
-        try:
-            await self._websocket.close(code, reason)
-        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
-            raise TransportClosed() from exc
+        await self._socket.close(code, reason)
 
 
 def call_patch(configured: SessionUpdate, audio_format: str) -> SessionUpdate:
@@ -307,6 +302,7 @@ class PhoneCall:
             )
             await self.attachment.close(code, err.code)
             return
+        self.manager.name_call(started.call_id, self.actor.session_id)  # for the sideband
         log.info("call %s: session %s", started.stream_id, self.actor.session_id)
 
     async def _on_message(self, message: CarrierMessage | None) -> None:

@@ -14,6 +14,7 @@ from duplex_server.engine.audio.sphinx import Sphinx
 from duplex_server.sessions.core.records import AckBody, AudioBody, CloseBody, ItemBody
 from tests.speech import ANSWERS, PHRASES, silence, speak
 from tests.twilio_peer import STREAM_PATH, TwilioPeer, from_mulaw, signature, to_mulaw
+from tests.wsclient import WsClient
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 pytestmark = pytest.mark.server_config(twilio_auth_token=TOKEN, handshake_timeout_s=2.0)
@@ -47,11 +48,15 @@ async def test_a_spoken_question_is_answered_on_the_phone(voice_server):
     peer = await TwilioPeer.dial(voice_server.base, TOKEN, to="+15550000001", **{"from": "+1555"})
     await until(lambda: len(voice_server.manager.actors) == 1)
     actor = the_session(voice_server)
+    app = await sideband(voice_server, peer.call_sid)  # OpenAI's endpoint, OpenAI's types
     await peer.speak(phone_speech(PHRASES[0]))
     await until(lambda: peer.played.marks_echoed and actor.state.response is None)
     await until(lambda: actor.state.last_response is not None and _played_all(actor))
     answer = from_mulaw(bytes(peer.played.audio), 16_000)
     assert Sphinx(ANSWERS).transcribe(answer) == f"you said {PHRASES[0]}"
+    seen = [e["type"] for e in await app.recv_until("response.done")]
+    assert "conversation.item.input_audio_transcription.completed" in seen
+    assert not {"playback.acknowledged", "turn.event", "response.speak"} & set(seen), seen
     session_id = actor.session_id
     await peer.stop()
     await peer.closed()
@@ -174,3 +179,55 @@ async def test_without_a_token_the_telephony_routes_are_not_there(voice_server):
     with pytest.raises(websockets.InvalidStatus) as refused:
         await websockets.connect(url, additional_headers={"X-Twilio-Signature": "x"})
     assert refused.value.response.status_code == 404
+
+
+async def sideband(server, call_id: str) -> WsClient:
+    return await WsClient.connect(f"ws://{server.base}/v1/realtime?call_id={call_id}")
+
+
+async def test_a_server_application_watches_and_steers_the_call(voice_server):
+    peer = await TwilioPeer.dial(voice_server.base, TOKEN, to="+15550000001")
+    await until(lambda: len(voice_server.manager.actors) == 1)
+    actor = the_session(voice_server)
+    app = await sideband(voice_server, peer.call_sid)
+    await app.send({"type": "session.update", "session": {"instructions": "Be brief."}})
+    updated = await app.expect("session.updated")
+    assert updated["session"]["instructions"] == "Be brief."
+    assert actor.state.config.instructions == "Be brief."
+    # The caller's key press reaches the application as the call's event.
+    await peer.dtmf("7")
+    added = await app.expect("conversation.item.added")
+    assert added["item"]["content"][0]["text"] == "(the caller pressed 7)"
+    # It steers; it cannot stream audio into the call.
+    await app.send({"type": "input_audio_buffer.append", "audio": "AAAA", "event_id": "evt_x"})
+    refused = (await app.recv_until("error"))[-1]
+    assert refused["error"]["code"] == "sideband_event_not_allowed"
+    assert refused["error"]["event_id"] == "evt_x"
+    await app.send(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "hi"}],
+            },
+        }
+    )
+    await app.recv_until("conversation.item.added")
+    assert [i.parts[0].text for i in actor.state.items][-1] == "hi"
+    # By the session's id as well as the call's.
+    other = await sideband(voice_server, actor.session_id)
+    await peer.stop()
+    await peer.closed()
+    for socket in (app, other):  # the call's end closes its sideband sockets
+        await socket.recv_until("session.closed")
+    await until(lambda: not voice_server.manager.actors)
+
+
+async def test_a_sideband_socket_for_no_call_is_refused(voice_server):
+    app = await sideband(voice_server, "CA_nobody")
+    refused = await app.expect("error")
+    assert refused["error"]["code"] == "call_not_found"
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await app.ws.recv()
+    assert closed.value.rcvd.code == 1008

@@ -88,6 +88,9 @@ class SessionManager:
         self._takeovers: dict[str, _Takeover] = {}
         self._recovery_pending = False
         self._deletions: set[asyncio.Task[None]] = set()  # closed logs leaving memory
+        # A call's own id (a carrier's call sid) -> its session, for the
+        # sideband socket; one entry a live call, dropped when it closes.
+        self._call_ids: dict[str, str] = {}
 
     async def open(
         self,
@@ -434,8 +437,19 @@ class SessionManager:
                 expired.append(row.session_id)
         return expired
 
+    def name_call(self, call_id: str, session_id: str) -> None:
+        """The live session ``session_id`` is also known as ``call_id``."""
+        self._call_ids[call_id] = session_id
+
+    def actor_for_call(self, call_id: str) -> SessionActor | None:
+        """The live session a sideband socket names: by the call's own id, or
+        by the session's id (every call is a session)."""
+        return self.actors.get(self._call_ids.get(call_id, call_id))
+
     def _closed(self, session_id: str, reason: str) -> None:
         self.actors.pop(session_id, None)
+        for call_id in [c for c, s in self._call_ids.items() if s == session_id]:
+            del self._call_ids[call_id]
         if reason == "moved":
             return  # served by another replica now: not ended
         if reason == "failed" and self.log.durable:

@@ -28,6 +28,9 @@ from protocol.server_events import (
 )
 
 DRAIN_TIMEOUT_S = 2.0
+# Sideband sockets one session may have (a server application watching and
+# steering a call): each is a sender draining the journal.
+MAX_WATCHERS = 4
 
 
 class SocketSlot:
@@ -44,10 +47,41 @@ class SocketSlot:
         self._capabilities = capabilities
         self.current: Attachment | None = None
         self._heartbeats = 0  # acks sent, for their event ids
+        # Sideband sockets, by their generations: negative, so never a
+        # client socket's (those count up from the lease's).
+        self._watchers: dict[int, Attachment] = {}
+        self._last_watcher = 0
 
     def holds(self, generation: int) -> bool:
-        """Whether ``generation`` is the socket attached now (not a superseded one)."""
+        """Whether ``generation`` is the socket attached now (not a superseded
+        one) or a sideband socket watching the session: a frame from either
+        is the session's input."""
+        if generation in self._watchers:
+            return True
         return self.current is not None and self.current.generation == generation
+
+    def watch(self, attachment: Attachment) -> bool:
+        """A sideband socket sees the session's events from now on, beside the
+        client's socket (which it never replaces); False when the session has
+        ``MAX_WATCHERS`` already."""
+        if len(self._watchers) >= MAX_WATCHERS:
+            return False
+        self._last_watcher -= 1
+        attachment.generation = self._last_watcher
+        self._watchers[attachment.generation] = attachment
+        attachment.start_sender(self._journal, self._journal.last_seq, self.overflow_notice)
+        return True
+
+    async def unwatch(self, attachment: Attachment) -> None:
+        """The sideband socket went away: its sender stops."""
+        if self._watchers.pop(attachment.generation, None) is not None:
+            await attachment.stop()
+
+    async def _close_watchers(self, code: CloseCode, reason: str) -> None:
+        watchers, self._watchers = list(self._watchers.values()), {}
+        for watcher in watchers:
+            await watcher.drained(self._journal.last_seq, DRAIN_TIMEOUT_S)
+            await watcher.close(code, reason)
 
     def _snapshot(self) -> SessionObject:
         return session_object(self._writer.state, self._capabilities)
@@ -155,17 +189,20 @@ class SocketSlot:
                 encode_server_event(SessionReplaced(attachment_generation=attachment.generation))
             )
             await attachment.close(CloseCode.MOVED, "session.replaced")
+        await self._close_watchers(CloseCode.MOVED, "session.replaced")
 
     async def close_after_drain(self, reason: str) -> None:
-        """The session closed: what was journaled goes out first (for a while)."""
+        """The session closed: what was journaled goes out first (for a while),
+        to the client's socket and to every sideband socket."""
         attachment = self.current
-        if attachment is None:
-            return
-        await attachment.drained(self._journal.last_seq, DRAIN_TIMEOUT_S)
-        self.current = None
-        await attachment.close(CloseCode.NORMAL, reason)
+        if attachment is not None:
+            await attachment.drained(self._journal.last_seq, DRAIN_TIMEOUT_S)
+            self.current = None
+            await attachment.close(CloseCode.NORMAL, reason)
+        await self._close_watchers(CloseCode.NORMAL, reason)
 
     async def fail(self) -> None:
         """The actor failed: the client is not left talking to nobody."""
         if self.current is not None:
             await self.current.close(CloseCode.INTERNAL_ERROR, "internal error")
+        await self._close_watchers(CloseCode.INTERNAL_ERROR, "internal error")

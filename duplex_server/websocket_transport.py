@@ -1,0 +1,64 @@
+"""A Starlette WebSocket as a session's transport (``attachment.Transport``).
+
+Every socket shell (``realtime.py``, ``sideband.py``, the carrier streams in
+``telephony/``) sends through this: a peer that is gone is
+:class:`TransportClosed`, whatever the ASGI server raised.
+"""
+
+from __future__ import annotations
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from duplex_server.sessions.runtime.attachment import TransportClosed
+from protocol.close_codes import CloseCode
+from protocol.codec import encode_server_event
+from protocol.dialect import Dialect, negotiate
+from protocol.errors import ProtocolError, error_body
+from protocol.server_events import Error
+
+
+class WebSocketTransport:
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+
+    async def send(self, payload: bytes) -> None:
+        await self.send_text(payload.decode())
+
+    async def send_text(self, text: str) -> None:
+        if self.websocket.application_state != WebSocketState.CONNECTED:
+            raise TransportClosed()
+        try:
+            await self.websocket.send_text(text)
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+            raise TransportClosed() from exc
+
+    async def close(self, code: CloseCode, reason: str) -> None:
+        if self.websocket.application_state != WebSocketState.CONNECTED:
+            return
+        try:
+            await self.websocket.close(code, reason)
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+            raise TransportClosed() from exc
+
+
+TRUE_VALUES = {"1", "true", "on", "yes"}
+FALSE_VALUES = {"0", "false", "off", "no"}
+
+
+def query_flag(value: str | None, default: bool) -> bool:
+    """A query parameter's switch: absent is ``default``; an unknown word
+    cannot turn on what is off by default."""
+    if value is None:
+        return default
+    return value.lower() in TRUE_VALUES or (value.lower() not in FALSE_VALUES and default)
+
+
+def dialect_of(websocket: WebSocket) -> Dialect:
+    """Which spelling of OpenAI's events the socket asked for (``?events=``,
+    or the ``OpenAI-Beta`` header)."""
+    return negotiate(websocket.query_params.get("events"), websocket.headers.get("openai-beta"))
+
+
+def error_frame(err: ProtocolError) -> bytes:
+    """An ``error`` event, for a socket alone (not journaled)."""
+    return encode_server_event(Error(error=error_body(err)))
