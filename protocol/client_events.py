@@ -185,6 +185,13 @@ class PushText(InputTextAppend, tag="push_text"):
     """vLLM-Omni's streaming-text spelling of ``input.text.append``."""
 
 
+class InputDtmf(ClientEvent, tag="input.dtmf", kw_only=True):
+    """A telephone key the user pressed (a carrier's DTMF, a page's keypad);
+    ``digit`` is required (kw_only: after the base's defaulted fields)."""
+
+    digit: Literal["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "*", "#", "A", "B", "C", "D"]
+
+
 class ItemCreate(ClientEvent, tag="conversation.item.create"):
     item: ConversationItem = msgspec.field(default_factory=ConversationItem)
     previous_item_id: str | None = None
@@ -317,6 +324,7 @@ AnyClientEvent = Union[
     InputTextAppend,
     InputTextAppendAlias,
     PushText,
+    InputDtmf,
     ItemCreate,
     ItemRetrieve,
     ItemDelete,

@@ -521,6 +521,13 @@ class OutputAudioStopped(ServerEvent, tag="output_audio_buffer.stopped"):
     response_id: str = ""
 
 
+class InputDtmfReceived(ServerEvent, tag="input_audio_buffer.dtmf_event_received"):
+    """OpenAI's (SIP calls'): a keypad press, and when the server had it (Unix s)."""
+
+    event: str = ""
+    received_at: int = 0
+
+
 class InputTimeoutTriggered(ServerEvent, tag="input_audio_buffer.timeout_triggered"):
     """No speech for ``turn_detection.idle_timeout_ms`` after the answer
     played: the silent stretch (input audio time) and the item it becomes."""
@@ -620,6 +627,7 @@ AnyServerEvent = Union[
     OutputAudioStarted,
     OutputAudioStopped,
     InputTimeoutTriggered,
+    InputDtmfReceived,
     PlaybackAcknowledged,
     OverlapDecision,
     TurnEvent,

@@ -197,3 +197,23 @@ def test_a_preparation_reaches_only_the_command_it_was_made_for():
         step(script.state, append, facts, 2020, HeardTurn("not an append's"))
     with pytest.raises(TypeError, match="PreparedAppend was prepared for a InputTextAppend"):
         step(script.state, ce.InputTextAppend(text="hi"), facts, 2030, PreparedAppend())
+
+
+def test_a_key_press_is_told_as_openai_does_and_kept_as_a_user_item():
+    script = Script()
+    batch, _ = step(
+        script.state, ce.InputDtmf(digit="#", event_id="evt_k"), ModelFacts(MODEL), 5000
+    )
+    sent = [msgspec.json.decode(payload) for _, payload in batch.outbound]
+    assert sent[0] == {
+        "type": "input_audio_buffer.dtmf_event_received",
+        "event_id": sent[0]["event_id"],
+        "server_event_seq": sent[0]["server_event_seq"],
+        "event": "#",
+        "received_at": 5,
+    }
+    assert [e["type"] for e in sent[1:]][-1] == "conversation.item.done"
+    (item,) = script.state.items
+    assert (item.role, item.parts[0].text) == ("user", "(the user pressed the # key)")
+    script.log.extend(batch.records)
+    assert script.refold() == script.state

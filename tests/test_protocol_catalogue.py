@@ -119,10 +119,14 @@ def test_server_event_round_trips(event_type):
     assert decode_server_event(wire) == event
 
 
+# The fields a client event cannot go without, a sample value each.
+REQUIRED_FIELDS = {"input.dtmf": {"digit": "5"}}
+
+
 @pytest.mark.parametrize("event_type", sorted(CLIENT_EVENT_TYPES))
 def test_client_event_round_trips(event_type):
     cls = CLIENT_EVENT_TYPES[event_type]
-    event = cls(event_id="c1")
+    event = cls(event_id="c1", **REQUIRED_FIELDS.get(event_type, {}))
     wire = msgspec.json.encode(event)
     assert msgspec.json.decode(wire)["type"] == event_type
     assert FrameDecoder().decode(wire) == event

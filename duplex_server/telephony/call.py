@@ -49,7 +49,6 @@ from protocol import client_events as ce
 from protocol.close_codes import CloseCode
 from protocol.dialect import Dialect
 from protocol.errors import ProtocolError
-from protocol.items import ContentPart, ConversationItem
 from protocol.session_config import SessionUpdate
 
 log = logging.getLogger(__name__)
@@ -62,6 +61,8 @@ APPEND_MS = 100
 BYTES_PER_MS = 8
 # A carrier frame larger than this is dropped unread (a media frame is 20 ms).
 MAX_FRAME_CHARS = 64 * 1024
+# The keys of a telephone keypad (DTMF).
+DIGITS = frozenset("0123456789*#ABCD")
 # Marks of this many cleared answers are remembered (and ignored if echoed).
 CLEARED_REMEMBERED = 16
 
@@ -323,9 +324,11 @@ class PhoneCall:
                     self.drops.drop("a mark the server did not send")
                 else:
                     self._post(ack)
-            case CallDigit(digit=digit):
+            case CallDigit(digit=digit) if digit in DIGITS:
                 self._flush()
-                self._post(_pressed(digit))
+                self._post(ce.InputDtmf(digit=digit))  # type: ignore[arg-type]  # checked
+            case CallDigit():
+                self.drops.drop("a key that is no telephone key")
             case CallStopped():
                 self._hang_up()
 
@@ -360,14 +363,3 @@ class PhoneCall:
         self._flush()
         self._post(ce.SessionClose(reason="call ended"))
         self.actor.post(mb.Detach(self.attachment.generation))
-
-
-def _pressed(digit: str) -> ce.ItemCreate:
-    """A key the caller pressed, as a user item: logged, and heard by the
-    model with the next turn ("the caller pressed 3")."""
-    text = f"(the caller pressed {digit})"
-    return ce.ItemCreate(
-        item=ConversationItem(
-            type="message", role="user", content=[ContentPart(type="input_text", text=text)]
-        )
-    )

@@ -106,7 +106,7 @@ async def test_a_key_press_is_logged_as_the_callers_input(voice_server):
     await peer.dtmf("3")
     await until(lambda: any(i.role == "user" for i in actor.state.items))
     (item,) = actor.state.items
-    assert item.parts[0].text == "(the caller pressed 3)"
+    assert item.parts[0].text == "(the user pressed the 3 key)"
     records = await voice_server.app.state.log.read(actor.session_id)
     assert any(isinstance(r.body, ItemBody) for r in records)
     await peer.hang_up()
@@ -196,8 +196,10 @@ async def test_a_server_application_watches_and_steers_the_call(voice_server):
     assert actor.state.config.instructions == "Be brief."
     # The caller's key press reaches the application as the call's event.
     await peer.dtmf("7")
+    pressed = (await app.recv_until("input_audio_buffer.dtmf_event_received"))[-1]
+    assert pressed["event"] == "7" and pressed["received_at"] > 1_700_000_000
     added = await app.expect("conversation.item.added")
-    assert added["item"]["content"][0]["text"] == "(the caller pressed 7)"
+    assert added["item"]["content"][0]["text"] == "(the user pressed the 7 key)"
     # It steers; it cannot stream audio into the call.
     await app.send({"type": "input_audio_buffer.append", "audio": "AAAA", "event_id": "evt_x"})
     refused = (await app.recv_until("error"))[-1]

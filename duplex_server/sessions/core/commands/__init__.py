@@ -48,6 +48,7 @@ from duplex_server.sessions.core.commands.input_turn import (
     text_append,
 )
 from duplex_server.sessions.core.commands.items import (
+    dtmf_pressed,
     item_create,
     item_delete,
     item_retrieve,
@@ -113,6 +114,7 @@ CLIENT_HANDLERS: dict[type, Handler] = {
     ce.InputAudioClear: audio_clear,
     ce.InputCancel: input_cancel,
     ce.InputTextAppend: text_append,
+    ce.InputDtmf: dtmf_pressed,
     ce.ItemCreate: item_create,
     ce.ItemRetrieve: item_retrieve,
     ce.ItemDelete: item_delete,

@@ -18,8 +18,15 @@ from duplex_server.sessions.core.tool_calls import check_function_call_output
 from protocol import client_events as ce
 from protocol.codec import decode_base64
 from protocol.errors import ProtocolError
-from protocol.items import ContentPart
-from protocol.server_events import ItemAdded, ItemDeleted, ItemDone, ItemRetrieved, ItemTruncated
+from protocol.items import ContentPart, ConversationItem
+from protocol.server_events import (
+    InputDtmfReceived,
+    ItemAdded,
+    ItemDeleted,
+    ItemDone,
+    ItemRetrieved,
+    ItemTruncated,
+)
 
 # What OpenAI's item models require beyond the type (checked on the way in,
 # so the item the server echoes back validates).
@@ -170,6 +177,16 @@ def item_create(batch: Batch, event: ce.ItemCreate, facts: ModelFacts) -> Effect
     batch.emit(ItemDone(item=to_wire(item), previous_item_id=previous))
     pcm = b"".join(audio)
     return (KeepTurn(item.id, pcm),) if pcm else ()
+
+
+def dtmf_pressed(batch: Batch, event: ce.InputDtmf, facts: ModelFacts) -> Effects:
+    """A telephone key the user pressed: OpenAI's
+    ``input_audio_buffer.dtmf_event_received``, then a user item saying so,
+    so that it is logged and the model hears it with the next turn."""
+    batch.emit(InputDtmfReceived(event=event.digit, received_at=batch.now_ms // 1000))
+    said = ContentPart(type="input_text", text=f"(the user pressed the {event.digit} key)")
+    pressed = ConversationItem(type="message", role="user", content=[said])
+    return item_create(batch, ce.ItemCreate(item=pressed, event_id=event.event_id), facts)
 
 
 def _existing_item(state: SessionState, event: ce.ClientEvent, item_id: str) -> Item:
