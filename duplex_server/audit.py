@@ -61,6 +61,7 @@ def _summary(body: r.AnyBody) -> str:
         r.OutBody: lambda b: (
             f"#{b.server_event_seq} {b.event_type}" + (" (trimmed)" if b.trimmed else "")
         ),
+        r.CallBody: lambda b: f"{b.carrier} call {b.call_id} stream {b.stream_id}",
         r.LeaseBody: lambda b: f"{b.action} gen={b.generation} fence={b.fence} owner={b.owner}",
         r.CloseBody: lambda b: b.reason,
         r.JobBody: lambda b: (

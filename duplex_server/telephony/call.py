@@ -27,6 +27,7 @@ import msgspec
 from msgspec import UNSET
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from duplex_server.sessions.core.records import CallBody
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.actor import SessionActor
 from duplex_server.sessions.runtime.attachment import Attachment
@@ -293,6 +294,13 @@ class PhoneCall:
                 call_patch(configured, started.audio_format),
                 handshake=False,
                 address=client.host if client else "",
+                call=CallBody(
+                    carrier=self.dialect.name,
+                    call_id=started.call_id,
+                    stream_id=started.stream_id,
+                    caller=started.parameters.get("from", ""),
+                    called=started.parameters.get("to", ""),
+                ),
             )
         except ProtocolError as err:
             log.warning("call %s: no session for it: %s", started.stream_id, err.message)

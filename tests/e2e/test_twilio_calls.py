@@ -5,16 +5,21 @@ the real server and the cascade, with the session's log checked."""
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.request
 
 import httpx
 import pytest
 import websockets
 
 from duplex_server.engine.audio.sphinx import Sphinx
-from duplex_server.sessions.core.records import AckBody, AudioBody, CloseBody, ItemBody
+from duplex_server.sessions.core.records import AckBody, AudioBody, CallBody, CloseBody, ItemBody
+from duplex_server.sessions.core.state import fold, initial_state
+from duplex_server.sessions.log.sqlite_store import SqliteLog
+from tests.e2e.serverproc import ServerProcess
 from tests.speech import ANSWERS, PHRASES, silence, speak
 from tests.twilio_peer import STREAM_PATH, TwilioPeer, from_mulaw, signature, to_mulaw
-from tests.wsclient import WsClient
+from tests.wsclient import WsClient, tone_pcm16
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 pytestmark = pytest.mark.server_config(twilio_auth_token=TOKEN, handshake_timeout_s=2.0)
@@ -61,6 +66,9 @@ async def test_a_spoken_question_is_answered_on_the_phone(voice_server):
     await peer.stop()
     await peer.closed()
     records = await the_records(voice_server, session_id)
+    call = records[0].body
+    assert isinstance(call, CallBody)
+    assert (call.call_id, call.called, call.caller) == (peer.call_sid, "+15550000001", "+1555")
     inbound = [r.body for r in records if isinstance(r.body, AudioBody)]
     assert inbound and {a.source_format for a in inbound} == {"g711_ulaw"}
     assert {a.sample_rate_hz for a in inbound} == {8000}
@@ -233,3 +241,68 @@ async def test_a_sideband_socket_for_no_call_is_refused(voice_server):
     with pytest.raises(websockets.ConnectionClosed) as closed:
         await app.ws.recv()
     assert closed.value.rcvd.code == 1008
+
+
+async def session_of_call(server, call_sid: str) -> str:
+    """The call's session id, asked over its sideband once the call is up."""
+    for _ in range(100):
+        app = await sideband(server, call_sid)
+        await app.send({"type": "session.update", "session": {}})
+        answer = (await app.recv_until("session.updated", "error"))[-1]
+        await app.close()
+        if answer["type"] == "session.updated":
+            return answer["session"]["id"]
+        assert answer["error"]["code"] == "call_not_found"
+        await asyncio.sleep(0.05)
+    raise AssertionError("the call never came up")
+
+
+def the_log(server: ServerProcess, session_id: str) -> list[dict]:
+    url = f"{server.http_url}/v1/sessions/{session_id}/events"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return [json.loads(line) for line in response.read().splitlines()]
+
+
+async def test_a_call_on_a_server_killed_mid_call_is_ended_at_restart(tmp_path):
+    """kill -9 mid-call, restart on SQLite: the log refolds and the call's
+    session is ended at once (no carrier streams it again), not left to
+    wait out the disconnect grace for a resume that never comes."""
+    db = f"sqlite:{tmp_path / 'calls.db'}"
+    flags = {"twilio_auth_token": TOKEN, "disconnect_grace_s": 600}
+    first = ServerProcess(db, **flags).start()
+    try:
+        peer = await TwilioPeer.dial(first.base, TOKEN, to="+15550000001", **{"from": "+1555012"})
+        session_id = await session_of_call(first, peer.call_sid)
+        await peer.speak(to_mulaw(tone_pcm16(400, 8000), 8000))
+        lines = the_log(first, session_id)
+        assert lines[0]["body"] == {
+            "kind": "call",
+            "carrier": "twilio",
+            "call_id": peer.call_sid,
+            "stream_id": peer.stream_sid,
+            "caller": "+1555012",
+            "called": "+15550000001",
+        }
+        first.kill9()
+    finally:
+        first.stop()
+    second = ServerProcess(db, **flags, port=first.port).start()
+    try:
+        lines = the_log(second, session_id)
+        assert lines[-1]["body"]["kind"] == "close"
+        assert lines[-1]["body"]["reason"] == "disconnect"
+        with urllib.request.urlopen(f"{second.http_url}/v1/sessions/{session_id}") as answer:
+            assert json.loads(answer.read())["state"] == "closed"
+        records = await second_log_records(db, session_id)
+        state = fold(records, initial_state(session_id, "echo", ()))
+        assert state.closed_reason == "disconnect" and state.call is not None
+    finally:
+        second.stop()
+
+
+async def second_log_records(db: str, session_id: str) -> list:
+    store = SqliteLog(db.removeprefix("sqlite:"), "group")
+    try:
+        return await store.read(session_id)
+    finally:
+        await store.close()

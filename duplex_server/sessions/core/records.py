@@ -218,6 +218,20 @@ class CloseBody(Body, tag="close"):
     detail: str | None = None  # the client's own words (session.close's reason)
 
 
+class CallBody(Body, tag="call"):
+    """A phone call reached the session through a carrier (recorded at the
+    opening): which carrier, the call's and the stream's ids, and the
+    numbers. The numbers are personal data: kept here as the call's record
+    (the session's log is the caller's own, behind the API key) and redacted
+    from the server's log lines."""
+
+    carrier: str
+    call_id: str
+    stream_id: str
+    caller: str = ""
+    called: str = ""
+
+
 # --- one-shot job sessions (the batch API) ------------------------------------
 
 # A job session's id starts with this: the realtime manager leaves such
@@ -292,6 +306,7 @@ AnyBody = Union[
     OutBody,
     LeaseBody,
     CloseBody,
+    CallBody,
     JobBody,
     ProgressBody,
     ResultBody,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.config import with_default_turn_detection
 from duplex_server.sessions.core.records import (
+    CallBody,
     CloseBody,
     CloseReason,
     ConfigBody,
@@ -75,10 +76,13 @@ def record_opening(
     openai_semantics: bool,
     owner: str | None,
     turn_detection_types: tuple[str, ...],
+    call: CallBody | None = None,
 ) -> None:
     """The first socket attaches with the opening config (its turn
     detection defaulted as the model's kind wants); a handshake client is
-    told the config it got."""
+    told the config it got. A phone call's ids and numbers come first."""
+    if call is not None:
+        batch.fact(call)
     lease_fact(batch, holder, "attach", 1, token)
     opening = with_default_turn_detection(patch, turn_detection_types)
     batch.fact(ConfigBody(patch=opening, openai_semantics=openai_semantics, owner=owner))
@@ -86,18 +90,25 @@ def record_opening(
         batch.emit(SessionUpdated(session=session_object(batch.state, batch.capabilities)))
 
 
-def record_restore(batch: Batch, holder: LeaseHolder, *, expired: bool) -> None:
+def record_restore(batch: Batch, holder: LeaseHolder, *, expired: bool) -> bool:
     """A dead process's session, taken over: the answer that was in flight
     ends incomplete (``server_restart``), the socket it had is gone; the
-    session expires now when its grace ran out while nobody served it."""
+    session expires now when its grace ran out while nobody served it, and
+    a phone call ends now whatever the grace (a carrier never streams a call
+    to a restarted server again). True when the session ended here."""
     if batch.state.response is not None:
         finish_response(batch, "incomplete", "server_restart")
     generation = batch.state.lease.generation
     lease_fact(batch, holder, "takeover", generation)
     lease_fact(batch, holder, "detach", generation)
+    if batch.state.call is not None:
+        gone = "the call's media stream ended with the server"
+        batch.fact(CloseBody(reason="disconnect", detail=gone), origin="manager")
+        return True
     if expired:
         batch.emit(SessionExpired(reason="disconnect_grace_expired"))
         batch.fact(CloseBody(reason="disconnect_grace_expired"), origin="manager")
+    return expired
 
 
 def token_refusal(state: SessionState, request: SessionResume) -> ProtocolError | None:

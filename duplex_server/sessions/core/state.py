@@ -17,6 +17,7 @@ from duplex_server.sessions.core.items import Item, Part, transcript_at
 from duplex_server.sessions.core.records import (
     AckBody,
     AudioBody,
+    CallBody,
     CloseBody,
     CommitBody,
     ConfigBody,
@@ -106,6 +107,7 @@ class SessionState(msgspec.Struct):
     recent_event_ids: dict[str, tuple[int, str | None]] = msgspec.field(default_factory=dict)
     closed_reason: str | None = None
     owner: str | None = None  # the principal that opened it (None: an open server's)
+    call: CallBody | None = None  # a phone call's ids and numbers, when it is one
 
     def find_item(self, item_id: str) -> Item | None:
         for item in reversed(self.items):  # lookups are almost always of recent items
@@ -428,6 +430,10 @@ def _out(state: SessionState, body: OutBody, seq: int) -> None:
             item.marks.append((response.playback.generated_ms, len(response.transcript)))
 
 
+def _call(state: SessionState, body: CallBody, seq: int) -> None:
+    state.call = body
+
+
 def _lease(state: SessionState, body: LeaseBody, seq: int) -> None:
     lease = state.lease
     lease.owner = body.owner
@@ -457,5 +463,6 @@ _APPLY: dict[type, Callable[[SessionState, Any, int], None]] = {
     DecisionBody: _decision,
     OutBody: _out,
     LeaseBody: _lease,
+    CallBody: _call,
     CloseBody: _close,
 }

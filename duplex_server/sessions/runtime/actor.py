@@ -38,7 +38,7 @@ from duplex_server.sessions.core.model_output import (
 )
 from duplex_server.sessions.core.model_port import ModelPort
 from duplex_server.sessions.core.pipeline import Command, admit, apply
-from duplex_server.sessions.core.records import AudioBody, CloseReason, Record
+from duplex_server.sessions.core.records import AudioBody, CallBody, CloseReason, Record
 from duplex_server.sessions.core.state import SessionState, initial_state
 from duplex_server.sessions.log.store import LogError, SessionLog
 from duplex_server.sessions.log.tokens import new_resume_token
@@ -157,8 +157,10 @@ class SessionActor:
         handshake: bool,
         openai_semantics: bool = False,
         owner: str | None = None,
+        call: CallBody | None = None,
     ) -> None:
-        """Create the log, take the lease, announce ``session.created`` to the socket."""
+        """Create the log, take the lease, announce ``session.created`` to the
+        socket; ``call``: a phone call's ids and numbers, recorded first."""
         # A refused opening patch stores nothing: checked before the log exists.
         patch = opening_model(patch, self.names, strict=openai_semantics)
         check_session_patch(patch, self.model, None)
@@ -177,6 +179,7 @@ class SessionActor:
             openai_semantics=openai_semantics,
             owner=owner,
             turn_detection_types=self.model.turn_detection_types,
+            call=call,
         )
         if not await self._out.commit(batch):
             raise LogError(f"could not record the opening of {self.session_id}")
@@ -211,11 +214,10 @@ class SessionActor:
             self._feed.keep_turn(item_id, pcm)
         self._feed.restore(stepped_units(records))
         batch = self.writer.new_batch()
-        expired = downtime_s >= grace_s
-        inputs.record_restore(batch, self.lease.holder(), expired=expired)
+        ended = inputs.record_restore(batch, self.lease.holder(), expired=downtime_s >= grace_s)
         if not await self._out.commit(batch):
             raise LogError(f"could not record the recovery of {self.session_id}")
-        if expired:
+        if ended:
             await self.lease.release()
             self.lifecycle.to(Phase.CLOSED)
             self.closed.set()

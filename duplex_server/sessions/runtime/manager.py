@@ -20,7 +20,7 @@ from duplex_server.sessions.core.config import merge_config
 from duplex_server.sessions.core.gates import refuse_unsupported
 from duplex_server.sessions.core.model_names import ModelNames, opening_model
 from duplex_server.sessions.core.model_port import ModelPort
-from duplex_server.sessions.core.records import Record, is_job_session
+from duplex_server.sessions.core.records import CallBody, Record, is_job_session
 from duplex_server.sessions.core.server_inputs import token_refusal
 from duplex_server.sessions.core.state import fold, initial_state
 from duplex_server.sessions.log.store import LeaseHeld, LogError, SessionLog, UnknownSession
@@ -102,6 +102,7 @@ class SessionManager:
         owner_quota: int = 0,
         address: str = "",
         address_quota: int = 0,
+        call: CallBody | None = None,
     ) -> SessionActor:
         """``owner``: the principal opening it, which may hold ``owner_quota``
         live sessions at once; ``address``: the client's, which may hold
@@ -132,7 +133,7 @@ class SessionManager:
         actor.address = address
         self.actors[session_id] = actor
         try:
-            await actor.open(attachment, patch, handshake, openai_semantics, owner)
+            await actor.open(attachment, patch, handshake, openai_semantics, owner, call)
         except LogError as exc:
             self.actors.pop(session_id, None)
             metrics.ADMISSIONS_REFUSED.labels("storage_unavailable").inc()
@@ -289,7 +290,7 @@ class SessionManager:
         grace_s = self.settings.disconnect_grace_s
         if await actor.restore(records, fence, downtime_s, grace_s, keep_lease=keep_lease):
             return True
-        self._closed(session_id, "disconnect_grace_expired")
+        self._closed(session_id, actor.state.closed_reason or "disconnect_grace_expired")
         return False
 
     # --- shared stores: takeover, lease keeping, orphans --------------------
