@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from duplex_server.audio import resample_pcm16
 from duplex_server.audio.containers import decode as decode_audio
+from duplex_server.audio.convert import decode_to_pcm16, encode_from_pcm16
 from duplex_server.engine.core import EngineCore, EngineRequest
 from duplex_server.engine.llm import ChatPayload, LLMOptions
 from duplex_server.engine.llm.chat_template import render_prompt
@@ -146,6 +147,8 @@ __all__ = [
     # audio
     "decode_audio",
     "resample_pcm16",
+    "decode_to_pcm16",
+    "encode_from_pcm16",
     # the engine core and the LLM engine's light types
     "ChatPayload",
     "EngineCore",

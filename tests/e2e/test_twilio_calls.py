@@ -12,13 +12,13 @@ import httpx
 import pytest
 import websockets
 
+from duplex_bench.twilio_peer import STREAM_PATH, TwilioPeer, from_mulaw, signature, to_mulaw
 from duplex_server.engine.audio.sphinx import Sphinx
 from duplex_server.sessions.core.records import AckBody, AudioBody, CallBody, CloseBody, ItemBody
 from duplex_server.sessions.core.state import fold, initial_state
 from duplex_server.sessions.log.sqlite_store import SqliteLog
 from tests.e2e.serverproc import ServerProcess
 from tests.speech import ANSWERS, PHRASES, silence, speak
-from tests.twilio_peer import STREAM_PATH, TwilioPeer, from_mulaw, signature, to_mulaw
 from tests.wsclient import WsClient, tone_pcm16
 
 TOKEN = "0123456789abcdef0123456789abcdef"

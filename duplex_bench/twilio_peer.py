@@ -1,4 +1,5 @@
-"""A simulated Twilio: a call's media stream as Twilio's documentation tells it.
+"""A simulated Twilio: a call's media stream as Twilio's documentation tells it
+(the tests' carrier and the telephony bench's callers).
 
 ``TwilioPeer`` opens the stream socket with a signed upgrade, sends
 ``connected`` and ``start`` (the voice webhook's parameters echoed), then the
@@ -20,8 +21,7 @@ from dataclasses import dataclass, field
 import websockets
 from twilio.request_validator import RequestValidator
 
-from duplex_server.audio import resample_pcm16
-from duplex_server.audio.convert import decode_to_pcm16, encode_from_pcm16
+from duplex_server.surface import decode_to_pcm16, encode_from_pcm16, resample_pcm16
 from protocol.audio_formats import AudioFormat
 
 MULAW = AudioFormat("g711_ulaw", 8000)
