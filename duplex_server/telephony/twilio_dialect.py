@@ -66,38 +66,36 @@ class DtmfBody(msgspec.Struct):
     track: Short = "inbound_track"
 
 
+class _Frame(msgspec.Struct, tag_field="event", kw_only=True):
+    """What every frame of a started stream carries beside its own body."""
+
+    streamSid: Sid = ""  # noqa: N815 - Twilio's spelling
+    sequenceNumber: Short = ""  # noqa: N815
+
+
 class Connected(msgspec.Struct, tag_field="event", tag="connected"):
     protocol: Short = "Call"
     version: Short = ""
 
 
-class Start(msgspec.Struct, tag_field="event", tag="start"):
+class Start(_Frame, tag="start"):
     start: StartBody
-    streamSid: Sid = ""  # noqa: N815
-    sequenceNumber: Short = ""  # noqa: N815
 
 
-class Media(msgspec.Struct, tag_field="event", tag="media"):
+class Media(_Frame, tag="media"):
     media: MediaBody
-    streamSid: Sid = ""  # noqa: N815
-    sequenceNumber: Short = ""  # noqa: N815
 
 
-class Mark(msgspec.Struct, tag_field="event", tag="mark"):
+class Mark(_Frame, tag="mark"):
     mark: MarkBody
-    streamSid: Sid = ""  # noqa: N815
-    sequenceNumber: Short = ""  # noqa: N815
 
 
-class Dtmf(msgspec.Struct, tag_field="event", tag="dtmf"):
+class Dtmf(_Frame, tag="dtmf"):
     dtmf: DtmfBody
-    streamSid: Sid = ""  # noqa: N815
-    sequenceNumber: Short = ""  # noqa: N815
 
 
-class Stop(msgspec.Struct, tag_field="event", tag="stop"):
-    streamSid: Sid = ""  # noqa: N815
-    sequenceNumber: Short = ""  # noqa: N815
+class Stop(_Frame, tag="stop"):
+    pass
 
 
 Inbound = Connected | Start | Media | Mark | Dtmf | Stop
