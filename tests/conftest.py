@@ -194,3 +194,22 @@ def openai_conformance_check():
 
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "server_config(**kwargs): ServerConfig overrides")
+
+
+# Files of a minute or more each (`pytest --durations`: vLLM's engine starts,
+# a browser's reconnects): collected first, so that under `-n 2 --dist
+# loadfile` the two workers share them instead of one worker finishing the
+# run alone with the last of them. Any order is correct; this one is faster.
+HEAVY_FIRST = (
+    "tests/e2e/test_vllm_processes.py",
+    "tests/e2e/test_browser_resume.py",  # between the two vLLM files: one each
+    "tests/test_vllm_engine.py",
+    "tests/e2e/test_llm_backends.py",
+    "tests/e2e/test_bench_cli.py",
+    "tests/e2e/test_batch_bench.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    rank = {path: place for place, path in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
