@@ -195,6 +195,29 @@ def parser(prog: str = "duplex-bench") -> argparse.ArgumentParser:
 
     p = _kind(
         kinds,
+        "telephony",
+        "duplex_bench.telephony",
+        "simulated Twilio calls against WebSocket sessions on the same recorded speech and "
+        "the default cascade: word error rate, voice-to-voice and server CPU per call",
+    )
+    p.add_argument("--calls", type=int, default=4, help="concurrent calls (and sessions)")
+    p.add_argument("--turns", type=int, default=2, help="utterances per call")
+    p.add_argument(
+        "--speech-dir",
+        default="",
+        help="the recorded speech (fetched there with pip when missing; default "
+        "$DUPLEX_SERVER_SPEECH_DIR or ~/.cache/duplex-server/speech/...)",
+    )
+    p.add_argument(
+        "--server-cores",
+        type=int,
+        default=0,
+        help="pin each server to this many first cores and the bench to the rest (0: no "
+        "pinning, as bench voice)",
+    )
+
+    p = _kind(
+        kinds,
         "client",
         "duplex_bench.client_overhead",
         "DuplexClient's cost per event against a raw socket",

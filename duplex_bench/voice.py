@@ -78,7 +78,8 @@ class Phase:
     cores: CorePlan
 
 
-def _quantiles(samples_s: list[float], qs: tuple[int, ...]) -> dict:
+def quantiles_ms(samples_s: list[float], qs: tuple[int, ...] = (50, 95)) -> dict:
+    """Seconds as millisecond quantiles (``p50``, ``p95``, ...) and their count."""
     if not samples_s:
         return {**{f"p{q}": None for q in qs}, "n": 0}
     values = np.array(samples_s) * 1000.0
@@ -114,7 +115,7 @@ def _mean_rtf(before: str, after: str) -> dict[str, float | None]:
     return means
 
 
-def _cpu_s(proc: psutil.Process) -> float:
+def cpu_s(proc: psutil.Process) -> float:
     """A server's CPU so far, with its worker processes (PocketSphinx runs in one)."""
     total = 0.0
     for p in [proc, *proc.children(recursive=True)]:
@@ -126,7 +127,7 @@ def _cpu_s(proc: psutil.Process) -> float:
     return total
 
 
-def _assign(utterances: list[Utterance], sessions: int, turns: int) -> list[list[Utterance]]:
+def assign(utterances: list[Utterance], sessions: int, turns: int) -> list[list[Utterance]]:
     """Session i's turn t says utterance i + t * sessions (round robin), so
     the first turns of a run are the first utterances: the reading among them."""
     return [
@@ -143,7 +144,7 @@ async def _concurrent(url: str, phase: Phase) -> tuple[list[SessionOutcome], Hea
     await ready.wait()
     generator.start()
     speakers = [Speaker(url, phase.chunk_ms) for _ in range(phase.sessions)]
-    scripts = _assign(phase.utterances, phase.sessions, phase.turns)
+    scripts = assign(phase.utterances, phase.sessions, phase.turns)
     outcomes = await asyncio.gather(
         *(s.run(script) for s, script in zip(speakers, scripts, strict=True))
     )
@@ -168,9 +169,9 @@ def _run_phase(phase: Phase) -> dict:
         proc = psutil.Process(server.pid)
         with pinned(phase.cores.generators):
             before = _scrape(metrics_url)
-            cpu_before, started = _cpu_s(proc), time.monotonic()
+            cpu_before, started = cpu_s(proc), time.monotonic()
             outcomes, probe, generator = asyncio.run(_concurrent(server.ws_url, phase))
-            cpu_after, seconds = _cpu_s(proc), time.monotonic() - started
+            cpu_after, seconds = cpu_s(proc), time.monotonic() - started
             loaded = _scrape(metrics_url)
             alone = asyncio.run(_alone(server.ws_url, phase))
             quiet = _scrape(metrics_url)
@@ -199,7 +200,7 @@ def _turn_report(turn: Turn) -> dict:
 def _stage_quantiles(turns: list[Turn]) -> dict:
     names = sorted({name for turn in turns for name in turn.stage_metrics})
     return {
-        name: _quantiles(
+        name: quantiles_ms(
             [turn.stage_metrics[name] / 1000 for turn in turns if name in turn.stage_metrics],
             (50, 95),
         )
@@ -219,8 +220,8 @@ def _phase_report(
     turns = [turn for outcome in outcomes for turn in outcome.turns]
     answered = [turn for turn in turns if turn.answered]
     scores = wer.total([wer.score(turn.reference, " ".join(turn.heard)) for turn in turns])
-    latency = _quantiles([t.latency_s for t in turns if t.latency_s is not None], (50, 95))
-    heartbeat = _quantiles(probe.rtt_s, (50, 99))
+    latency = quantiles_ms([t.latency_s for t in turns if t.latency_s is not None], (50, 95))
+    heartbeat = quantiles_ms(probe.rtt_s, (50, 99))
     heartbeat["max"] = round(max(probe.rtt_s) * 1000, 1) if probe.rtt_s else None
     heartbeat["lost"] = probe.lost
     refused = [outcome.refused for outcome in outcomes]
@@ -230,10 +231,10 @@ def _phase_report(
         "turns": len(turns),
         "turns_answered": len(answered),
         "speech_end_to_first_audio_ms": latency,
-        "speech_end_to_vad_stopped_ms": _quantiles(
+        "speech_end_to_vad_stopped_ms": quantiles_ms(
             [t.end_to_stopped_s for t in turns if t.end_to_stopped_s is not None], (50, 95)
         ),
-        "vad_stopped_to_first_audio_ms": _quantiles(
+        "vad_stopped_to_first_audio_ms": quantiles_ms(
             [t.stopped_to_audio_s for t in turns if t.stopped_to_audio_s is not None], (50, 95)
         ),
         "word_error_rate": None if scores.rate is None else round(scores.rate, 4),

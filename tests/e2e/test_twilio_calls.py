@@ -38,9 +38,10 @@ async def until(check, timeout: float = 20.0) -> None:
         await asyncio.sleep(0.05)
 
 
-def the_session(server):
-    (actor,) = server.manager.actors.values()
-    return actor
+async def call_up(server, peer: TwilioPeer):
+    """The call's session, once the server opened it and named it by its sid."""
+    await until(lambda: server.manager.actor_for_call(peer.call_sid) is not None)
+    return server.manager.actor_for_call(peer.call_sid)
 
 
 async def the_records(server, session_id: str) -> list:
@@ -51,8 +52,7 @@ async def the_records(server, session_id: str) -> list:
 
 async def test_a_spoken_question_is_answered_on_the_phone(voice_server):
     peer = await TwilioPeer.dial(voice_server.base, TOKEN, to="+15550000001", **{"from": "+1555"})
-    await until(lambda: len(voice_server.manager.actors) == 1)
-    actor = the_session(voice_server)
+    actor = await call_up(voice_server, peer)
     app = await sideband(voice_server, peer.call_sid)  # OpenAI's endpoint, OpenAI's types
     await peer.speak(phone_speech(PHRASES[0]))
     await until(lambda: peer.played.marks_echoed and actor.state.response is None)
@@ -88,8 +88,7 @@ def _played_all(actor) -> bool:
 
 async def test_speech_over_the_answer_clears_it_and_truncates_at_the_last_mark(voice_server):
     peer = await TwilioPeer.dial(voice_server.base, TOKEN, to="+15550000001")
-    await until(lambda: len(voice_server.manager.actors) == 1)
-    actor = the_session(voice_server)
+    actor = await call_up(voice_server, peer)
     await peer.speak(phone_speech(PHRASES[0], tail_ms=800))
     await until(lambda: len(peer.played.marks_echoed) >= 3)
     answering = actor.state.response
@@ -109,8 +108,7 @@ async def test_speech_over_the_answer_clears_it_and_truncates_at_the_last_mark(v
 
 async def test_a_key_press_is_logged_as_the_callers_input(voice_server):
     peer = await TwilioPeer.dial(voice_server.base, TOKEN, to="+15550000001")
-    await until(lambda: len(voice_server.manager.actors) == 1)
-    actor = the_session(voice_server)
+    actor = await call_up(voice_server, peer)
     await peer.dtmf("3")
     await until(lambda: any(i.role == "user" for i in actor.state.items))
     (item,) = actor.state.items
@@ -123,8 +121,7 @@ async def test_a_key_press_is_logged_as_the_callers_input(voice_server):
 
 async def test_bad_frames_are_dropped_and_the_call_goes_on(voice_server, caplog):
     peer = await TwilioPeer.dial(voice_server.base, TOKEN, to="+15550000001")
-    await until(lambda: len(voice_server.manager.actors) == 1)
-    actor = the_session(voice_server)
+    actor = await call_up(voice_server, peer)
     await peer.send("{not json")
     await peer.send({"event": "surprise", "streamSid": peer.stream_sid})
     await peer.send(peer.media_frame(b"\xff" * 160, stream_sid="MZ_another_stream"))
@@ -195,8 +192,7 @@ async def sideband(server, call_id: str) -> WsClient:
 
 async def test_a_server_application_watches_and_steers_the_call(voice_server):
     peer = await TwilioPeer.dial(voice_server.base, TOKEN, to="+15550000001")
-    await until(lambda: len(voice_server.manager.actors) == 1)
-    actor = the_session(voice_server)
+    actor = await call_up(voice_server, peer)
     app = await sideband(voice_server, peer.call_sid)
     await app.send({"type": "session.update", "session": {"instructions": "Be brief."}})
     updated = await app.expect("session.updated")
@@ -244,11 +240,16 @@ async def test_a_sideband_socket_for_no_call_is_refused(voice_server):
 
 
 async def session_of_call(server, call_sid: str) -> str:
-    """The call's session id, asked over its sideband once the call is up."""
+    """The call's session id, asked over its sideband once the call is up
+    (until then the sideband is refused ``call_not_found`` and closed)."""
     for _ in range(100):
         app = await sideband(server, call_sid)
-        await app.send({"type": "session.update", "session": {}})
-        answer = (await app.recv_until("session.updated", "error"))[-1]
+        try:
+            await app.send({"type": "session.update", "session": {}})
+            answer = (await app.recv_until("session.updated", "error"))[-1]
+        except websockets.ConnectionClosed as closed:
+            assert closed.rcvd is not None and closed.rcvd.reason == "call_not_found", closed
+            answer = {"type": "error", "error": {"code": "call_not_found"}}
         await app.close()
         if answer["type"] == "session.updated":
             return answer["session"]["id"]
