@@ -59,8 +59,16 @@ def heard(whisper: WhisperCt2, pcm16: bytes, rate: int) -> list[str]:
 
 @pytest.mark.parametrize("sentence", SENTENCES)
 def test_the_shipped_voice_speaks_words_whisper_hears(piper, whisper, sentence):
-    pcm = piper.synthesize(sentence, "alloy", 1.0)
-    assert heard(whisper, pcm, piper.sample_rate_hz) == words(sentence)
+    """Word for word, in one of three syntheses. Piper draws fresh noise each
+    time, and Whisper tiny now and then mishears one (measured 2026-12-06: of
+    25 syntheses of each sentence, 0 and 1 misheard, by 2 words), which failed
+    a full run once; a voice that cannot say the sentence fails all three."""
+    attempts = [heard(whisper, piper.synthesize(sentence, "alloy", 1.0), piper.sample_rate_hz)]
+    while attempts[-1] != words(sentence) and len(attempts) < 3:
+        attempts.append(
+            heard(whisper, piper.synthesize(sentence, "alloy", 1.0), piper.sample_rate_hz)
+        )
+    assert attempts[-1] == words(sentence), attempts
 
 
 def test_speed_is_honoured(piper, whisper):
