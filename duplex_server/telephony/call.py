@@ -199,11 +199,15 @@ class Drops:
         self.stream = "?"
         self.counts: Counter[str] = Counter()
 
-    def drop(self, reason: str) -> None:
+    def drop(self, reason: str, detail: str = "") -> None:
+        """``reason`` is counted (a fixed phrase); ``detail`` (the peer's
+        words, in part) is only shown, cut short, so a peer cannot vary it
+        into a line per frame."""
         self.counts[reason] += 1
         count = self.counts[reason]
         if count & (count - 1) == 0:
-            log.warning("call %s: dropped a frame (%s), %d so far", self.stream, reason, count)
+            shown = f"{reason}: {detail[:120]}" if detail else reason
+            log.warning("call %s: dropped a frame (%s), %d so far", self.stream, shown, count)
 
 
 class PhoneCall:
@@ -273,7 +277,7 @@ class PhoneCall:
         try:
             return self.dialect.parse(frame)
         except CarrierFrameError as exc:
-            self.drops.drop(f"unreadable: {exc}")
+            self.drops.drop("unreadable", str(exc))
             return None
 
     async def _start(self, started: CallStarted) -> None:
