@@ -11,7 +11,7 @@ their request into a msgspec Struct, hand it to the :class:`JobRunner` as a
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from typing import TypeVar
 
 import msgspec
@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from duplex_server.auth import caller, denial
+from duplex_server.http_body import BodyTooLarge, read_limited
 from duplex_server.jobs.run import JobError, JobRun
 
 MAX_JSON_BODY_BYTES = 1024 * 1024  # a JSON request body (speech input is 4,096 characters)
@@ -55,31 +56,13 @@ def idempotency_key(request: Request) -> str | None:
     return request.headers.get(IDEMPOTENCY_HEADER)
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
-async def limited_stream(request: Request, limit: int) -> AsyncGenerator[bytes, None]:
-    """The request body as it arrives, refused (:class:`BodyTooLarge`) the
-    moment it passes ``limit`` bytes: an oversized upload is never held."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(int(declared))
-    seen = 0
-    async for chunk in request.stream():
-        seen += len(chunk)
-        if seen > limit:
-            raise BodyTooLarge(seen)
-        yield chunk
-
-
 async def read_json(request: Request, struct: type[S]) -> S:
     """The JSON body as ``struct``; 400 naming the field for a wrong one."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media not in ("application/json", ""):
         raise JobError(400, "invalid_request_body", f"send JSON, not {media}")
     try:
-        body = b"".join([chunk async for chunk in limited_stream(request, MAX_JSON_BODY_BYTES)])
+        body = await read_limited(request, MAX_JSON_BODY_BYTES)
     except BodyTooLarge:
         raise JobError(
             413, "payload_too_large", f"the JSON body is over {MAX_JSON_BODY_BYTES} bytes"

@@ -26,12 +26,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from batch_api.http import (
-    BodyTooLarge,
     answer,
     decode_struct,
     error_response,
     idempotency_key,
-    limited_stream,
     principal_name,
     read_json,
 )
@@ -46,6 +44,7 @@ from duplex_server.engine.diffusion import (
     load_diffusion,
 )
 from duplex_server.engine.diffusion.jobs import Pixels
+from duplex_server.http_body import BodyTooLarge, limited_stream
 from duplex_server.jobs.run import JobError, JobInput, JobKind, JobRequest
 from duplex_server.jobs.runner import JobRunner
 

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from batch_api import http
+from duplex_server.http_body import BodyTooLarge, limited_stream
 from duplex_server.jobs.run import JobError, JobInput, JobKind, JobRequest
 from duplex_server.jobs.runner import JobRunner
 from duplex_server.models.batch_audio import BatchAudio, BatchTranscriber, Segment
@@ -67,14 +68,14 @@ async def read_form(request: Request, limit: int) -> tuple[TranscriptionRequest,
         raise JobError(400, "invalid_request_body", "send multipart/form-data with a file")
     parser = MultiPartParser(
         request.headers,
-        http.limited_stream(request, limit),
+        limited_stream(request, limit),
         max_files=1,
         max_fields=32,
         max_part_size=MAX_FIELD_BYTES,
     )
     try:
         form = await parser.parse()
-    except http.BodyTooLarge:
+    except BodyTooLarge:
         raise JobError(
             413, "payload_too_large", f"the upload is over {limit} bytes", "file"
         ) from None

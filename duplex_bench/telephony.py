@@ -35,9 +35,8 @@ import json
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import psutil
 import websockets
@@ -51,9 +50,7 @@ from duplex_bench.server_process import ServerProcess
 from duplex_bench.twilio_peer import (
     FRAME_BYTES,
     FRAME_MS,
-    STREAM_PATH,
     TwilioPeer,
-    signature,
     to_mulaw,
 )
 from duplex_bench.voice import assign, cpu_s, quantiles_ms
@@ -78,45 +75,6 @@ TARGET_CPU_RATIO = 1.2
 TARGET_V2V_DIFFERENCE_MS = 50.0
 
 TRANSCRIPT = "conversation.item.input_audio_transcription.completed"
-
-
-class TimedSocket:
-    """A peer's stream socket that notes when each frame arrived (on the
-    loop's clock), in order: ``arrivals[i]`` is ``played.frames[i]``'s."""
-
-    def __init__(self, socket: websockets.ClientConnection) -> None:
-        self._socket = socket
-        self.arrivals: list[float] = []
-
-    async def send(self, message: str) -> None:
-        await self._socket.send(message)
-
-    async def close(self) -> None:
-        await self._socket.close()
-
-    def __aiter__(self) -> AsyncIterator[str | bytes]:
-        return self._frames()
-
-    async def _frames(self) -> AsyncIterator[str | bytes]:
-        loop = asyncio.get_running_loop()
-        async for text in self._socket:
-            self.arrivals.append(loop.time())
-            yield text
-
-
-async def dial(base: str, index: int) -> tuple[TwilioPeer, TimedSocket]:
-    """A call of its own: ``TwilioPeer.dial`` gives every call the same
-    CallSid and stream sid, and calls at once need their own."""
-    url = f"ws://{base}{STREAM_PATH}"
-    raw = await websockets.connect(
-        url, additional_headers={"X-Twilio-Signature": signature(TOKEN, url)}
-    )
-    socket = TimedSocket(raw)
-    peer = TwilioPeer(socket, stream_sid=f"MZ{index + 1:032x}")
-    peer.call_sid = f"CA{index + 1:032x}"
-    await peer.send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
-    await peer.start({"to": "+15550000001", "from": f"+1555100{index:04d}"})
-    return peer, socket
 
 
 async def sideband(base: str, call_sid: str) -> websockets.ClientConnection:
@@ -214,14 +172,20 @@ class Caller:
         self._events: asyncio.Queue[tuple[float, dict]] = asyncio.Queue()
 
     async def run(self, utterances: list[Utterance]) -> CallOutcome:
-        peer, socket = await dial(self.base, self.index)
+        peer = await TwilioPeer.dial(
+            self.base,
+            TOKEN,
+            number=self.index + 1,
+            to="+15550000001",
+            **{"from": f"+1555100{self.index:04d}"},
+        )
         app = await sideband(self.base, peer.call_sid)
         reader = asyncio.create_task(self._read(app))
         line = PhoneLine(peer)
         sending = asyncio.create_task(line.run())
         try:
             for utterance in utterances:
-                await self._turn(line, peer, socket, utterance)
+                await self._turn(line, peer, utterance)
         finally:
             sending.cancel()
             reader.cancel()
@@ -237,9 +201,7 @@ class Caller:
         async for frame in app:
             await self._events.put((loop.time(), json.loads(frame)))
 
-    async def _turn(
-        self, line: PhoneLine, peer: TwilioPeer, socket: TimedSocket, utterance: Utterance
-    ) -> None:
+    async def _turn(self, line: PhoneLine, peer: TwilioPeer, utterance: Utterance) -> None:
         await asyncio.sleep(LEAD_SILENCE_S)
         mulaw = to_mulaw(utterance.pcm16, SPEECH_RATE_HZ)
         first = line.next_frame()
@@ -256,7 +218,7 @@ class Caller:
         self.outcome.turns.append(turn)
         try:
             answer = await asyncio.wait_for(self._answer(turn), ANSWER_TIMEOUT_S)
-            await asyncio.wait_for(self._heard(turn, answer, peer, socket), ANSWER_TIMEOUT_S)
+            await asyncio.wait_for(self._heard(turn, answer, peer), ANSWER_TIMEOUT_S)
         except TimeoutError:
             return  # unanswered; the turn says so
 
@@ -289,9 +251,7 @@ class Caller:
                 if response["status"] == "completed" and response["id"] in created:
                     return response["id"]
 
-    async def _heard(
-        self, turn: PhoneTurn, answer: str, peer: TwilioPeer, socket: TimedSocket
-    ) -> None:
+    async def _heard(self, turn: PhoneTurn, answer: str, peer: TwilioPeer) -> None:
         """The answer's first ``media`` frame's arrival (each is followed by
         a mark named after its response), then until its last mark is
         echoed: the caller has heard it all."""
@@ -308,7 +268,7 @@ class Caller:
                 first_mark = marks[0][0]
                 media = [i for i in range(first_mark) if frames[i]["event"] == "media"]
                 if media:
-                    turn.first_audio_at = socket.arrivals[media[-1]]
+                    turn.first_audio_at = peer.played.arrivals[media[-1]]
                 last = marks[-1][1]
                 done = peer.played.marks_echoed + peer.played.marks_dropped
                 if last in done:
@@ -452,11 +412,7 @@ def run(args: argparse.Namespace) -> None:
         cores = plan_cores(args.server_cores, usable_cores())
     except ValueError as exc:
         raise SystemExit(f"bench telephony: {exc}") from None
-    directory = Path(args.speech_dir) if args.speech_dir else recorded_speech.default_dir()
-    try:
-        utterances = recorded_speech.load(recorded_speech.ensure(directory))
-    except recorded_speech.SpeechMissing as exc:
-        raise SystemExit(f"bench telephony: {exc}") from None
+    utterances = recorded_speech.load_for("telephony", args.speech_dir)
     scripts = assign(utterances, args.calls, args.turns)
     phone, phone_reasons = _path_report(
         "phone", _measure(lambda s: _phone(s.base, scripts), args.calls, cores), args.calls

@@ -52,13 +52,17 @@ class Played:
     marks_dropped: list[str] = field(default_factory=list)  # echoed by a clear, unheard
     clears: int = 0
     frames: list[dict] = field(default_factory=list)  # every frame the server sent
+    arrivals: list[float] = field(default_factory=list)  # each frame's, on the loop's clock
 
 
 class TwilioPeer:
-    def __init__(self, socket, stream_sid: str = "MZ00000000000000000000000000000001") -> None:
+    """Call ``number`` (1 by default): its CallSid and stream sid are its own,
+    so that calls at once do not share them."""
+
+    def __init__(self, socket, number: int = 1) -> None:
         self.socket = socket
-        self.stream_sid = stream_sid
-        self.call_sid = "CA00000000000000000000000000000001"
+        self.stream_sid = f"MZ{number:032x}"
+        self.call_sid = f"CA{number:032x}"
         self.sequence = 0
         self.chunk = 0
         self.played = Played()
@@ -68,15 +72,13 @@ class TwilioPeer:
         self._player = asyncio.get_running_loop().create_task(self._play())
 
     @classmethod
-    async def dial(
-        cls, base: str, token: str, *, signed: str | None = None, **parameters: str
-    ) -> TwilioPeer:
+    async def dial(cls, base: str, token: str, *, number: int = 1, **parameters: str) -> TwilioPeer:
         """Open the stream as Twilio does (signed upgrade), then ``connected``
         and ``start`` with ``parameters`` as the webhook's ``<Parameter>``s."""
         url = f"ws://{base}{STREAM_PATH}"
-        headers = {"X-Twilio-Signature": signed or signature(token, url)}
+        headers = {"X-Twilio-Signature": signature(token, url)}
         socket = await websockets.connect(url, additional_headers=headers)
-        peer = cls(socket)
+        peer = cls(socket, number)
         await peer.send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
         await peer.start(parameters)
         return peer
@@ -153,9 +155,11 @@ class TwilioPeer:
 
     async def _read(self) -> None:
         try:
+            loop = asyncio.get_running_loop()
             async for text in self.socket:
                 frame = json.loads(text)
                 self.played.frames.append(frame)
+                self.played.arrivals.append(loop.time())
                 assert frame["event"] in ("media", "mark", "clear"), frame  # Twilio's 31924
                 assert frame["streamSid"] == self.stream_sid, frame
                 if frame["event"] == "media":

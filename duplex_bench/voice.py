@@ -40,7 +40,6 @@ import os
 import time
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import psutil
@@ -328,11 +327,7 @@ def run(args: argparse.Namespace) -> None:
         cores = plan_cores(args.server_cores, usable_cores())
     except ValueError as exc:
         raise SystemExit(f"bench voice: {exc}") from None
-    directory = Path(args.speech_dir) if args.speech_dir else recorded_speech.default_dir()
-    try:
-        utterances = recorded_speech.load(recorded_speech.ensure(directory))
-    except recorded_speech.SpeechMissing as exc:
-        raise SystemExit(f"bench voice: {exc}") from None
+    utterances = recorded_speech.load_for("voice", args.speech_dir)
     reading = next(u for u in utterances if u.name == recorded_speech.READING)
     phases = {
         spec: _run_phase(

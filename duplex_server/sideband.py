@@ -14,8 +14,6 @@ socket; when the call ends, its sideband sockets are closed with it.
 
 from __future__ import annotations
 
-import logging
-
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex_server.auth import Principal
@@ -33,8 +31,6 @@ from protocol.close_codes import CloseCode
 from protocol.dialect import event_type
 from protocol.errors import ProtocolError
 from protocol.server_events import PlaybackAcknowledged
-
-log = logging.getLogger(__name__)
 
 # What a sideband socket may send: it steers the call, the caller streams it.
 STEERING = (ce.SessionUpdateEvent, ce.ItemCreate, ce.ResponseCreate, ce.ResponseCancel)
@@ -63,30 +59,33 @@ async def serve_sideband(websocket: WebSocket, principal: Principal, call_id: st
     transport = WebSocketTransport(websocket) if extensions else OpenAITypesOnly(websocket)
     attachment = Attachment(transport, dialect=dialect_of(websocket))
     actor = state.manager.actor_for_call(call_id)
-    refusal = _refusal(actor, principal, call_id)
-    if refusal is None and actor is not None and not actor.socket.watch(attachment):
-        refusal = ProtocolError("resource_exhausted", "this call has its sideband sockets")
-    if refusal is not None or actor is None:
-        assert refusal is not None
+    refusal = _watch(actor, principal, call_id, attachment)
+    if refusal is not None:
         await attachment.send_now(error_frame(refusal))
-        code = CloseCode.TRY_AGAIN_LATER if refusal.code == "resource_exhausted" else None
-        await attachment.close(code or CloseCode.POLICY_VIOLATION, refusal.code)
+        busy = refusal.code == "resource_exhausted"
+        await attachment.close(
+            CloseCode.TRY_AGAIN_LATER if busy else CloseCode.POLICY_VIOLATION, refusal.code
+        )
         return
+    assert actor is not None  # _watch refuses a missing call
     try:
         await _steer(websocket, attachment, actor)
     finally:
         await actor.socket.unwatch(attachment)
 
 
-def _refusal(
-    actor: SessionActor | None, principal: Principal, call_id: str
+def _watch(
+    actor: SessionActor | None, principal: Principal, call_id: str, attachment: Attachment
 ) -> ProtocolError | None:
+    """Attach ``attachment`` to the call as a sideband socket, or say why not."""
     if actor is None:
         return ProtocolError(
             "call_not_found", f"no live call {call_id[:64]!r} on this server", param="call_id"
         )
     if not principal.owns(actor.state.owner):
         return ProtocolError("forbidden", "this call was opened with another key", param="call_id")
+    if not actor.socket.watch(attachment):
+        return ProtocolError("resource_exhausted", "this call has its sideband sockets")
     return None
 
 

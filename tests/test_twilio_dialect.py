@@ -104,8 +104,8 @@ def test_the_three_outbound_frames_are_twilios():
 
 def test_a_mark_is_the_ack_of_the_audio_before_it_and_a_cleared_answers_marks_are_not():
     marks = PlaybackMarks()
-    first = marks.after("resp_1", 160, None)  # 20 ms of mu-law, counted
-    second = marks.after("resp_1", 160, 41.66666666666667)  # the session's own count wins
+    first = marks.after("resp_1", 20.0)
+    second = marks.after("resp_1", 41.66666666666667)  # the session's ms, exactly
     assert marks.played(first).played_ms == 20.0
     ack = marks.played(second)
     assert (ack.response_id, ack.played_ms) == ("resp_1", 41.66666666666667)

@@ -76,21 +76,15 @@ class PlaybackMarks:
     dropped, and that audio was never heard."""
 
     def __init__(self) -> None:
-        self._sent_ms: OrderedDict[str, float] = OrderedDict()
         self._cleared: OrderedDict[str, None] = OrderedDict()
 
-    def after(self, response_id: str, audio_bytes: int, sent_ms: float | None) -> str:
-        """The mark that follows ``audio_bytes`` more of ``response_id``'s
-        audio; ``sent_ms``: where the session says its audio sent ends then
-        (in the model's samples, which a carrier's 8 kHz cannot spell exactly:
-        counted from the bytes, the acks would never cover the answer)."""
-        end_ms = self._sent_ms.pop(response_id, 0.0) + audio_bytes / BYTES_PER_MS
-        if sent_ms is not None:
-            end_ms = sent_ms
-        self._sent_ms[response_id] = end_ms
-        while len(self._sent_ms) > CLEARED_REMEMBERED:
-            self._sent_ms.popitem(last=False)
-        return f"{response_id}@{end_ms!r}"
+    @staticmethod
+    def after(response_id: str, sent_ms: float) -> str:
+        """The mark after ``response_id``'s audio up to ``sent_ms``: where the
+        session's own ledger says its audio sent ends (in the model's
+        samples, which the carrier's 8 kHz bytes cannot spell exactly:
+        counted from them, the acks would never cover the answer)."""
+        return f"{response_id}@{sent_ms!r}"
 
     def cleared(self, response_id: str) -> None:
         self._cleared[response_id] = None
@@ -161,9 +155,11 @@ class CarrierTransport:
         dialect, stream = self._dialect, self._stream_id
         match event.type:
             case "response.output_audio.delta" if event.delta:
-                audio_bytes = len(base64.b64decode(event.delta))
-                mark = self._marks.after(event.response_id, audio_bytes, event.sent_ms)
-                return [dialect.media(stream, event.delta), dialect.mark(stream, mark)]
+                frames = [dialect.media(stream, event.delta)]
+                if event.sent_ms is not None:  # every delta's metadata has the ledger
+                    mark = self._marks.after(event.response_id, event.sent_ms)
+                    frames.append(dialect.mark(stream, mark))
+                return frames
             case "output_audio_buffer.cleared":
                 self._marks.cleared(event.response_id)
                 return [dialect.clear(stream)]
@@ -181,12 +177,11 @@ def call_patch(configured: SessionUpdate, audio_format: str) -> SessionUpdate:
     carrier's audio format both ways (a call's audio is the carrier's, never
     the config's) and, unless configured, speech over the answer cutting it
     (a caller talks over a voice agent to interrupt it)."""
-    overlap = "barge_in_on_speech" if configured.overlap_policy is UNSET else UNSET
     patch = msgspec.structs.replace(
         configured, input_audio_format=audio_format, output_audio_format=audio_format
     )
-    if overlap is not UNSET:
-        patch = msgspec.structs.replace(patch, overlap_policy=overlap)
+    if configured.overlap_policy is UNSET:
+        patch = msgspec.structs.replace(patch, overlap_policy="barge_in_on_speech")
     return patch
 
 
@@ -315,7 +310,6 @@ class PhoneCall:
             )
             await self.attachment.close(code, err.code)
             return
-        self.manager.name_call(started.call_id, self.actor.session_id)  # for the sideband
         log.info("call %s: session %s", started.stream_id, self.actor.session_id)
 
     async def _on_message(self, message: CarrierMessage | None) -> None:

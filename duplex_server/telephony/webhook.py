@@ -17,6 +17,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from duplex_server.http_body import BodyTooLarge, read_limited
 from duplex_server.telephony.twilio_signature import signed_url, verify_request
 from protocol.errors import AUTHENTICATION, ERROR_CLASS, INVALID_REQUEST, ErrorBody
 
@@ -36,8 +37,9 @@ async def twilio_voice(request: Request) -> Response:
             "telephony_not_configured",
             "telephony is off: start the server with --twilio-auth-token",
         )
-    body = await _bounded_body(request)
-    if body is None:
+    try:
+        body = await read_limited(request, MAX_BODY_BYTES)
+    except BodyTooLarge:
         return refusal(413, "payload_too_large", "the request body is too large")
     fields = dict(parse_qsl(body.decode("latin-1"), keep_blank_values=True))
     if not verify_request(request, fields, auth_token):
@@ -46,22 +48,8 @@ async def twilio_voice(request: Request) -> Response:
     call_sid = fields.get("CallSid")
     if not call_sid:
         return refusal(400, "invalid_value", "the webhook carries no CallSid", param="CallSid")
-    called = fields.get("To", "")
-    # The stream applies it at its start; asked now, so that a server that
-    # cannot say what a call gets fails here, before Twilio connects audio.
-    request.app.state.call_configs.for_number(called)
-    twiml = _connect(stream_url(request), call_sid, fields.get("From", ""), called)
+    twiml = _connect(stream_url(request), call_sid, fields.get("From", ""), fields.get("To", ""))
     return Response(twiml, media_type="text/xml")
-
-
-async def _bounded_body(request: Request) -> bytes | None:
-    """The body, or None once it outgrows MAX_BODY_BYTES (never held whole)."""
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            return None
-    return bytes(body)
 
 
 def stream_url(request: Request) -> str:

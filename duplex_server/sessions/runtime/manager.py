@@ -144,6 +144,8 @@ class SessionManager:
         except BaseException:
             self.actors.pop(session_id, None)
             raise
+        if call is not None:
+            self._call_ids[call.call_id] = session_id  # the sideband names it so
         metrics.SESSIONS_OPENED.labels(self.model.name).inc()
         return actor
 
@@ -438,19 +440,15 @@ class SessionManager:
                 expired.append(row.session_id)
         return expired
 
-    def name_call(self, call_id: str, session_id: str) -> None:
-        """The live session ``session_id`` is also known as ``call_id``."""
-        self._call_ids[call_id] = session_id
-
     def actor_for_call(self, call_id: str) -> SessionActor | None:
         """The live session a sideband socket names: by the call's own id, or
         by the session's id (every call is a session)."""
         return self.actors.get(self._call_ids.get(call_id, call_id))
 
     def _closed(self, session_id: str, reason: str) -> None:
-        self.actors.pop(session_id, None)
-        for call_id in [c for c, s in self._call_ids.items() if s == session_id]:
-            del self._call_ids[call_id]
+        actor = self.actors.pop(session_id, None)
+        if actor is not None and actor.state.call is not None:
+            self._call_ids.pop(actor.state.call.call_id, None)
         if reason == "moved":
             return  # served by another replica now: not ended
         if reason == "failed" and self.log.durable:

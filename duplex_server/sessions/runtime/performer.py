@@ -117,9 +117,8 @@ class Performer:
                     ProtocolError("storage_unavailable", reason, event_id=message.event.event_id)
                 )
             case mb.Reject() if self._socket.holds(message.generation):
-                await self._socket.send_error_now(
-                    message.error
-                )  # why its frame was refused, unjournaled
+                # Why its frame was refused, unjournaled.
+                await self._socket.send_error_now(message.error)
             case mb.Reject():
                 pass  # a superseded socket's frame
             case mb.Resume():
