@@ -10,6 +10,7 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
@@ -32,6 +33,8 @@ from duplex_server.telephony.call_config import CallConfigs
 from duplex_server.telephony.stream import twilio_stream
 from duplex_server.telephony.twilio_signature import require_twilio
 from duplex_server.telephony.webhook import STREAM_PATH, VOICE_PATH, twilio_voice
+from duplex_server.webrtc.network import RtcNetwork
+from duplex_server.webrtc.routes import CALLS_PATH, LiveCalls, create_call, hang_up
 from protocol.codec import FrameDecoder
 
 STORES = ("memory", "sqlite:PATH", "redis://HOST:PORT/DB")
@@ -125,6 +128,10 @@ def create_app(config: ServerConfig) -> Starlette:
     )
 
     batch = BatchApi.build(config, log, model)
+    rtc_network = RtcNetwork.from_settings(
+        config.rtc_ice_servers, config.rtc_host, config.rtc_udp_ports
+    )  # a bad setting: refused at start
+    rtc_calls = LiveCalls()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -132,6 +139,7 @@ def create_app(config: ServerConfig) -> Starlette:
         manager.start()
         await batch.start()
         yield
+        await rtc_calls.close_all()
         await batch.shutdown()
         await manager.shutdown()
         await asyncio.to_thread(close_model, model)
@@ -145,6 +153,8 @@ def create_app(config: ServerConfig) -> Starlette:
             Route("/ready", http_routes.ready),
             Route("/v1/models", http_routes.models),
             Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
+            Route(CALLS_PATH, create_call, methods=["POST"]),
+            Route(CALLS_PATH + "/{call_id}/hangup", hang_up, methods=["POST"]),
             Route("/metrics", http_routes.metrics),
             Route("/v1/sessions/{session_id}", http_routes.session_detail),
             Route("/v1/sessions/{session_id}/events", http_routes.session_events),
@@ -154,7 +164,18 @@ def create_app(config: ServerConfig) -> Starlette:
             WebSocketRoute(STREAM_PATH, twilio_stream),
             *batch.routes,
         ],
-        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=config.allowed_hosts)],
+        middleware=[
+            Middleware(TrustedHostMiddleware, allowed_hosts=config.allowed_hosts),
+            # Browser apps call the HTTP routes from their own origin (PROTOCOL.md):
+            # with bearer keys, never cookies, so no credentials are allowed.
+            Middleware(
+                CORSMiddleware,
+                allow_origins=config.allowed_origins or ["*"],
+                allow_methods=["GET", "POST", "DELETE"],
+                allow_headers=["authorization", "content-type", "openai-beta"],
+                expose_headers=["location", "retry-after"],
+            ),
+        ],
         lifespan=lifespan,
     )
     app.state.config = config
@@ -170,4 +191,6 @@ def create_app(config: ServerConfig) -> Starlette:
     app.state.sockets_per_address = Counter()  # open WebSockets per client address
     app.state.call_configs = call_configs
     app.state.calls_in_setup = 0  # carrier media streams connected, not yet started
+    app.state.rtc_network = rtc_network
+    app.state.rtc_calls = rtc_calls
     return app

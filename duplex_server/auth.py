@@ -123,6 +123,17 @@ def caller(conn: HTTPConnection) -> Principal | None:
     return keys.principal(presented_key(conn))
 
 
+def authenticate(conn: HTTPConnection) -> tuple[Principal | None, SessionUpdate | None]:
+    """The caller, and the session config its key was minted with: a client
+    secret (``ek_``) is used up here, the first time it is presented (by a
+    WebSocket upgrade or a WebRTC offer)."""
+    key = presented_key(conn)
+    if key is not None and key.startswith(EPHEMERAL_PREFIX):
+        grant = conn.app.state.ephemeral.take(key)
+        return (grant.principal, grant.session) if grant is not None else (None, None)
+    return caller(conn), None
+
+
 def denial(principal: Principal | None, scope: str | None) -> tuple[int, ProtocolError] | None:
     """Why a caller is refused, with its HTTP status: 401 for a missing or
     wrong key, 403 for a key without ``scope``; None when it may go on.

@@ -37,6 +37,7 @@ from duplex_server.settings import (
     TELEPHONY,
     TLS,
     TRANSPORTS,
+    WEBRTC,
     declare,
 )
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
@@ -498,8 +499,45 @@ class ServerConfig:
         32,
         group=TELEPHONY,
         minimum=1,
-        help="media streams connected but not yet started (no 'start' message); more are "
-        "refused, so sockets that never start cannot hold the server",
+        help="calls being set up, of each kind: carrier media streams connected but not yet "
+        "started (no 'start' message), WebRTC offers answered but not yet connected (ICE and "
+        "DTLS); more are refused (503), so calls that never start cannot hold the server",
+    )
+    # -- WebRTC ------------------------------------------------------------------
+    rtc_ice_servers: list[str] = declare(
+        factory=list,
+        group=WEBRTC,
+        help="STUN and TURN servers for calls' ICE, comma-separated: stun:HOST:PORT, "
+        "turn:USER:CREDENTIAL@HOST:PORT[?transport=tcp], turns:...; a TURN server relays for "
+        "clients whose NAT lets nothing in (docs/operations/deployment.md)",
+    )
+    rtc_host: str | None = declare(
+        None,
+        group=WEBRTC,
+        help="the IP address put in calls' host candidates (the sockets bind every address): "
+        "the public address of a server behind 1:1 NAT or in a container",
+    )
+    rtc_udp_ports: str | None = declare(
+        None,
+        group=WEBRTC,
+        metavar="LOW-HIGH",
+        help="the UDP ports calls' media sockets bind in (one a call), for a firewall or a "
+        "container's published range; unset: any port",
+    )
+    rtc_connect_timeout_s: float = declare(
+        10.0,
+        group=WEBRTC,
+        minimum=0,
+        exclusive_minimum=True,
+        help="a call whose peer connection (ICE and DTLS) is not up within this is closed; its "
+        "session waits for a new offer within the disconnect grace",
+    )
+    rtc_max_offer_bytes: int = declare(
+        64 * 1024,
+        group=WEBRTC,
+        minimum=1024,
+        help="the largest POST /v1/realtime/calls body (SDP, or the form with the session); "
+        "refused (413) while it arrives",
     )
     # -- TLS -------------------------------------------------------------------
     ssl_certfile: str | None = declare(

@@ -140,6 +140,26 @@ AUDIO_UNDERRUNS = Counter(
     registry=None,
 )
 
+# --- WebRTC calls --------------------------------------------------------------
+
+RTC_FRAME_LATENESS = Histogram(
+    "duplex_rtc_frame_lateness_seconds",
+    "a WebRTC call's outbound 20 ms audio frame handed to its track -> after its due time",
+    buckets=LATENCY_BUCKETS_S,
+    registry=None,
+)
+RTC_UNDERRUNS = Counter(
+    "duplex_rtc_underruns",
+    "WebRTC outbound audio frames handed over more than a frame (20 ms) late",
+    registry=None,
+)
+RTC_CALLS = Counter(
+    "duplex_rtc_calls",
+    "POST /v1/realtime/calls by outcome (connected, resumed, or why not)",
+    ["outcome"],
+    registry=None,
+)
+
 # --- the engine ----------------------------------------------------------------
 
 STAGE_LATENCY = Histogram(
@@ -195,6 +215,9 @@ LLM_INTER_TOKEN = Histogram(
 )
 
 SHARED = (
+    RTC_FRAME_LATENESS,
+    RTC_UNDERRUNS,
+    RTC_CALLS,
     SESSIONS_OPENED,
     ADMISSIONS_REFUSED,
     RESUMES,

@@ -8,25 +8,20 @@ socket's end. Everything else happens in the actor.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import Counter
+from typing import Protocol
 
 import msgspec
 from msgspec import UNSET
 from starlette.responses import JSONResponse
-from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex_server import metrics
-from duplex_server.auth import (
-    ANONYMOUS,
-    EPHEMERAL_PREFIX,
-    Principal,
-    caller,
-    denial,
-    presented_key,
-)
+from duplex_server.auth import ANONYMOUS, Principal, authenticate, denial
 from duplex_server.config import ServerConfig
+from duplex_server.sessions.core.records import CallBody
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.actor import SessionActor
 from duplex_server.sessions.runtime.attachment import Attachment
@@ -52,69 +47,99 @@ GUESSES = ("invalid_resume_token", "invalid_session_resume", "forbidden")
 MAX_FAILED_RESUMES = 5
 
 
+class Frames(Protocol):
+    """A client's events as they arrive: a WebSocket's messages, or a WebRTC
+    data channel's (``webrtc/call.py``)."""
+
+    async def receive(self) -> str | bytes | None:
+        """The next frame; None once the peer is gone."""
+        ...
+
+
+class WebSocketFrames:
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+
+    async def receive(self) -> str | bytes | None:
+        try:
+            message = await self.websocket.receive()
+        except WebSocketDisconnect:
+            return None
+        if message["type"] == "websocket.disconnect":
+            return None
+        frame = message.get("text")
+        return frame if frame is not None else (message.get("bytes") or b"")
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """Who is on the other end of a connection, and how its session opens."""
+
+    principal: Principal  # sessions it opens are its; it resumes only its own
+    address: str
+    duplex: bool = True  # the duplex wire; False: OpenAI's endpoint and semantics
+    # ?duplex_events=1 on the OpenAI endpoint: the session opts in to the
+    # extension events, as extra_body.duplex_events does.
+    duplex_events: bool = False
+    bound: SessionUpdate | None = None  # a client secret's session config: it opens with it
+    call: CallBody | None = None  # a call's ids (WebRTC): the sideband finds it by them
+
+
 class RealtimeConnection:
-    """One client socket: at most one session attached at a time."""
+    """One client connection: at most one session attached at a time."""
 
     def __init__(
         self,
-        websocket: WebSocket,
+        frames: Frames,
+        attachment: Attachment,
+        peer: Peer,
         manager: SessionManager,
         decoder: FrameDecoder,
-        principal: Principal,
-        duplex: bool = True,
-        bound: SessionUpdate | None = None,
+        limits: ServerConfig,
     ) -> None:
-        self.websocket = websocket
-        self.principal = principal  # sessions it opens are its; it resumes only its own
-        self.bound = bound  # a client secret's session config: the session opens with it
-        self.limits: ServerConfig = websocket.app.state.config
+        self.frames = frames
+        self.peer = peer
+        self.principal = peer.principal
+        self.bound = peer.bound
+        self.limits = limits
         self.failed_resumes = 0
         self._flood_pause_s = 0.0  # set when the mailbox refused a frame
-        self.duplex = duplex
-        # ?duplex_events=1 on the OpenAI endpoint: the session opts in to the
-        # extension events, as extra_body.duplex_events does.
-        self.duplex_events = query_flag(websocket.query_params.get("duplex_events"), False)
+        self.duplex = peer.duplex
         self.manager = manager
         self.decoder = decoder
-        self.attachment = Attachment(WebSocketTransport(websocket), dialect=dialect_of(websocket))
+        self.attachment = attachment
         self.actor: SessionActor | None = None
 
-    async def run(self, autostart: bool, model: str | None, handshake_timeout_s: float) -> None:
-        if autostart:
-            patch = self.bound or (SessionUpdate(model=model) if model else SessionUpdate())
-            if not await self._open(patch, handshake=False):
-                return
+    async def open(self, patch: SessionUpdate) -> bool:
+        """Open the connection's session now (autostart), with ``patch``
+        (a client secret's config, when the key was one, comes first)."""
+        return await self._open(self.bound or patch, handshake=False)
+
+    async def run(self, handshake_timeout_s: float) -> None:
+        """Read frames into the session until the peer is gone; until a
+        session is open, for at most ``handshake_timeout_s`` (a socket that
+        never opens one would hold its slot forever)."""
         deadline = asyncio.get_running_loop().time() + handshake_timeout_s
         try:
             while True:
-                message = await self._receive(deadline)
-                if message is None:
+                try:
+                    frame = await self._receive(deadline)
+                except TimeoutError:
                     await self._handshake_timed_out(handshake_timeout_s)
                     break
-                if message["type"] == "websocket.disconnect":
-                    break
-                frame = message.get("text")
                 if frame is None:
-                    frame = message.get("bytes") or b""
+                    break
                 await self._on_frame(frame)
                 await self._throttle()
-        except WebSocketDisconnect:
-            pass
         finally:
             if self.actor is not None:
                 self.actor.post(mb.Detach(self.attachment.generation))
 
-    async def _receive(self, deadline: float) -> Message | None:
-        """The next message; until a session is open, None once the
-        handshake deadline passes (a socket that never opens one would hold
-        its slot forever)."""
+    async def _receive(self, deadline: float) -> str | bytes | None:
         if self.actor is not None:
-            return await self.websocket.receive()
+            return await self.frames.receive()
         remaining = deadline - asyncio.get_running_loop().time()
-        try:
-            return await asyncio.wait_for(self.websocket.receive(), max(0.0, remaining))
-        except TimeoutError:
-            return None
+        return await asyncio.wait_for(self.frames.receive(), max(0.0, remaining))
 
     async def _handshake_timed_out(self, timeout_s: float) -> None:
         await self._send_error(
@@ -132,7 +157,7 @@ class RealtimeConnection:
         costs a new connection each few tries, under the per-address caps)."""
         self.failed_resumes += 1
         if self.failed_resumes == 1:
-            client = self.websocket.client.host if self.websocket.client else "?"
+            client = self.peer.address or "?"
             log.warning("failed resume of %s from %s", request.session_id[:48], client)
         if self.failed_resumes >= MAX_FAILED_RESUMES:
             log.warning("closing a socket after %d failed resumes", self.failed_resumes)
@@ -142,22 +167,35 @@ class RealtimeConnection:
         err.forget_traceback()
         await self.attachment.send_now(error_frame(err))
 
+    async def open_session(self, patch: SessionUpdate, handshake: bool = False) -> SessionActor:
+        """Open the connection's session (ProtocolError: why not), under the
+        server's, the key's and the address's caps."""
+        if self.peer.duplex_events:
+            patch = with_duplex_events(patch)
+        self.actor = await self.manager.open(
+            self.attachment,
+            patch,
+            handshake,
+            openai_semantics=not self.duplex,
+            owner=None if self.principal.name == ANONYMOUS.name else self.principal.name,
+            owner_quota=self.principal.max_sessions or self.limits.max_sessions_per_key,
+            address=self.peer.address,
+            address_quota=self.limits.max_sessions_per_ip,
+            call=self.peer.call,
+        )
+        return self.actor
+
+    async def resume_session(self, request: SessionResume) -> SessionActor:
+        """Attach the connection to the session ``request`` names, if the
+        caller owns it (ProtocolError: why not)."""
+        self.actor = await self.manager.resume(self.attachment, request, self.principal.owns)
+        return self.actor
+
     async def _open(
         self, patch: SessionUpdate, handshake: bool, event_id: str | None = None
     ) -> bool:
-        if self.duplex_events:
-            patch = with_duplex_events(patch)
         try:
-            self.actor = await self.manager.open(
-                self.attachment,
-                patch,
-                handshake,
-                openai_semantics=not self.duplex,
-                owner=None if self.principal.name == ANONYMOUS.name else self.principal.name,
-                owner_quota=self.principal.max_sessions or self.limits.max_sessions_per_key,
-                address=self.websocket.client.host if self.websocket.client else "",
-                address_quota=self.limits.max_sessions_per_ip,
-            )
+            await self.open_session(patch, handshake)
         except ProtocolError as err:
             err.event_id = err.event_id or event_id
             await self._send_error(err)
@@ -265,16 +303,6 @@ def with_duplex_events(patch: SessionUpdate) -> SessionUpdate:
     )
 
 
-def _authenticate(websocket: WebSocket) -> tuple[Principal | None, SessionUpdate | None]:
-    """The caller, and the session config its key was minted with: a client
-    secret (``ek_``) is used up here, the first time it is presented."""
-    key = presented_key(websocket)
-    if key is not None and key.startswith(EPHEMERAL_PREFIX):
-        grant = websocket.app.state.ephemeral.take(key)
-        return (grant.principal, grant.session) if grant is not None else (None, None)
-    return caller(websocket), None
-
-
 async def realtime_endpoint(websocket: WebSocket) -> None:
     """One socket; a client address holds at most ``max_connections_per_ip``
     of them, and a browser page may open one only from an allowed Origin
@@ -305,7 +333,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
 
 async def _serve_socket(websocket: WebSocket) -> None:
     app_state = websocket.app.state
-    principal, bound = _authenticate(websocket)
+    principal, bound = authenticate(websocket)
     refused = denial(principal, "realtime")
     if refused is not None:
         # Refused before the upgrade: no half-open socket for a wrong key.
@@ -326,7 +354,25 @@ async def _serve_socket(websocket: WebSocket) -> None:
     duplex = websocket.url.path.rstrip("/").endswith("/v1/duplex") or query_flag(
         params.get("duplex"), False
     )
-    connection = RealtimeConnection(
-        websocket, app_state.manager, app_state.decoder, principal, duplex, bound
+    peer = Peer(
+        principal,
+        websocket.client.host if websocket.client else "",
+        duplex=duplex,
+        duplex_events=query_flag(params.get("duplex_events"), False),
+        bound=bound,
     )
-    await connection.run(autostart, params.get("model"), app_state.config.handshake_timeout_s)
+    attachment = Attachment(WebSocketTransport(websocket), dialect=dialect_of(websocket))
+    connection = RealtimeConnection(
+        WebSocketFrames(websocket),
+        attachment,
+        peer,
+        app_state.manager,
+        app_state.decoder,
+        app_state.config,
+    )
+    model = params.get("model")
+    if autostart and not await connection.open(
+        SessionUpdate(model=model) if model else SessionUpdate()
+    ):
+        return
+    await connection.run(app_state.config.handshake_timeout_s)

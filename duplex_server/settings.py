@@ -49,6 +49,7 @@ ACCESS = Group("access", "API keys and per-client caps")
 BATCH = Group("batch", "The batch API (/v1/audio, /v1/images, /v1/videos jobs)")
 TRANSPORTS = Group("transports", "HTTP and WebSocket connection handling")
 TELEPHONY = Group("telephony", "Phone calls streamed in by a carrier (Twilio Media Streams)")
+WEBRTC = Group("WebRTC", "Calls over WebRTC (POST /v1/realtime/calls): ICE, ports, bounds")
 TLS = Group("TLS", "HTTPS and WSS: both files set, the server speaks TLS only")
 LOGGING = Group("logging", "What the server writes about itself")
 GROUPS = (
@@ -61,6 +62,7 @@ GROUPS = (
     BATCH,
     TRANSPORTS,
     TELEPHONY,
+    WEBRTC,
     TLS,
     LOGGING,
 )

@@ -27,6 +27,7 @@ import msgspec
 from msgspec import UNSET
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from duplex_server.outbound import Outbound, read_outbound
 from duplex_server.sessions.core.records import CallBody
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.actor import SessionActor
@@ -104,37 +105,6 @@ class PlaybackMarks:
         return ce.PlaybackAck(played_ms=played_ms, response_id=response_id)
 
 
-class _Ledger(msgspec.Struct):
-    sent_ms: float
-
-
-class _DeltaMetadata(msgspec.Struct):
-    playback: _Ledger | None = None
-
-
-class _Refusal(msgspec.Struct):
-    code: str = ""
-    message: str = ""
-
-
-class _Outbound(msgspec.Struct):
-    """The fields of a journaled event the carrier needs (the rest is skipped)."""
-
-    type: str
-    response_id: str = ""
-    delta: str = ""
-    metadata: _DeltaMetadata | None = None
-    error: _Refusal | None = None
-
-    @property
-    def sent_ms(self) -> float | None:
-        ledger = self.metadata.playback if self.metadata is not None else None
-        return ledger.sent_ms if ledger is not None else None
-
-
-_OUTBOUND = msgspec.json.Decoder(_Outbound)
-
-
 class CarrierTransport:
     """The session's events, as the carrier's frames (``attachment.Transport``)."""
 
@@ -147,11 +117,11 @@ class CarrierTransport:
         self._marks = marks
 
     async def send(self, payload: bytes) -> None:
-        event = _OUTBOUND.decode(payload)
+        event = read_outbound(payload)
         for frame in self._frames(event):
             await self._socket.send_text(frame)
 
-    def _frames(self, event: _Outbound) -> list[str]:
+    def _frames(self, event: Outbound) -> list[str]:
         dialect, stream = self._dialect, self._stream_id
         match event.type:
             case "response.output_audio.delta" if event.delta:

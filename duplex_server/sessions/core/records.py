@@ -218,18 +218,29 @@ class CloseBody(Body, tag="close"):
     detail: str | None = None  # the client's own words (session.close's reason)
 
 
+# The carrier of a call that came by WebRTC (``POST /v1/realtime/calls``).
+WEBRTC_CARRIER = "webrtc"
+
+
 class CallBody(Body, tag="call"):
-    """A phone call reached the session through a carrier (recorded at the
-    opening): which carrier, the call's and the stream's ids, and the
-    numbers. The numbers are personal data: kept here as the call's record
-    (the session's log is the caller's own, behind the API key) and redacted
-    from the server's log lines."""
+    """A call reached the session through a carrier or by WebRTC (recorded
+    at the opening): which carrier (``webrtc`` for a WebRTC call), the
+    call's and the stream's ids, and a phone call's numbers. The numbers are
+    personal data: kept here as the call's record (the session's log is the
+    caller's own, behind the API key) and redacted from the server's log
+    lines."""
 
     carrier: str
     call_id: str
     stream_id: str
     caller: str = ""
     called: str = ""
+
+    @property
+    def resumable(self) -> bool:
+        """A WebRTC call comes back with a new offer; a carrier never
+        streams a call to a restarted server again."""
+        return self.carrier == WEBRTC_CARRIER
 
 
 # --- one-shot job sessions (the batch API) ------------------------------------

@@ -95,13 +95,14 @@ def record_restore(batch: Batch, holder: LeaseHolder, *, expired: bool) -> bool:
     ends incomplete (``server_restart``), the socket it had is gone; the
     session expires now when its grace ran out while nobody served it, and
     a phone call ends now whatever the grace (a carrier never streams a call
-    to a restarted server again). True when the session ended here."""
+    to a restarted server again; a WebRTC call waits for its new offer).
+    True when the session ended here."""
     if batch.state.response is not None:
         finish_response(batch, "incomplete", "server_restart")
     generation = batch.state.lease.generation
     lease_fact(batch, holder, "takeover", generation)
     lease_fact(batch, holder, "detach", generation)
-    if batch.state.call is not None:
+    if batch.state.call is not None and not batch.state.call.resumable:
         gone = "the call's media stream ended with the server"
         batch.fact(CloseBody(reason="disconnect", detail=gone), origin="manager")
         return True

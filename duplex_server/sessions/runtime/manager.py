@@ -291,6 +291,8 @@ class SessionManager:
         self.actors[session_id] = actor
         grace_s = self.settings.disconnect_grace_s
         if await actor.restore(records, fence, downtime_s, grace_s, keep_lease=keep_lease):
+            if actor.state.call is not None:  # a WebRTC call, waiting for its new offer
+                self._call_ids[actor.state.call.call_id] = session_id
             return True
         self._closed(session_id, actor.state.closed_reason or "disconnect_grace_expired")
         return False

@@ -1,0 +1,239 @@
+"""``POST /v1/realtime/calls`` and ``POST /v1/realtime/calls/{call_id}/hangup``.
+
+OpenAI's WebRTC flow: the offer in (its SDP, or a form with the session
+config beside it), ``201`` with the answer SDP and ``Location:
+/v1/realtime/calls/{call_id}`` out, every candidate in the answer (no
+trickle). The session opens before the answer is sent, so the config is in
+force from the first event and a sideband socket may name the call at once
+(``WS /v1/realtime?call_id=``). A refusal is an HTTP answer in OpenAI's
+error shape, and no peer connection outlives it.
+
+Admission is the WebSocket's: the same keys and client secrets, the same
+per-key and per-address session caps and ``--max-sessions`` (a call is a
+session); plus ``--max-calls-in-setup`` offers answered but not yet
+connected, ``--rtc-max-offer-bytes`` a body, ``--rtc-connect-timeout-s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+
+import msgspec
+from aiortc.exceptions import InvalidAccessError, InvalidStateError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from duplex_server import metrics
+from duplex_server.auth import Principal, authenticate, caller, denial
+from duplex_server.http_body import BodyTooLarge
+from duplex_server.realtime import Peer, RealtimeConnection
+from duplex_server.sessions.core.records import WEBRTC_CARRIER, CallBody
+from duplex_server.sessions.runtime.attachment import Attachment
+from duplex_server.webrtc.call import RtcCall
+from duplex_server.webrtc.offer import CallRequest, read_call_request
+from protocol import client_events as ce
+from protocol.dialect import negotiate
+from protocol.errors import ProtocolError, error_body
+from protocol.session_config import SessionUpdate
+
+log = logging.getLogger(__name__)
+
+CALLS_PATH = "/v1/realtime/calls"
+RETRY_AFTER_S = "1"
+# Refusals that are not a 400, by code.
+_STATUS = {
+    "unauthorized": 401,
+    "forbidden": 403,
+    "invalid_resume_token": 403,
+    "call_not_found": 404,
+    "invalid_session_resume": 404,
+    "session_resume_expired": 404,
+    "payload_too_large": 413,
+    "unsupported_content_type": 415,
+    "resource_exhausted": 429,
+    "at_capacity": 503,
+    "storage_unavailable": 503,
+}
+
+
+class LiveCalls:
+    """The server's calls with a peer connection, by call id; and how many
+    are answered but not yet connected."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, RtcCall] = {}
+        self.in_setup = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def add(self, call: RtcCall, task: asyncio.Task[None]) -> None:
+        previous = self.by_id.get(call.call_id)
+        self.by_id[call.call_id] = call
+        if previous is not None and previous is not call:
+            previous.frames.end()  # a new offer took the call over
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def forget(self, call: RtcCall) -> None:
+        if self.by_id.get(call.call_id) is call:
+            del self.by_id[call.call_id]
+
+    async def close_all(self) -> None:
+        """Shutdown: every peer connection closed (their sessions stay in the log)."""
+        await asyncio.gather(*(call.close("server shutdown") for call in list(self.by_id.values())))
+
+
+def refusal(status: int, err: ProtocolError) -> Response:
+    headers = {"Retry-After": RETRY_AFTER_S} if status in (429, 503) else None
+    return JSONResponse({"error": msgspec.to_builtins(error_body(err))}, status, headers=headers)
+
+
+def _refused(err: ProtocolError) -> Response:
+    metrics.RTC_CALLS.labels(err.code).inc()
+    return refusal(_STATUS.get(err.code, 400), err)
+
+
+async def create_call(request: Request) -> Response:
+    state = request.app.state
+    config = state.config
+    principal, bound = authenticate(request)
+    refused = denial(principal, "realtime")
+    if refused is not None:
+        metrics.RTC_CALLS.labels(refused[1].code).inc()
+        return refusal(*refused)
+    assert principal is not None  # denial() refuses a missing caller
+    calls: LiveCalls = state.rtc_calls
+    if calls.in_setup >= config.max_calls_in_setup or state.manager.at_capacity:
+        why = "too many calls are connecting" if calls.in_setup else "the server is at capacity"
+        return _refused(ProtocolError("at_capacity", f"{why}; retry later"))
+    try:
+        asked = await read_call_request(request, config.rtc_max_offer_bytes)
+    except BodyTooLarge:
+        return _refused(ProtocolError("payload_too_large", "the offer is too large"))
+    except ProtocolError as err:
+        return _refused(err)
+    calls.in_setup += 1
+    try:
+        return await _answer(request, principal, bound, asked)
+    finally:
+        calls.in_setup -= 1
+
+
+async def _answer(
+    request: Request, principal: Principal, bound: SessionUpdate | None, asked: CallRequest
+) -> Response:
+    state = request.app.state
+    config = state.config
+    calls: LiveCalls = state.rtc_calls
+    call = RtcCall(_new_call_id(), state.rtc_network, calls.forget, config.max_frame_bytes)
+    try:
+        answer = await call.answer(asked.sdp)
+    except (ValueError, InvalidAccessError, InvalidStateError) as exc:
+        await call.close("the offer could not be answered")
+        return _refused(ProtocolError("invalid_offer", f"the offer cannot be answered: {exc}"))
+    connection = _connection(request, principal, bound, call)
+    try:
+        await _attach(connection, call, asked, request.query_params.get("model"))
+    except ProtocolError as err:
+        await call.close(f"no session: {err.code}")
+        return _refused(err)
+    task = asyncio.get_running_loop().create_task(
+        _serve(call, connection, calls, config.rtc_connect_timeout_s)
+    )
+    calls.add(call, task)
+    metrics.RTC_CALLS.labels("resumed" if asked.resume else "answered").inc()
+    location = f"{CALLS_PATH}/{call.call_id}"
+    return Response(answer, 201, media_type="application/sdp", headers={"Location": location})
+
+
+def _connection(
+    request: Request, principal: Principal, bound: SessionUpdate | None, call: RtcCall
+) -> RealtimeConnection:
+    state = request.app.state
+    client = request.client
+    peer = Peer(
+        principal,
+        client.host if client else "",
+        duplex=False,  # OpenAI's semantics: the data channel is OpenAI's endpoint
+        bound=bound,
+        call=CallBody(carrier=WEBRTC_CARRIER, call_id=call.call_id, stream_id=""),
+    )
+    dialect = negotiate(request.query_params.get("events"), request.headers.get("openai-beta"))
+    attachment = Attachment(call.transport, dialect=dialect)
+    return RealtimeConnection(
+        call.frames, attachment, peer, state.manager, state.decoder, state.config
+    )
+
+
+async def _attach(
+    connection: RealtimeConnection, call: RtcCall, asked: CallRequest, model: str | None
+) -> None:
+    """Open the call's session, or resume the one the offer names."""
+    if asked.resume is not None:
+        actor = await connection.resume_session(asked.resume)
+        if actor.state.call is not None:
+            call.call_id = actor.state.call.call_id  # the call goes on under its id
+        if asked.session is not None:
+            actor.post_client(
+                ce.SessionUpdateEvent(session=asked.session), connection.attachment.generation
+            )
+        return
+    session = asked.session or SessionUpdate()
+    if model and session.model is msgspec.UNSET:
+        session = msgspec.structs.replace(session, model=model)
+    if connection.bound is None:
+        await connection.open_session(session)
+        return
+    # A client secret's config opens the session; the offer's own follows it.
+    actor = await connection.open_session(connection.bound)
+    if asked.session is not None:
+        actor.post_client(
+            ce.SessionUpdateEvent(session=asked.session), connection.attachment.generation
+        )
+
+
+async def _serve(
+    call: RtcCall, connection: RealtimeConnection, calls: LiveCalls, connect_timeout_s: float
+) -> None:
+    calls.in_setup += 1
+    setup = asyncio.get_running_loop().create_task(call.connected.wait())
+
+    def connected(_: object) -> None:
+        calls.in_setup -= 1
+
+    setup.add_done_callback(connected)
+    try:
+        await call.run(connection, connect_timeout_s)
+    finally:
+        setup.cancel()
+
+
+def _new_call_id() -> str:
+    return "rtc_" + secrets.token_hex(12)
+
+
+async def hang_up(request: Request) -> Response:
+    """End the call: its session closes (``session.closed``), then its peer
+    connection. A call whose peer connection is gone but whose session
+    waits for a new offer is ended too."""
+    state = request.app.state
+    principal = caller(request)
+    refused = denial(principal, "realtime")
+    if refused is not None:
+        return refusal(*refused)
+    assert principal is not None
+    call_id = request.path_params["call_id"]
+    actor = state.manager.actor_for_call(call_id)
+    if actor is None or actor.state.call is None or actor.state.call.carrier != WEBRTC_CARRIER:
+        return _refused(
+            ProtocolError("call_not_found", f"no live call {call_id[:64]!r}", param="call_id")
+        )
+    if not principal.owns(actor.state.owner):
+        return _refused(ProtocolError("forbidden", "this call was opened with another key"))
+    call = state.rtc_calls.by_id.get(actor.state.call.call_id)
+    if call is not None and not call.ended:
+        call.hang_up()
+    else:
+        actor.end("client_close")
+    return JSONResponse({}, 200)
