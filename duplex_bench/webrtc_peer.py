@@ -84,6 +84,8 @@ class WebRtcPeer:
     microphone: Microphone
     call_id: str
     location: str
+    base_url: str
+    key: str | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     heard: Heard = field(default_factory=Heard)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -113,7 +115,7 @@ class WebRtcPeer:
             await pc.close()
             raise CallRefused(response.status_code, response.json())
         location = response.headers["location"]
-        peer = cls(pc, microphone, location.rsplit("/", 1)[-1], location)
+        peer = cls(pc, microphone, location.rsplit("/", 1)[-1], location, base_url, key)
         channel.on("message", peer._event)
         pc.on("track", peer._track)
         await pc.setRemoteDescription(RTCSessionDescription(sdp=response.text, type="answer"))
@@ -178,7 +180,17 @@ class WebRtcPeer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), min(remaining, 0.1))
 
-    async def hang_up(self) -> None:
+    async def hang_up(self) -> httpx.Response:
+        """``POST {location}/hangup`` (the call's session ends), then close."""
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        async with httpx.AsyncClient(timeout=30) as client:
+            response = await client.post(f"{self.base_url}{self.location}/hangup", headers=headers)
+        await self.close()
+        return response
+
+    async def close(self) -> None:
+        """Drop the peer connection (as a browser tab closing): the session
+        waits for a new offer within its disconnect grace."""
         await self.pc.close()
         for task in self._tasks:
             task.cancel()

@@ -53,6 +53,11 @@ ERROR_CLASS: dict[str, str] = {
     "session_expired": INVALID_REQUEST,  # OpenAI's, where session.expired is not sent
     "call_not_found": INVALID_REQUEST,  # a sideband socket's call_id names no live call
     "sideband_event_not_allowed": INVALID_REQUEST,  # a sideband socket steers, not streams
+    # POST /v1/realtime/calls (WebRTC): an offer that is no SDP or has no
+    # audio, one without Opus, a body in neither of OpenAI's two forms.
+    "invalid_offer": INVALID_REQUEST,
+    "unsupported_codec": INVALID_REQUEST,
+    "unsupported_content_type": INVALID_REQUEST,
     "engine_error": SERVER_ERROR,
     "storage_unavailable": SERVER_ERROR,
 }

@@ -34,7 +34,6 @@ from aiortc.mediastreams import MediaStreamTrack
 from duplex_server.audio import AudioDecodeError, StreamResampler, decode_to_pcm16
 from duplex_server.outbound import AUDIO_DELTAS, AUDIO_DONE, read_outbound
 from duplex_server.realtime import RealtimeConnection
-from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.attachment import TransportClosed
 from duplex_server.webrtc.network import RtcNetwork, bind_candidates
 from duplex_server.webrtc.tracks import RATE_HZ, AnswerTrack, hear
@@ -272,12 +271,14 @@ class RtcCall:
             log.warning("webrtc call %s: the session's mailbox is full", self.call_id)
 
     def hang_up(self) -> None:
-        """``POST …/hangup``: the session ends (``session.close``), then the call."""
+        """``POST …/hangup``: the session ends (``session.close``: its
+        ``session.closed`` goes out on the channel, then the actor closes the
+        call's transport, so the peer connection)."""
         connection = self.connection
         if connection is not None and connection.actor is not None:
             self._post(ce.SessionClose(reason="hangup"))
-            connection.actor.post(mb.Detach(connection.attachment.generation))
-        self.frames.end()
+        else:
+            self.frames.end()
 
     async def close(self, why: str) -> None:
         if self.ended:

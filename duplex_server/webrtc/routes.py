@@ -52,8 +52,7 @@ _STATUS = {
     "session_resume_expired": 404,
     "payload_too_large": 413,
     "unsupported_content_type": 415,
-    "resource_exhausted": 429,
-    "at_capacity": 503,
+    "resource_exhausted": 429,  # a key's or an address's quota
     "storage_unavailable": 503,
 }
 
@@ -89,9 +88,9 @@ def refusal(status: int, err: ProtocolError) -> Response:
     return JSONResponse({"error": msgspec.to_builtins(error_body(err))}, status, headers=headers)
 
 
-def _refused(err: ProtocolError) -> Response:
+def _refused(err: ProtocolError, status: int | None = None) -> Response:
     metrics.RTC_CALLS.labels(err.code).inc()
-    return refusal(_STATUS.get(err.code, 400), err)
+    return refusal(status or _STATUS.get(err.code, 400), err)
 
 
 async def create_call(request: Request) -> Response:
@@ -106,7 +105,7 @@ async def create_call(request: Request) -> Response:
     calls: LiveCalls = state.rtc_calls
     if calls.in_setup >= config.max_calls_in_setup or state.manager.at_capacity:
         why = "too many calls are connecting" if calls.in_setup else "the server is at capacity"
-        return _refused(ProtocolError("at_capacity", f"{why}; retry later"))
+        return _refused(ProtocolError("resource_exhausted", f"{why}; retry later"), 503)
     try:
         asked = await read_call_request(request, config.rtc_max_offer_bytes)
     except BodyTooLarge:

@@ -167,8 +167,8 @@ async def hear(track: MediaStreamTrack, on_audio: Callable[[bytes], None]) -> No
             break
         for mono in resampler.resample(frame):  # type: ignore[arg-type]  # an AudioFrame
             pending += mono.to_ndarray().tobytes()
-        if len(pending) >= APPEND_BYTES:
-            on_audio(bytes(pending))
-            pending.clear()
+        while len(pending) >= APPEND_BYTES:
+            on_audio(bytes(pending[:APPEND_BYTES]))
+            del pending[:APPEND_BYTES]
     if pending:
         on_audio(bytes(pending))
