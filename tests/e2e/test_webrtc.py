@@ -17,11 +17,13 @@ from duplex_bench.webrtc_peer import CallRefused, WebRtcPeer, post_offer
 from duplex_server.config import ServerConfig
 from duplex_server.engine.audio.sphinx import Sphinx
 from duplex_server.sessions.core.records import AckBody, AudioBody, CallBody, CloseBody
+from duplex_server.sessions.core.state import fold, initial_state
 from duplex_server.surface import resample_pcm16
 from tests import openai_conformance
 from tests.conftest import running_server
+from tests.e2e.serverproc import ServerProcess
 from tests.e2e.test_keys import bearer, keys_file
-from tests.e2e.test_twilio_calls import the_records, until
+from tests.e2e.test_twilio_calls import second_log_records, the_records, until
 from tests.speech import ANSWERS, PHRASES, silence, speak
 from tests.wsclient import WsClient
 
@@ -215,3 +217,50 @@ async def test_a_refused_call_leaves_no_peer_connection(server):
         await WebRtcPeer.call(server.http_url, session={"type": "realtime", "voice": 7})
     assert not server.app.state.rtc_calls.by_id
     assert not server.manager.actors
+
+
+async def test_a_call_goes_on_after_kill_9_with_a_new_offer_naming_it(tmp_path):
+    """The server dies mid-call; restarted on the same SQLite file, a new
+    offer with the session's id, resume token and last event seq continues
+    the conversation: the first turn is in its history, no event twice."""
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("\n".join(PHRASES))
+    store = f"sqlite:{tmp_path / 'sessions.db'}"
+    flags = {"model": "cascade", "asr_phrases": str(phrases), "disconnect_grace_s": 60}
+    first = ServerProcess(store, **flags).start()
+    try:
+        peer = await WebRtcPeer.call(first.http_url)
+        created = peer.events[0]
+        peer.speak(spoken(PHRASES[0]))
+        await peer.next_event("response.done", timeout_s=40)
+        await asyncio.sleep(0.5)
+        first.kill9()
+    finally:
+        first.stop()
+    await peer.close()
+    last_seq = max(e["server_event_seq"] for e in peer.events if e.get("server_event_seq"))
+    second = ServerProcess(store, port=first.port, **flags).start()
+    try:
+        query = (
+            f"session_id={created['session']['id']}&resume_token={created['resume_token']}"
+            f"&last_received_server_event_seq={last_seq}"
+        )
+        again = await WebRtcPeer.call(second.http_url, query=query)
+        assert again.call_id == peer.call_id  # the same call, under its id
+        resumed = await again.next_event("session.resumed", timeout_s=10)
+        assert resumed["session"]["id"] == created["session"]["id"]
+        again.speak(spoken(PHRASES[1]))
+        done = await again.next_event("response.done", timeout_s=40)
+        await asyncio.sleep(1.0)
+        assert heard_words(again) == f"you said {PHRASES[1]}"
+        assert done["response"]["status"] == "completed"
+        seqs = [e["server_event_seq"] for e in again.events if e.get("server_event_seq")]
+        assert seqs and min(seqs) > last_seq  # nothing the first channel had, again
+        check_events(again)
+        await again.hang_up()
+    finally:
+        second.stop()
+    records = await second_log_records(store, created["session"]["id"])
+    state = fold(records, initial_state(created["session"]["id"], "cascade", ("server_vad",)))
+    assert [item.role for item in state.items] == ["user", "assistant"] * 2
+    assert state.closed_reason == "client_close"
