@@ -11,6 +11,7 @@ import json
 
 import httpx
 import pytest
+from aiortc import RTCPeerConnection
 
 from duplex_bench.server_process import free_port
 from duplex_bench.webrtc_peer import CallRefused, WebRtcPeer, post_offer
@@ -264,3 +265,95 @@ async def test_a_call_goes_on_after_kill_9_with_a_new_offer_naming_it(tmp_path):
     state = fold(records, initial_state(created["session"]["id"], "cascade", ("server_vad",)))
     assert [item.role for item in state.items] == ["user", "assistant"] * 2
     assert state.closed_reason == "client_close"
+
+
+async def test_media_binds_in_the_port_range_and_names_the_configured_host():
+    from aioice.ice import get_host_addresses
+
+    host = get_host_addresses(use_ipv4=True, use_ipv6=False)[0]
+    config = ServerConfig(
+        port=free_port(), model="echo", store="memory", rtc_host=host, rtc_udp_ports="40100-40120"
+    )
+    async with running_server(config) as server:
+        peers = [await WebRtcPeer.call(server.http_url) for _ in range(2)]
+        for peer in peers:
+            candidates = [
+                line.split()
+                for line in peer.pc.remoteDescription.sdp.splitlines()
+                if line.startswith("a=candidate:")
+            ]
+            assert candidates
+            assert {c[4] for c in candidates} == {host}
+            assert all(40100 <= int(c[5]) <= 40120 for c in candidates)
+            peer.send({"type": "conversation.item.create", "item": _text_item("hi")})
+            await peer.next_event("conversation.item.added", timeout_s=10)
+        answers = [peer.pc.remoteDescription.sdp for peer in peers]
+        ports = {sdp.split("a=candidate:")[1].split()[5] for sdp in answers}
+        assert len(ports) == 2  # a socket a call
+        for peer in peers:
+            await peer.hang_up()
+
+
+async def offer_only(base: str, **kwargs):
+    """An offer posted by a client that never applies the answer (so never
+    connects): the peer connection to close, and the server's answer."""
+    pc = RTCPeerConnection()
+    pc.createDataChannel("oai-events")
+    pc.addTransceiver("audio", direction="sendrecv")
+    await pc.setLocalDescription(await pc.createOffer())
+    return pc, await post_offer(base, pc.localDescription.sdp, **kwargs)
+
+
+@pytest.mark.server_config(max_calls_in_setup=1, rtc_connect_timeout_s=1.0)
+async def test_a_call_that_never_connects_is_closed_and_holds_its_setup_slot_until_then(
+    server,
+):
+    pc, answered = await offer_only(server.http_url)
+    assert answered.status_code == 201
+    busy_pc, busy = await offer_only(server.http_url)
+    assert busy.status_code == 503 and busy.headers["retry-after"]
+    assert busy.json()["error"]["code"] == "resource_exhausted"
+    await busy_pc.close()
+    await until(lambda: not server.app.state.rtc_calls.by_id)  # the connect deadline
+    (actor,) = server.manager.actors.values()
+    assert not actor.state.lease.attached  # its session waits for a new offer
+    peer = await WebRtcPeer.call(server.http_url)  # the slot is free again
+    await peer.hang_up()
+    await pc.close()
+
+
+@pytest.mark.server_config(max_sessions=1)
+async def test_a_call_counts_as_a_session(server):
+    peer = await WebRtcPeer.call(server.http_url)
+    with pytest.raises(CallRefused) as refused:
+        await WebRtcPeer.call(server.http_url)
+    assert refused.value.status == 503
+    client = await WsClient.connect(server.ws_url)
+    error = await client.expect("error")
+    assert error["error"]["code"] == "resource_exhausted"
+    await client.close()
+    await peer.hang_up()
+
+
+async def test_a_new_offer_takes_the_session_over_from_a_live_call(server):
+    first = await WebRtcPeer.call(server.http_url)
+    created = first.events[0]
+    first.send({"type": "conversation.item.create", "item": _text_item("one")})
+    await first.next_event("conversation.item.added", timeout_s=10)
+    last_seq = max(e["server_event_seq"] for e in first.events if e.get("server_event_seq"))
+    query = (
+        f"session_id={created['session']['id']}&resume_token={created['resume_token']}"
+        f"&last_received_server_event_seq={last_seq}"
+    )
+    before = server.app.state.rtc_calls.by_id[first.call_id]
+    second = await WebRtcPeer.call(server.http_url, query=query)  # a network change
+    await second.next_event("session.resumed", timeout_s=10)
+    await first.next_event("session.replaced", timeout_s=10)
+    await until(lambda: first.pc.connectionState == "closed")
+    second.send({"type": "conversation.item.create", "item": _text_item("two")})
+    added = await second.next_event("conversation.item.added", timeout_s=10)
+    assert added["item"]["content"][0]["text"] == "two"
+    now = server.app.state.rtc_calls.by_id[first.call_id]  # the same call, a new connection
+    assert now is not before and before.ended
+    await second.hang_up()
+    await first.close()
