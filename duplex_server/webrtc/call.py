@@ -37,10 +37,12 @@ from duplex_server.realtime import RealtimeConnection
 from duplex_server.sessions.runtime.attachment import TransportClosed
 from duplex_server.webrtc.network import RtcNetwork, bind_candidates
 from duplex_server.webrtc.tracks import RATE_HZ, AnswerTrack, hear
+from duplex_server.websocket_transport import error_frame
 from protocol import client_events as ce
 from protocol.audio_formats import AudioFormat
 from protocol.close_codes import CloseCode
 from protocol.dialect import event_type
+from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -65,19 +67,32 @@ class ChannelFrames:
     def __init__(self, max_frame_chars: int) -> None:
         self._queue: asyncio.Queue[str | bytes | None] = asyncio.Queue(MAX_QUEUED_FRAMES + 1)
         self._max = max_frame_chars
+        self._channel: RTCDataChannel | None = None
         self.dropped = 0
 
     def attach(self, channel: RTCDataChannel) -> None:
+        self._channel = channel
         channel.on("message", self._arrived)
         channel.on("close", self.end)
 
     def _arrived(self, message: str | bytes) -> None:
-        if self._queue.qsize() >= MAX_QUEUED_FRAMES or len(message) > self._max:
-            self.dropped += 1
-            if self.dropped & (self.dropped - 1) == 0:
-                log.warning("webrtc call: dropped %d data channel messages", self.dropped)
+        if len(message) > self._max:
+            self._drop("payload_too_large", f"a message over {self._max} bytes was dropped")
+        elif self._queue.qsize() >= MAX_QUEUED_FRAMES:
+            self._drop("rate_limited", "too many events in flight; slow down")
+        else:
+            self._queue.put_nowait(message)
+
+    def _drop(self, code: str, message: str) -> None:
+        """Refuse a message unread: told on the channel and logged the first
+        time and at every power of two (a flood gets no error per message)."""
+        self.dropped += 1
+        if self.dropped & (self.dropped - 1):
             return
-        self._queue.put_nowait(message)
+        log.warning("webrtc call: dropped %d data channel messages (%s)", self.dropped, code)
+        if self._channel is not None and self._channel.readyState == "open":
+            detail = f"{message} ({self.dropped} dropped so far)"
+            self._channel.send(error_frame(ProtocolError(code, detail)).decode())
 
     def end(self) -> None:
         """The channel (or the call) is gone: ``receive`` answers None."""
