@@ -357,3 +357,26 @@ async def test_a_new_offer_takes_the_session_over_from_a_live_call(server):
     assert now is not before and before.ended
     await second.hang_up()
     await first.close()
+
+
+async def test_a_dropped_connection_leaves_the_session_waiting_for_a_new_offer(server):
+    first = await WebRtcPeer.call(server.http_url)
+    created = first.events[0]
+    actor = the_call(server, first)
+    first.send({"type": "conversation.item.create", "item": _text_item("before")})
+    await first.next_event("conversation.item.added", timeout_s=10)
+    last_seq = max(e["server_event_seq"] for e in first.events if e.get("server_event_seq"))
+    await first.close()  # the tab died: no hangup
+    await until(lambda: not actor.state.lease.attached)
+    assert actor.state.closed_reason is None  # it waits out the grace
+    session = {
+        "session_id": created["session"]["id"],
+        "resume_token": created["resume_token"],
+        "last_received_server_event_seq": last_seq,
+    }
+    again = await WebRtcPeer.call(server.http_url, session=session)  # OpenAI's form
+    await again.next_event("session.resumed", timeout_s=10)
+    again.send({"type": "conversation.item.create", "item": _text_item("after")})
+    await again.next_event("conversation.item.added", timeout_s=10)
+    assert [item.parts[0].text for item in actor.state.items] == ["before", "after"]
+    await again.hang_up()
