@@ -16,10 +16,11 @@ from typing import TypeVar
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from duplex_server.auth import caller, denial
 from duplex_server.http_body import BodyTooLarge, read_limited
+from duplex_server.http_errors import refusal
 from duplex_server.jobs.run import JobError, JobRun
 
 MAX_JSON_BODY_BYTES = 1024 * 1024  # a JSON request body (speech input is 4,096 characters)
@@ -29,16 +30,10 @@ REPLAYED_HEADER = "Idempotent-Replayed"  # "true": answered from the log, nothin
 
 S = TypeVar("S", bound=msgspec.Struct)
 
-_ERROR_TYPES = {401: "authentication_error", 403: "authentication_error", 429: "rate_limit_error"}
-
 
 def error_response(exc: JobError) -> Response:
     """OpenAI's error envelope: ``{"error": {message, type, param, code}}``."""
-    kind = _ERROR_TYPES.get(exc.status)
-    if kind is None:
-        kind = "server_error" if exc.status >= 500 else "invalid_request_error"
-    body = {"error": {"message": exc.message, "type": kind, "param": exc.param, "code": exc.code}}
-    return JSONResponse(body, exc.status)
+    return refusal(exc.status, exc.code, exc.message, param=exc.param)
 
 
 def principal_name(request: Request) -> str:

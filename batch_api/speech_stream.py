@@ -23,13 +23,13 @@ import wave
 from collections import Counter
 from dataclasses import dataclass
 
-from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from batch_api.text_split import TextSplitter
 from duplex_server import metrics
 from duplex_server.audio import resample_pcm16
 from duplex_server.auth import caller, denial
+from duplex_server.http_errors import protocol_refusal, refusal
 from duplex_server.models.batch_audio import BatchSpeech
 from duplex_server.transport import ConnectionRate
 from protocol.close_codes import CloseCode
@@ -327,21 +327,16 @@ async def speech_stream_endpoint(websocket: WebSocket) -> None:
     if refused is not None:
         status, err = refused
         metrics.ADMISSIONS_REFUSED.labels(err.code).inc()
-        body = {"error": {"type": err.error_class, "code": err.code, "message": err.message}}
-        await websocket.send_denial_response(JSONResponse(body, status))
+        await websocket.send_denial_response(protocol_refusal(status, err))
         return
     if speech is None:  # as the batch speech route answers it
         model = app_state.config.model
-        body = {
-            "error": {
-                "type": "invalid_request_error",
-                "code": "model_not_loaded",
-                "message": f"this server runs --model {model}, which has no synthesiser "
-                "(serve --model cascade)",
-                "param": "model",
-            }
-        }
-        await websocket.send_denial_response(JSONResponse(body, 404))
+        message = (
+            f"this server runs --model {model}, which has no synthesiser (serve --model cascade)"
+        )
+        await websocket.send_denial_response(
+            refusal(404, "model_not_loaded", message, param="model")
+        )
         return
     allowed = app_state.config.allowed_origins
     origin = websocket.headers.get("origin")

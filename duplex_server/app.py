@@ -151,6 +151,7 @@ def create_app(config: ServerConfig) -> Starlette:
             Mount("/static", StaticFiles(directory=http_routes.WEB_DIR), name="static"),
             Route("/health", http_routes.health),
             Route("/ready", http_routes.ready),
+            Route("/version", http_routes.version),
             Route("/v1/models", http_routes.models),
             Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
             Route(CALLS_PATH, create_call, methods=["POST"]),

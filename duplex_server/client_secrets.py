@@ -17,8 +17,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from duplex_server.auth import caller, denial
+from duplex_server.http_errors import protocol_refusal
 from protocol.codec import drop_optional_nulls
-from protocol.errors import ProtocolError, error_body
+from protocol.errors import ProtocolError
 from protocol.session_config import SessionUpdate
 
 MAX_BODY_BYTES = 64 * 1024
@@ -34,19 +35,17 @@ class ClientSecretRequest(msgspec.Struct):
     session: SessionUpdate | None = None
 
 
-def _refusal(status: int, err: ProtocolError) -> Response:
-    return JSONResponse({"error": msgspec.to_builtins(error_body(err))}, status)
-
-
 async def client_secrets(request: Request) -> Response:
     principal = caller(request)
     refused = denial(principal, "realtime")
     if refused is not None:
-        return _refusal(*refused)
+        return protocol_refusal(*refused)
     assert principal is not None  # denial() refuses a missing caller
     body = await request.body()
     if len(body) > MAX_BODY_BYTES:
-        return _refusal(413, ProtocolError("payload_too_large", "the request body is too large"))
+        return protocol_refusal(
+            413, ProtocolError("payload_too_large", "the request body is too large")
+        )
     try:
         asked = _decode(body)
         if asked.session is not None:
@@ -55,7 +54,7 @@ async def client_secrets(request: Request) -> Response:
             principal, asked.expires_after.seconds, asked.session
         )
     except ProtocolError as err:
-        return _refusal(429 if err.code == "resource_exhausted" else 400, err)
+        return protocol_refusal(429 if err.code == "resource_exhausted" else 400, err)
     session = msgspec.to_builtins(asked.session) if asked.session is not None else {}
     return JSONResponse({"value": key, "expires_at": int(grant.expires_at), "session": session})
 

@@ -9,13 +9,13 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
-    JSONResponse,
     Response,
     StreamingResponse,
 )
 
 from duplex_server import metrics as series
 from duplex_server.auth import Principal, caller, denial
+from duplex_server.http_errors import refusal
 from duplex_server.redaction import redact
 from duplex_server.sessions.core.records import ConfigBody, to_line
 from duplex_server.sessions.core.snapshot import session_object
@@ -31,8 +31,7 @@ def _json(payload: object, status: int = 200) -> Response:
 
 
 def _error(status: int, code: str, message: str) -> Response:
-    kind = "authentication_error" if status in (401, 403) else "invalid_request_error"
-    return JSONResponse({"error": {"type": kind, "code": code, "message": message}}, status)
+    return refusal(status, code, message)
 
 
 def _principal(request: Request, scope: str | None = None) -> Principal | Response:
@@ -81,6 +80,11 @@ async def health(request: Request) -> Response:
             "replica_id": state.config.replica_id,
         }
     return _json(status)
+
+
+async def version(request: Request) -> Response:
+    """The server's version and Python (as ``duplex_build_info``): anyone may ask."""
+    return _json(series.build())
 
 
 async def ready(request: Request) -> Response:

@@ -16,7 +16,9 @@ dashboard in deploy/grafana-dashboard.json plots them.
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
+import platform
 from collections.abc import Callable, Iterator
 
 from prometheus_client import (
@@ -28,6 +30,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Info,
     disable_created_metrics,
     generate_latest,
 )
@@ -140,6 +143,20 @@ AUDIO_UNDERRUNS = Counter(
     registry=None,
 )
 
+# --- the build ----------------------------------------------------------------
+
+
+def build() -> dict[str, str]:
+    """What ``duplex_build_info`` and ``GET /version`` say."""
+    return {
+        "version": importlib.metadata.version("duplex-server"),
+        "python": platform.python_version(),
+    }
+
+
+BUILD = Info("duplex_build", "the server's version and the Python it runs on", registry=None)
+BUILD.info(build())
+
 # --- WebRTC calls --------------------------------------------------------------
 
 RTC_FRAME_LATENESS = Histogram(
@@ -215,6 +232,7 @@ LLM_INTER_TOKEN = Histogram(
 )
 
 SHARED = (
+    BUILD,
     RTC_FRAME_LATENESS,
     RTC_UNDERRUNS,
     RTC_CALLS,

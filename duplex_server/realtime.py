@@ -15,12 +15,12 @@ from typing import Protocol
 
 import msgspec
 from msgspec import UNSET
-from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex_server import metrics
 from duplex_server.auth import ANONYMOUS, Principal, authenticate, denial
 from duplex_server.config import ServerConfig
+from duplex_server.http_errors import protocol_refusal
 from duplex_server.sessions.core.records import CallBody
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.actor import SessionActor
@@ -339,8 +339,7 @@ async def _serve_socket(websocket: WebSocket) -> None:
         # Refused before the upgrade: no half-open socket for a wrong key.
         status, err = refused
         metrics.ADMISSIONS_REFUSED.labels(err.code).inc()
-        body = {"error": {"type": err.error_class, "code": err.code, "message": err.message}}
-        await websocket.send_denial_response(JSONResponse(body, status))
+        await websocket.send_denial_response(protocol_refusal(status, err))
         return
     assert principal is not None  # denial() refuses a missing caller
     offered = websocket.scope.get("subprotocols", [])

@@ -12,6 +12,7 @@ WebSocket leaves that count, and the WebSocket endpoint caps its own.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter
 
@@ -43,8 +44,13 @@ class ConnectionRate:
         self._buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, at)
 
     def admit(self, address: str, now_s: float) -> bool:
+        return self.wait_s(address, now_s) == 0.0
+
+    def wait_s(self, address: str, now_s: float) -> float:
+        """0 when a connection from ``address`` is admitted now (and takes
+        its token); else how long until it would be."""
         if self.per_s <= 0:
-            return True
+            return 0.0
         burst = self.per_s * self.BURST_S
         tokens, at = self._buckets.get(address, (burst, now_s))
         tokens = min(burst, tokens + (now_s - at) * self.per_s)
@@ -52,7 +58,7 @@ class ConnectionRate:
         self._buckets[address] = (tokens - 1.0 if admitted else tokens, now_s)
         if len(self._buckets) > self.FORGET_ABOVE:
             self._forget_full(now_s, burst)
-        return admitted
+        return 0.0 if admitted else (1.0 - tokens) / self.per_s
 
     def _forget_full(self, now_s: float, burst: float) -> None:
         self._buckets = {
@@ -62,13 +68,41 @@ class ConnectionRate:
         }
 
 
+def too_many(retry_after_s: int) -> bytes:
+    """The whole answer to a connection refused before its request is read:
+    ``429`` in OpenAI's error shape with ``Retry-After``, written as it is
+    (one cached buffer per wait), so that a refusal under attack costs an
+    accept, a write and a close."""
+    return _TOO_MANY.get(retry_after_s) or _TOO_MANY.setdefault(
+        retry_after_s, _static_429(retry_after_s)
+    )
+
+
+_TOO_MANY: dict[int, bytes] = {}
+
+
+def _static_429(retry_after_s: int) -> bytes:
+    body = (
+        b'{"error":{"type":"rate_limit_error","code":"rate_limited","message":'
+        b'"too many connections from this address; retry after the Retry-After seconds",'
+        b'"param":null}}'
+    )
+    head = (
+        f"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nretry-after: {retry_after_s}\r\n"
+        f"connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
 def guarded_http(
     header_timeout_s: float, max_per_address: int, rate_per_address: float = 0.0
 ) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with a deadline for each request head,
     at most ``max_per_address`` open HTTP connections per client address
     (0: no cap), and at most ``rate_per_address`` new ones a second (0: no
-    bound); a connection past either is closed at once."""
+    bound); a connection past either is answered ``429`` (:func:`too_many`)
+    and closed, its request never read."""
     open_per_address: Counter[str] = Counter()
     rate = ConnectionRate(rate_per_address)
 
@@ -80,9 +114,11 @@ def guarded_http(
             super().connection_made(transport)
             address = self.client[0] if self.client else ""
             over_cap = max_per_address and open_per_address[address] >= max_per_address
-            if over_cap or not rate.admit(address, time.monotonic()):
+            wait_s = 1.0 if over_cap else rate.wait_s(address, time.monotonic())
+            if wait_s:
                 reason = "address_connections" if over_cap else "address_connection_rate"
                 metrics.ADMISSIONS_REFUSED.labels(reason).inc()
+                transport.write(too_many(max(1, math.ceil(wait_s))))
                 transport.close()
                 return
             open_per_address[address] += 1

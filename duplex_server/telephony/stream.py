@@ -14,10 +14,10 @@ import logging
 
 from starlette.websockets import WebSocket
 
+from duplex_server.http_errors import refusal
 from duplex_server.telephony.call import PhoneCall
 from duplex_server.telephony.twilio_dialect import TwilioDialect
 from duplex_server.telephony.twilio_signature import verify_request
-from duplex_server.telephony.webhook import refusal
 
 log = logging.getLogger(__name__)
 

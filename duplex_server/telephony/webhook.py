@@ -13,13 +13,12 @@ from __future__ import annotations
 import logging
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from duplex_server.http_body import BodyTooLarge, read_limited
+from duplex_server.http_errors import refusal
 from duplex_server.telephony.twilio_signature import signed_url, verify_request
-from protocol.errors import AUTHENTICATION, ERROR_CLASS, INVALID_REQUEST, ErrorBody
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +71,3 @@ def _connect(url: str, call_sid: str, caller: str, called: str) -> str:
     response = VoiceResponse()
     response.append(connect)
     return str(response.to_xml())
-
-
-def refusal(status: int, code: str, message: str, *, param: str | None = None) -> Response:
-    """OpenAI's error shape, for the telephony routes (the webhook and the
-    stream's upgrade). Built here, not from a ProtocolError: the two codes of
-    their own (``invalid_signature``, ``telephony_not_configured``) are the
-    HTTP routes', not the realtime wire's."""
-    kind = AUTHENTICATION if code == "invalid_signature" else ERROR_CLASS.get(code, INVALID_REQUEST)
-    body = ErrorBody(type=kind, code=code, message=message, param=param)
-    return JSONResponse({"error": msgspec.to_builtins(body)}, status)

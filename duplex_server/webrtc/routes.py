@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response
 from duplex_server import metrics
 from duplex_server.auth import Principal, authenticate, caller, denial
 from duplex_server.http_body import BodyTooLarge
+from duplex_server.http_errors import protocol_refusal
 from duplex_server.realtime import Peer, RealtimeConnection
 from duplex_server.sessions.core.records import WEBRTC_CARRIER, CallBody
 from duplex_server.sessions.runtime.attachment import Attachment
@@ -35,13 +36,12 @@ from duplex_server.webrtc.call import RtcCall
 from duplex_server.webrtc.offer import CallRequest, read_call_request
 from protocol import client_events as ce
 from protocol.dialect import negotiate
-from protocol.errors import ProtocolError, error_body
+from protocol.errors import ProtocolError
 from protocol.session_config import SessionUpdate
 
 log = logging.getLogger(__name__)
 
 CALLS_PATH = "/v1/realtime/calls"
-RETRY_AFTER_S = "1"
 # Refusals that are not a 400, by code.
 _STATUS = {
     "unauthorized": 401,
@@ -83,14 +83,9 @@ class LiveCalls:
         await asyncio.gather(*(call.close("server shutdown") for call in list(self.by_id.values())))
 
 
-def refusal(status: int, err: ProtocolError) -> Response:
-    headers = {"Retry-After": RETRY_AFTER_S} if status in (429, 503) else None
-    return JSONResponse({"error": msgspec.to_builtins(error_body(err))}, status, headers=headers)
-
-
 def _refused(err: ProtocolError, status: int | None = None) -> Response:
     metrics.RTC_CALLS.labels(err.code).inc()
-    return refusal(status or _STATUS.get(err.code, 400), err)
+    return protocol_refusal(status or _STATUS.get(err.code, 400), err)
 
 
 async def create_call(request: Request) -> Response:
@@ -100,7 +95,7 @@ async def create_call(request: Request) -> Response:
     refused = denial(principal, "realtime")
     if refused is not None:
         metrics.RTC_CALLS.labels(refused[1].code).inc()
-        return refusal(*refused)
+        return protocol_refusal(*refused)
     assert principal is not None  # denial() refuses a missing caller
     calls: LiveCalls = state.rtc_calls
     if calls.in_setup >= config.max_calls_in_setup or state.manager.at_capacity:
@@ -220,7 +215,7 @@ async def hang_up(request: Request) -> Response:
     principal = caller(request)
     refused = denial(principal, "realtime")
     if refused is not None:
-        return refusal(*refused)
+        return protocol_refusal(*refused)
     assert principal is not None
     call_id = request.path_params["call_id"]
     actor = state.manager.actor_for_call(call_id)

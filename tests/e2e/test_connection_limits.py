@@ -5,7 +5,9 @@ WebSockets, and a socket that opens no session is closed."""
 from __future__ import annotations
 
 import asyncio
+import json
 
+import httpx
 import pytest
 import websockets
 
@@ -38,7 +40,11 @@ async def test_a_silent_or_half_sent_request_is_closed_at_the_header_deadline(se
 async def test_an_address_holds_a_bounded_number_of_http_connections(server):
     held = [await asyncio.open_connection("127.0.0.1", server.config.port) for _ in range(3)]
     reader, writer = await asyncio.open_connection("127.0.0.1", server.config.port)
-    assert await _closed_within(reader, 10.0)  # the fourth is closed at once
+    # The fourth is answered at once, unread: 429 with Retry-After, then closed.
+    answer = await asyncio.wait_for(reader.read(), 10.0)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 429 ") and b"retry-after: 1" in head.lower()
+    assert json.loads(body)["error"]["code"] == "rate_limited"
     writer.close()
     _, first = held.pop()
     first.close()
@@ -49,6 +55,20 @@ async def test_an_address_holds_a_bounded_number_of_http_connections(server):
     assert (await reader.readline()).startswith(b"HTTP/1.1 200")
     for _, other in [*held, (reader, writer)]:
         other.close()
+
+
+@pytest.mark.server_config(max_connection_rate_per_ip=1.0)
+async def test_an_address_past_its_connection_rate_is_told_when_to_come_back(server):
+    async with httpx.AsyncClient() as http:
+        # a fresh connection each time: the bucket holds 2 s of 1 a second
+        answers = [
+            await http.get(f"{server.http_url}/health", headers={"connection": "close"})
+            for _ in range(4)
+        ]
+    refused = [answer for answer in answers if answer.status_code == 429]
+    assert refused and all(int(answer.headers["retry-after"]) >= 1 for answer in refused)
+    assert refused[0].json()["error"]["type"] == "rate_limit_error"
+    assert answers[0].status_code == 200
 
 
 @pytest.mark.server_config(max_connections_per_ip=2)

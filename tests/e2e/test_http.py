@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
+import platform
 import re
 from pathlib import Path
 
@@ -38,6 +40,16 @@ async def test_health_and_models(server):
     assert model["capabilities"]["supports_session_resume"] is True
     for entry in models["data"]:  # what the openai SDK's models.list() parses
         openai.types.Model.model_validate(entry)
+
+
+async def test_the_version_is_told_and_exported(server):
+    installed = importlib.metadata.version("duplex-server")
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        version = (await http.get("/version")).json()
+        exported = (await http.get("/metrics")).text
+    assert version == {"version": installed, "python": platform.python_version()}
+    line = f'duplex_build_info{{python="{platform.python_version()}",version="{installed}"}} 1.0'
+    assert line in exported.splitlines()
 
 
 @pytest.mark.server_config(
