@@ -82,6 +82,22 @@ async def test_full_turn_in_documented_order(server):
     assert acked[-1]["event"] == "idle"
 
 
+async def test_an_ack_of_the_rounded_ledger_plays_the_answer_to_its_end(server):
+    """The wire's ledger is rounded to microseconds: 2,402 samples are
+    100.0833… ms, told as 100.083. A client (or a WebRTC call's track) that
+    acks what it was told has played the answer through."""
+    client, _ = await server.open()
+    await client.append(tone_pcm16(100) + b"\x10\x00" * 2)
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("rate_limits.updated")
+    told = events[-2]["response"]["duplex"]["playback"]["generated_ms"]
+    assert told == 100.083
+    await client.send({"type": "playback.ack", "played_ms": told})
+    acked = await client.recv_until(TURN_EVENT)
+    assert "output_audio_buffer.stopped" in types_of(acked)
+    assert acked[-1]["event"] == "idle"
+
+
 async def test_text_input_becomes_transcript_and_answer(server):
     client, _ = await server.open()
     await client.send({"type": "input.text.append", "text": "hello there world"})

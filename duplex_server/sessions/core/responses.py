@@ -20,7 +20,7 @@ from duplex_server.sessions.core.items import Item, to_wire
 from duplex_server.sessions.core.model_port import FunctionCallPart, ModelChunk, UnitOutput
 from duplex_server.sessions.core.records import DecisionBody, FenceBody, FenceReason, ItemBody
 from duplex_server.sessions.core.snapshot import ledger, openai_format
-from duplex_server.sessions.core.state import Response, SessionState
+from duplex_server.sessions.core.state import ACK_SLACK_MS, Response, SessionState
 from protocol.client_events import ResponseOverrides
 from protocol.items import ContentPart
 from protocol.server_events import (
@@ -74,7 +74,7 @@ _OPENAI_REASON: dict[str, OpenAIStatusReason] = {
 
 def played_through(response: Response) -> bool:
     """The client's acks cover all the audio the response made (some)."""
-    return 0 < response.playback.generated_ms <= response.playback.played_ms + 1e-6
+    return 0 < response.playback.generated_ms <= response.playback.played_ms + ACK_SLACK_MS
 
 
 def _is_audio(response: Response) -> bool:

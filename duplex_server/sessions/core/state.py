@@ -38,6 +38,12 @@ from protocol.server_events import PlaybackLedger
 RECENT_EVENT_IDS = 256
 
 
+# The wire's ledger is rounded to microseconds of audio (snapshot.ledger): an
+# ack that echoes it (a WebRTC call's track, a phone call's marks, a client
+# acking what it was told) may fall this far short of the exact total.
+ACK_SLACK_MS = 5e-4 + 1e-9
+
+
 class Response(msgspec.Struct):
     id: str
     item_id: str
@@ -147,7 +153,7 @@ def turn_phase(state: SessionState) -> TurnPhase:
         last is not None
         and last.status == "completed"
         and state.config.playback_commit_policy == "ack_only"
-        and last.playback.played_ms + 1e-6 < last.playback.generated_ms
+        and last.playback.played_ms + ACK_SLACK_MS < last.playback.generated_ms
     )
     return "assistant_playing" if playing else "idle"
 

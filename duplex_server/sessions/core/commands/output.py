@@ -11,7 +11,7 @@ from duplex_server.sessions.core.effects import Effects
 from duplex_server.sessions.core.records import AckBody, FenceReason, SignalBody, SignalName
 from duplex_server.sessions.core.responses import cancel_response, played_through
 from duplex_server.sessions.core.snapshot import ledger
-from duplex_server.sessions.core.state import Response
+from duplex_server.sessions.core.state import ACK_SLACK_MS, Response
 from duplex_server.sessions.core.turns import OverlapAction
 from protocol import client_events as ce
 from protocol.errors import ProtocolError
@@ -122,7 +122,10 @@ def playback_ack(batch: Batch, event: ce.PlaybackAck, facts: ModelFacts) -> Effe
     history_committed = (
         item is not None
         and response.status != "in_progress"
-        and ((item.history_ms or 0.0) + 1e-6 >= response.playback.generated_ms or item.truncated)
+        and (
+            (item.history_ms or 0.0) + ACK_SLACK_MS >= response.playback.generated_ms
+            or item.truncated
+        )
     )
     wire_ledger = ledger(response.playback)
     if played_before <= 0 < response.playback.played_ms:
@@ -153,4 +156,4 @@ def playback_ack(batch: Batch, event: ce.PlaybackAck, facts: ModelFacts) -> Effe
 def _played_to_the_end(response: Response, played_before: float) -> bool:
     """This ack carried a finished response's playback to its end."""
     finished = response.status != "in_progress" and played_through(response)
-    return finished and played_before + 1e-6 < response.playback.generated_ms
+    return finished and played_before + ACK_SLACK_MS < response.playback.generated_ms
