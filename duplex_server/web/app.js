@@ -1,14 +1,20 @@
-// The voice page: microphone -> /v1/realtime?duplex=1 -> speaker, with live
-// transcripts, playback acknowledgements (the server's history holds what
-// was heard, no more), barge-in (the server decides; the page stops playing
-// and says where the answer was cut) and resume after a dropped connection.
+// The voice page: microphone -> server -> speaker, with live transcripts,
+// barge-in (the server decides; the page stops playing and says where the
+// answer was cut) and resume after a dropped connection. Two transports with
+// one interface: WebRTC (rtc-call.js: Opus tracks both ways, the server
+// acknowledges playback from its own track) where the server and browser
+// offer it, else the WebSocket (call.js, /v1/realtime?duplex=1: pcm16 in
+// events, and the page acknowledges what it played, so the server's history
+// holds what was heard, no more).
 import { AudioIO, MicrophoneError, toBase64 } from "./audio.js";
 import { Call, Fatal } from "./call.js";
+import { RtcCall, Unavailable } from "./rtc-call.js";
 import { Conversation } from "./transcript.js";
 
 const ACK_EVERY_MS = 250;
 const INTERRUPTED_SHOWN_MS = 1500;
 const INPUT_MAP_MS = 60000; // how far back speech ends can be placed in time
+const TRANSPORTS = ["auto", "webrtc", "websocket"];
 
 const $ = (id) => document.getElementById(id);
 const conversation = new Conversation($("conversation"));
@@ -183,6 +189,12 @@ class PageCall {
 
 function onChunk(pcm, durationMs, wallMs) {
   if (!call || !page) return;
+  if (call.audioOnTracks) {
+    // The microphone goes on the peer connection's track; the chunk only
+    // keeps the map from the server's input timeline to the wall clock.
+    if (call.attached) page.sentChunk(durationMs, wallMs);
+    return;
+  }
   // While the link is down the microphone is not buffered: the conversation
   // pauses and carries on from what is said after it is back.
   const sent = call.send({
@@ -225,9 +237,10 @@ function onStarted(responseId) {
   }
 }
 
-// Cumulative acknowledgements of what each answer has played so far.
+// Cumulative acknowledgements of what each answer has played so far (over
+// WebRTC the server knows from its own track: the page sends none).
 function sendAcks() {
-  if (!page || !call) return;
+  if (!page || !call || call.audioOnTracks) return;
   for (const answer of page.live) {
     if (answer.cut !== null) {
       if (!answer.finalAckSent) sendCut(answer);
@@ -264,13 +277,53 @@ function sendCut(answer) {
 async function cut(answer, why) {
   if (answer.cutting || !audio) return; // the clear and the response.done both say so
   answer.cutting = true;
-  const played = await audio.clear();
+  // Over WebRTC the server has already emptied its track at the cut.
+  const onTracks = call.audioOnTracks;
+  const played = onTracks ? new Map([[answer.id, trackPlayedMs(answer)]]) : await audio.clear();
   if (!page) return;
   answer.cutAt(played.get(answer.id) || 0, why);
   page.interruptedUntil = performance.now() + INTERRUPTED_SHOWN_MS;
   if (page.current === answer) page.current = null;
-  sendCut(answer);
+  if (!onTracks) sendCut(answer);
   refreshState();
+}
+
+// Over WebRTC: how long `answer` has played, by the clock since the server
+// said its audio started (output_audio_buffer.started; the network's and the
+// browser's jitter buffer's delay are not counted).
+function trackPlayedMs(answer) {
+  return answer.startedAt === undefined ? 0 : performance.now() - answer.startedAt;
+}
+
+function trackClock() {
+  const answer = page && page.current;
+  if (!answer || answer.cut !== null || answer.fullyPlayed) return;
+  if (answer.endsAt !== undefined && performance.now() >= answer.endsAt) {
+    playedOut(answer); // the time it needed is up, though output_audio_buffer.stopped did not come
+  } else if (answer.startedAt !== undefined) {
+    answer.played(trackPlayedMs(answer));
+  }
+}
+
+function playedOut(answer) {
+  answer.trackStopped = true;
+  answer.played(trackPlayedMs(answer));
+  answer.audioFinished();
+  answer.render();
+  page.awaiting = false;
+}
+
+// The server's playback news, which only the WebRTC page heeds: its audio
+// is on the track, so these say when it starts and ends.
+function onTrackPlayback(event) {
+  const answer = conversation.answers.get(event.response_id);
+  if (!answer) return;
+  if (event.type === "output_audio_buffer.started") {
+    answer.startedAt = performance.now();
+    onStarted(answer.id);
+  } else if (event.type === "output_audio_buffer.stopped" && answer.cut === null) {
+    playedOut(answer);
+  }
 }
 
 function cutReason(response) {
@@ -283,12 +336,15 @@ function cutReason(response) {
 function onEvent(event) {
   if (!page) return; // the call ended on this page; its last frames need nothing
   switch (event.type) {
-    case "session.created":
+    case "session.created": {
       $("session").textContent = event.session.id;
-      if (event.session.turn_detection && event.session.turn_detection.silence_duration_ms) {
-        page.silenceMs = event.session.turn_detection.silence_duration_ms;
+      const input = (event.session.audio && event.session.audio.input) || {};
+      const detection = event.session.turn_detection || input.turn_detection; // GA: under audio
+      if (detection && detection.silence_duration_ms) {
+        page.silenceMs = detection.silence_duration_ms;
       }
       break;
+    }
     case "input_audio_buffer.speech_started":
       page.userSpeaking = true;
       conversation.user(event.item_id);
@@ -326,6 +382,7 @@ function onEvent(event) {
       page.speechEnd = null;
       page.current = answer;
       page.live.add(answer);
+      if (call.audioOnTracks) answer.playsElsewhere();
       break;
     }
     case "response.output_audio.delta": {
@@ -338,9 +395,18 @@ function onEvent(event) {
       if (answer.cut === null) audio.play(event.response_id, event.delta, rate);
       break;
     }
-    case "response.output_audio_transcript.delta":
+    case "response.output_audio_transcript.delta": {
+      const answer = conversation.answer(event.response_id);
+      answer.spoken = true; // over WebRTC, a spoken answer plays on after its response.done
+      answer.text(event.delta || "");
+      break;
+    }
     case "response.output_text.delta":
       conversation.answer(event.response_id).text(event.delta || "");
+      break;
+    case "output_audio_buffer.started":
+    case "output_audio_buffer.stopped":
+      if (call.audioOnTracks) onTrackPlayback(event);
       break;
     case "response.output_audio.done":
       // Its tail may be shorter than the jitter buffer: play it now. (The
@@ -355,6 +421,15 @@ function onEvent(event) {
     case "response.done": {
       const response = event.response;
       const answer = conversation.answer(response.id);
+      const playback = (response.duplex || {}).playback;
+      if (call.audioOnTracks && response.status === "completed" && answer.spoken && playback) {
+        // Its audio may still be playing on the track: output_audio_buffer.stopped
+        // ends it, or the clock once what the server had yet to send has played.
+        if (!answer.trackStopped) {
+          answer.endsAt = performance.now() + playback.generated_ms - playback.played_ms;
+          break;
+        }
+      }
       page.awaiting = false;
       if (response.status === "completed") {
         answer.audioFinished();
@@ -442,12 +517,46 @@ function remember() {
   localStorage.setItem("duplex.model", $("model").value);
   localStorage.setItem("duplex.voice", $("voice").value);
   localStorage.setItem("duplex.instructions", $("instructions").value);
+  localStorage.setItem("duplex.transport", $("transport").value);
+}
+
+// The call over the chosen transport: "auto" is WebRTC where this browser
+// and the server can carry it, else the WebSocket. Resolves once it is open.
+async function connect(choice) {
+  const options = {
+    key: $("key").value.trim(),
+    settings: settings(),
+    onEvent,
+    onLink,
+    microphone: audio.stream,
+  };
+  let why = "";
+  if (choice !== "websocket") {
+    call = new RtcCall(options);
+    try {
+      await call.start();
+      showTransport("WebRTC");
+      return;
+    } catch (err) {
+      if (!(err instanceof Unavailable) || choice === "webrtc") throw err;
+      why = err.message;
+    }
+  }
+  call = new Call(options);
+  await call.start();
+  showTransport("WebSocket", why);
+}
+
+function showTransport(name, why) {
+  $("transport-used").textContent = why ? `${name} (WebRTC unavailable: ${why})` : name;
 }
 
 // During a call the settings are fixed and folded away (a phone's screen is
 // for the conversation); the summary line still says what was chosen.
 function lockSettings(locked) {
-  for (const id of ["model", "voice", "instructions", "key"]) $(id).disabled = locked;
+  for (const id of ["model", "voice", "instructions", "key", "transport"]) {
+    $(id).disabled = locked;
+  }
   $("settings").open = !locked;
   const voice = $("voice").value || "default voice";
   $("summary").textContent = locked ? `· ${$("model").value} · ${voice}` : "";
@@ -473,14 +582,18 @@ async function start() {
   conversation.clear();
   $("session").textContent = "none";
   $("latency").textContent = "no answer yet";
+  $("transport-used").textContent = "connecting";
   page = new PageCall(selectedModel().capabilities || {});
   showState("connecting");
   audio = new AudioIO({ onChunk, onLevel: setLevel, onStarted, onPlayed });
   try {
     await audio.open();
-    call = new Call({ key: $("key").value.trim(), settings: settings(), onEvent, onLink });
-    await call.start();
+    await connect($("transport").value);
   } catch (err) {
+    if (err instanceof Unavailable) {
+      finish(`WebRTC cannot carry this call: ${err.message}. Choose another connection above.`);
+      return;
+    }
     if (err instanceof MicrophoneError || err instanceof Fatal) {
       finish(err.message);
       return;
@@ -489,6 +602,7 @@ async function start() {
     throw err;
   }
   page.timers = [setInterval(sendAcks, ACK_EVERY_MS), setInterval(refreshState, 100)];
+  if (call.audioOnTracks) page.timers.push(setInterval(trackClock, 100));
   $("stop").disabled = false;
 }
 
@@ -523,4 +637,8 @@ $("stop").addEventListener("click", () => {
 $("model").addEventListener("change", showModel);
 $("voice").value = localStorage.getItem("duplex.voice") || "";
 $("instructions").value = localStorage.getItem("duplex.instructions") || "";
+// ?transport=webrtc|websocket|auto wins over the remembered choice.
+const asked = new URLSearchParams(location.search).get("transport");
+const transport = TRANSPORTS.includes(asked) ? asked : localStorage.getItem("duplex.transport");
+$("transport").value = TRANSPORTS.includes(transport) ? transport : "auto";
 loadModels();

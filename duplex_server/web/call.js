@@ -3,12 +3,13 @@
 // or the server drops (PROTOCOL.md: session.resume with the resume token and
 // the last server_event_seq seen; the server replays what was missed).
 
-const HEARTBEAT_MS = 4000;
-const SILENT_LIMIT_MS = 10000; // no frame (not even a heartbeat ack) this long: the link is dead
+export const HEARTBEAT_MS = 4000;
+// No frame (not even a heartbeat ack) this long: the link is dead.
+export const SILENT_LIMIT_MS = 10000;
 // A try that hangs (a network that swallows packets) is a failed try.
 const MINT_TIMEOUT_MS = 5000;
 const ATTACH_TIMEOUT_MS = 8000;
-const EVENT_ACK_MS = 2000;
+export const EVENT_ACK_MS = 2000;
 // Waits before each reconnect try; their number bounds how long the page
 // keeps trying (about 20 s, inside the server's 30 s disconnect grace).
 export const RETRY_DELAYS_MS = [250, 750, 1500, 2500, 4000, 5000, 6000];
@@ -16,18 +17,56 @@ export const RETRY_DELAYS_MS = [250, 750, 1500, 2500, 4000, 5000, 6000];
 // A failure a person must act on (wrong key, refused settings, session gone).
 export class Fatal extends Error {}
 // A failure that another try may get past (server restarting, network down).
-class Retryable extends Error {}
+export class Retryable extends Error {}
 
-function errorText(error) {
+export function errorText(error) {
   const code = error && error.code ? ` (${error.code})` : "";
   return `${(error && error.message) || "unknown error"}${code}`;
+}
+
+// Trades the user's key (or none, on a server without keys) for a client
+// secret, good for one socket or one WebRTC offer.
+export async function mintSecret(key) {
+  const headers = { "Content-Type": "application/json" };
+  if (key) headers.Authorization = `Bearer ${key}`;
+  let response;
+  try {
+    response = await fetch("/v1/realtime/client_secrets", {
+      method: "POST",
+      headers,
+      body: "{}",
+      cache: "no-store",
+      signal: AbortSignal.timeout(MINT_TIMEOUT_MS),
+    });
+  } catch {
+    throw new Retryable("the server did not answer");
+  }
+  if (response.status === 401) {
+    throw new Fatal(
+      key
+        ? "The server refused this API key. Check the key and press Start again."
+        : "This server needs an API key. Enter it above and press Start again.",
+    );
+  }
+  if (response.status === 403) {
+    throw new Fatal("This API key may not open voice sessions (it lacks the realtime scope).");
+  }
+  if (response.status >= 500 || response.status === 429) {
+    throw new Retryable(`the server answered HTTP ${response.status}`);
+  }
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Fatal(`The server refused to start a session: ${errorText(body.error)}`);
+  return body.value;
 }
 
 export class Call {
   // settings: the opening session.update's session object.
   // onEvent(event): every server event, once, in order (replays deduplicated).
   // onLink(kind, detail): "open", "reconnecting", "resumed", "ended".
+  // (RtcCall in rtc-call.js is the same interface over WebRTC.)
   constructor({ key, settings, onEvent, onLink }) {
+    this.transport = "WebSocket";
+    this.audioOnTracks = false; // the page sends its microphone, plays and acknowledges the answer
     this.key = key;
     this.settings = settings;
     this.onEvent = onEvent;
@@ -75,45 +114,11 @@ export class Call {
     }
   }
 
-  // Trades the user's key (or none, on a server without keys) for a client
-  // secret that opens one socket: the key never rides in a subprotocol.
-  async mint() {
-    const headers = { "Content-Type": "application/json" };
-    if (this.key) headers.Authorization = `Bearer ${this.key}`;
-    let response;
-    try {
-      response = await fetch("/v1/realtime/client_secrets", {
-        method: "POST",
-        headers,
-        body: "{}",
-        cache: "no-store",
-        signal: AbortSignal.timeout(MINT_TIMEOUT_MS),
-      });
-    } catch {
-      throw new Retryable("the server did not answer");
-    }
-    if (response.status === 401) {
-      throw new Fatal(
-        this.key
-          ? "The server refused this API key. Check the key and press Start again."
-          : "This server needs an API key. Enter it above and press Start again.",
-      );
-    }
-    if (response.status === 403) {
-      throw new Fatal("This API key may not open voice sessions (it lacks the realtime scope).");
-    }
-    if (response.status >= 500 || response.status === 429) {
-      throw new Retryable(`the server answered HTTP ${response.status}`);
-    }
-    const body = await response.json().catch(() => ({}));
-    if (!response.ok) throw new Fatal(`The server refused to start a session: ${errorText(body.error)}`);
-    return body.value;
-  }
-
   // Opens a socket and either a new session or, with resume, the old one;
   // resolves once the session is attached.
   async attach(resume) {
-    const secret = await this.mint();
+    // A client secret opens the socket: the key never rides in a subprotocol.
+    const secret = await mintSecret(this.key);
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const url = `${scheme}://${location.host}/v1/realtime?duplex=1&autostart=0`;
     const socket = new WebSocket(url, ["realtime", `openai-insecure-api-key.${secret}`]);
@@ -215,7 +220,7 @@ export class Call {
   async dropped() {
     if (this.stopped || this.reconnecting) return;
     this.reconnecting = true;
-    this.socket = null;
+    this.detach();
     const since = performance.now();
     let reason = "";
     for (let attempt = 1; attempt <= RETRY_DELAYS_MS.length; attempt++) {
@@ -246,6 +251,11 @@ export class Call {
       `The server did not come back: ${RETRY_DELAYS_MS.length} tries to reconnect in ` +
         `${seconds} s failed (${reason}). The conversation has ended; press Start for a new one.`,
     );
+  }
+
+  // The link is gone (its close already came, or it was closed for silence).
+  detach() {
+    this.socket = null;
   }
 
   // The session is over for this page (said by the server or given up).

@@ -102,6 +102,7 @@ export class Answer {
     this.hasAudio = false;
     this.started = false; // its first sample has played
     this.cut = null; // why it was cut, once it was
+    this.clocked = false; // its played time is the clock's, not counted samples
     this.ackedMs = 0;
     this.finalAckSent = false;
   }
@@ -120,7 +121,16 @@ export class Answer {
 
   text(delta) {
     this.fullText += delta;
+    if (this.clocked) this.spans = [{ startMs: 0, endMs: null, from: 0, to: this.fullText.length }];
     this.render();
+  }
+
+  // Its audio plays where the page cannot count it (a WebRTC track): its
+  // words are spread at speech pace over the time since it started playing.
+  playsElsewhere() {
+    this.hasAudio = true;
+    this.clocked = true;
+    this.text("");
   }
 
   audioFinished() {

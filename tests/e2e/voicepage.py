@@ -10,7 +10,7 @@ import json
 import shutil
 import urllib.request
 import wave
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 from playwright.async_api import Browser, Page, Playwright, WebSocket, async_playwright
@@ -76,11 +76,11 @@ def start_voice_server(
 
 @contextlib.asynccontextmanager
 async def chromium(
-    microphone: Path | None = None, *, allow_microphone: bool = True
+    microphone: Path | None = None, *, allow_microphone: bool = True, flags: Sequence[str] = ()
 ) -> AsyncIterator[Browser]:
     """Headless Chromium; ``microphone`` a WAV file it hears (once, then silence)."""
     assert CHROMIUM, "chromium is not installed (make test installs the Debian package)"
-    args = list(QUIET)
+    args = [*QUIET, *flags]
     if allow_microphone:
         args += MICROPHONE
     else:
@@ -109,10 +109,22 @@ class VoicePage:
         page.on("pageerror", lambda error: self.console.append(f"page error: {error}"))
 
     @classmethod
-    async def open(cls, browser: Browser, url: str, **context_options) -> VoicePage:
+    async def open(
+        cls,
+        browser: Browser,
+        url: str,
+        *,
+        transport: str | None = "websocket",
+        init_script: str | None = None,
+        **context_options,
+    ) -> VoicePage:
+        """The page, on ``transport`` (``?transport=``; None: the page's
+        default, WebRTC where it can); ``init_script`` runs before the page's own."""
         context = await browser.new_context(**context_options)
+        if init_script is not None:
+            await context.add_init_script(init_script)
         page = cls(await context.new_page())
-        await page.page.goto(url + "/")
+        await page.page.goto(url + "/" + (f"?transport={transport}" if transport else ""))
         # Remember every state the page shows: some last a moment only ...
         await page.page.evaluate(
             """() => {
