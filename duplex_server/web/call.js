@@ -150,24 +150,16 @@ export class Call {
         this.lastHeard = performance.now();
         const event = JSON.parse(message.data);
         if (!attached) {
-          if (event.type === "session.created" || event.type === "session.resumed") {
+          const opened = this.opening(event, resume);
+          if (opened === true) {
             attached = true;
             clearTimeout(timer);
-            this.sessionId = event.session ? event.session.id : this.sessionId;
-            this.resumeToken = event.resume_token;
             resolve();
-          } else if (event.type === "error") {
+          } else if (opened) {
             clearTimeout(timer);
-            const error = event.error || {};
-            const again = error.type === "server_error" || error.type === "rate_limit_error";
             socket.onclose = null;
             socket.close();
-            const what = resume ? "resume the conversation" : "start the conversation";
-            reject(
-              again
-                ? new Retryable(errorText(error))
-                : new Fatal(`The server would not ${what}: ${errorText(error)}`),
-            );
+            reject(opened);
             return;
           }
         }
@@ -182,6 +174,24 @@ export class Call {
         }
       };
     });
+  }
+
+  // What an event before the session is attached means: true when it is
+  // the session's first (created, or resumed: its id and token are kept),
+  // the error to fail with when it is a refusal, null for anything else.
+  opening(event, resume) {
+    if (event.type === "session.created" || event.type === "session.resumed") {
+      this.sessionId = event.session ? event.session.id : this.sessionId;
+      this.resumeToken = event.resume_token;
+      return true;
+    }
+    if (event.type !== "error") return null;
+    const error = event.error || {};
+    const again = error.type === "server_error" || error.type === "rate_limit_error";
+    const what = resume ? "resume the conversation" : "start the conversation";
+    return again
+      ? new Retryable(errorText(error))
+      : new Fatal(`The server would not ${what}: ${errorText(error)}`);
   }
 
   receive(event) {

@@ -196,21 +196,13 @@ export class RtcCall extends Call {
         this.lastHeard = performance.now();
         const event = JSON.parse(message.data);
         if (!attached) {
-          if (event.type === "session.created" || event.type === "session.resumed") {
+          const opened = this.opening(event, resume);
+          if (opened === true) {
             attached = true;
             clearTimeout(timer);
-            this.sessionId = event.session ? event.session.id : this.sessionId;
-            this.resumeToken = event.resume_token;
             resolve();
-          } else if (event.type === "error") {
-            const error = event.error || {};
-            const again = error.type === "server_error" || error.type === "rate_limit_error";
-            const what = resume ? "resume the conversation" : "start the conversation";
-            fail(
-              again
-                ? new Retryable(errorText(error))
-                : new Fatal(`The server would not ${what}: ${errorText(error)}`),
-            );
+          } else if (opened) {
+            fail(opened);
             return;
           }
         }
