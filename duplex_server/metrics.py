@@ -147,11 +147,14 @@ AUDIO_UNDERRUNS = Counter(
 
 
 def build() -> dict[str, str]:
-    """What ``duplex_build_info`` and ``GET /version`` say."""
-    return {
-        "version": importlib.metadata.version("duplex-server"),
-        "python": platform.python_version(),
-    }
+    """What ``duplex_build_info`` and ``GET /version`` say. A checkout run
+    without being installed (``PYTHONPATH=.``) has no version to read: it
+    says so rather than failing to import."""
+    try:
+        version = importlib.metadata.version("duplex-server")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown (not installed)"
+    return {"version": version, "python": platform.python_version()}
 
 
 BUILD = Info("duplex_build", "the server's version and the Python it runs on", registry=None)
