@@ -1,9 +1,16 @@
 """Tick time of the batched step, run directly (no server).
 
 ``python -m duplex_server.engine.duplex.bench_step PATH --rows 1 4 16
---frames 50 [--step eager fast] [--context 3000]`` prints one JSON object
-per (step, batch size): p50 / p99 / max tick ms, the Mimi share of a tick,
-frames a second, and ticks over the 80 ms budget. ``PATH`` ``random-7b``
+--frames 50 [--step eager fast] [--codec graphed eager] [--context 3000]
+[--segment N]`` prints one JSON object per (step, codec, temperature,
+batch size): p50 / p99 / max tick ms, Mimi's encode + decode ms a tick
+(p50 / p99) and its share of the p50 tick, frames a second, and ticks over
+the 80 ms budget; with ``--segment N`` the same p50 / p99 / max for each
+run of N ticks (a long call: is the tick flat after the window fills?).
+``--codec`` picks the fast step's Mimi: static shapes in CUDA graphs
+(``mimi_graph``, the default) or transformers' streaming caches.
+``--rebuild-frames F`` times instead ``DuplexStepper.rebuild`` of one row
+from F logged frames (a resume's prefill), once per F. ``PATH`` ``random-7b``
 builds a random-weight model at Moshi's real shape (MoshiConfig's defaults:
 a 7B temporal transformer, the 6-layer depth decoder, full-size Mimi)
 directly on ``--device`` in ``--dtype``, so no 15 GB checkpoint is written.
@@ -33,12 +40,14 @@ from duplex_server.engine.duplex.fast_step import FastDuplexStepper, make_steppe
 from duplex_server.engine.duplex.sampling import Sampling
 from duplex_server.engine.duplex.service import FRAME_SAMPLES, load_moshi
 from duplex_server.engine.duplex.stepper import DuplexStepper
+from duplex_server.engine.duplex.tokens import FrameTokens
 
 BUDGET_MS = 80.0
 SESSION_TEMPERATURE = 0.8  # a session's default (OpenAI's): its rows sample
 WARMUP_TICKS = 4  # the fast step's graphs are captured at its third tick
 RANDOM_7B = "random-7b"
 STEPS = ("eager", "fast")
+CODECS = ("graphed", "eager")  # the fast step's Mimi (the eager step's is always eager)
 
 
 def measure(
@@ -47,10 +56,12 @@ def measure(
     context: int = 0,
     seed: int = 0,
     temperature: float = SESSION_TEMPERATURE,
+    segment: int = 0,
 ) -> dict[str, Any]:
     """Join every row, give them ``context`` positions, and time ``frames``
     ticks; every row samples at ``temperature`` (0: greedy), as a session
-    does by default, each with a seed of its own."""
+    does by default, each with a seed of its own; ``segment``: the tick
+    quantiles of every run of that many ticks too."""
     rows = [stepper.join() for _ in range(stepper.rows)]
     for row in rows:
         stepper.sample(row, Sampling(temperature, seed=seed * stepper.rows + row))
@@ -59,6 +70,7 @@ def measure(
     noise = np.random.default_rng(seed)
     mimi_ms = _time_mimi(stepper)
     ticks: list[float] = []
+    codec: list[float] = []
     for index in range(WARMUP_TICKS + frames):
         inputs = {
             row: (noise.standard_normal(FRAME_SAMPLES) * 0.1).astype(np.float32) for row in rows
@@ -68,19 +80,75 @@ def measure(
         stepper.tick(inputs)  # ends reading the voice back to the host: synchronised
         if index >= WARMUP_TICKS:
             ticks.append((time.perf_counter() - started) * 1000)
-    spent = np.array(ticks)
+            codec.append(sum(mimi_ms))
+    spent, mimi = np.array(ticks), np.array(codec)
+    figures = _quantiles(spent)
+    figures["mimi_ms_p50"] = round(float(np.percentile(mimi, 50)), 2)
+    figures["mimi_ms_p99"] = round(float(np.percentile(mimi, 99)), 2)
+    figures["mimi_share_p50"] = round(figures["mimi_ms_p50"] / figures["tick_ms_p50"], 3)
+    if segment:
+        figures["segments"] = [
+            {
+                "from_frame": context + WARMUP_TICKS + start,
+                **_quantiles(spent[start : start + segment]),
+            }
+            for start in range(0, len(spent), segment)
+        ]
     return {
         "rows": len(rows),
         "frames": frames,
         "context": context,
         "temperature": temperature,
-        "tick_ms_p50": round(float(np.percentile(spent, 50)), 2),
-        "tick_ms_p99": round(float(np.percentile(spent, 99)), 2),
-        "tick_ms_max": round(float(spent.max()), 2),
-        "mimi_ms_last_tick": round(sum(mimi_ms), 2),
+        **figures,
         "frames_per_s": round(len(rows) * 1000 / float(spent.mean()), 1),
         "over_budget_ticks": int((spent > BUDGET_MS).sum()),
     }
+
+
+def _quantiles(spent: np.ndarray) -> dict[str, Any]:
+    return {
+        "tick_ms_p50": round(float(np.percentile(spent, 50)), 2),
+        "tick_ms_p99": round(float(np.percentile(spent, 99)), 2),
+        "tick_ms_max": round(float(spent.max()), 2),
+    }
+
+
+def time_rebuild(model: MoshiForConditionalGeneration, frames: int, seed: int = 0) -> dict:
+    """Seconds ``DuplexStepper.rebuild`` takes over ``frames`` logged frames
+    of noise and random tokens (what a resume after ``frames`` frames does
+    off the tick thread), and the device memory it peaked at."""
+    config: Any = model.config
+    noise = np.random.default_rng(seed)
+    audio_vocab = int(config.audio_vocab_size or model.audio_encoder.config.codebook_size)
+    history = [
+        (
+            (noise.standard_normal(FRAME_SAMPLES) * 0.1).astype(np.float32),
+            FrameTokens(
+                int(noise.integers(config.vocab_size)),
+                tuple(int(c) for c in noise.integers(audio_vocab, size=config.num_codebooks)),
+            ),
+        )
+        for _ in range(frames)
+    ]
+    device = model.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    _sync(device)
+    started = time.perf_counter()
+    rebuilt = DuplexStepper.rebuild(model, history)
+    _sync(device)
+    seconds = time.perf_counter() - started
+    figures: dict[str, Any] = {
+        "rebuild_frames": frames,
+        "rebuild_s": round(seconds, 3),
+        "cached_positions": max(
+            (layer.keys.shape[-2] for layer in rebuilt.cache.layers),  # type: ignore[union-attr]
+            default=0,
+        ),
+    }
+    if device.type == "cuda":
+        figures["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    return figures
 
 
 def fill_context(stepper: DuplexStepper, context: int) -> None:
@@ -151,6 +219,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--frames", type=int, default=50)
     parser.add_argument("--context", type=int, default=0, help="KV positions each row starts with")
     parser.add_argument("--step", nargs="+", choices=STEPS, default=["eager"])
+    parser.add_argument("--codec", nargs="+", choices=CODECS, default=["graphed"])
+    parser.add_argument("--segment", type=int, default=0, help="quantiles per run of N ticks")
+    parser.add_argument(
+        "--rebuild-frames",
+        type=int,
+        nargs="+",
+        default=[],
+        help="time a one-row rebuild from this many logged frames instead of ticks",
+    )
     parser.add_argument(
         "--stop-over-ms",
         type=float,
@@ -174,13 +251,19 @@ def main(argv: list[str] | None = None) -> None:
         model = random_7b(args.device, args.dtype)
     else:
         model = load_moshi(check_moshi_checkpoint(args.path), args.device, args.dtype)
-    for step, temperature in itertools.product(args.step, args.temperature):
+    for frames in args.rebuild_frames:
+        print(json.dumps({"device": args.device, "dtype": args.dtype, **_rebuild(model, frames)}))
+    if args.rebuild_frames:
+        return
+    runs = [(step, codec) for step in args.step for codec in args.codec if step == "fast"]
+    runs += [("eager", "eager")] if "eager" in args.step else []
+    for (step, codec), temperature in itertools.product(runs, args.temperature):
         for rows in args.rows:
-            figures = _one(model, step, rows, args.frames, args.context, temperature)
-            print(
-                json.dumps({"device": args.device, "dtype": args.dtype, "step": step, **figures}),
-                flush=True,
+            figures = _one(
+                model, step, codec, rows, args.frames, args.context, temperature, args.segment
             )
+            labels = {"device": args.device, "dtype": args.dtype, "step": step, "codec": codec}
+            print(json.dumps({**labels, **figures}), flush=True)
             if args.stop_over_ms and figures.get("tick_ms_p99", 0) > args.stop_over_ms:
                 break
 
@@ -188,17 +271,32 @@ def main(argv: list[str] | None = None) -> None:
 def _one(
     model: MoshiForConditionalGeneration,
     step: str,
+    codec: str,
     rows: int,
     frames: int,
     context: int,
     temperature: float,
+    segment: int,
 ) -> dict[str, Any]:
     """One measurement; running out of device memory is a figure, not a crash."""
     try:
         stepper = make_stepper(model, rows, step)
-        return measure(stepper, frames, context, temperature=temperature)
+        if step == "fast" and codec == "eager":
+            stepper = FastDuplexStepper(model, rows, graphed_codec=False)
+        return measure(stepper, frames, context, temperature=temperature, segment=segment)
     except torch.OutOfMemoryError as exc:
         return {"rows": rows, "context": context, "error": f"out of memory: {str(exc)[:120]}"}
+    finally:
+        gc.collect()
+        if model.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _rebuild(model: MoshiForConditionalGeneration, frames: int) -> dict[str, Any]:
+    try:
+        return time_rebuild(model, frames)
+    except torch.OutOfMemoryError as exc:
+        return {"rebuild_frames": frames, "error": f"out of memory: {str(exc)[:120]}"}
     finally:
         gc.collect()
         if model.device.type == "cuda":

@@ -20,14 +20,16 @@ thing from the same weights (the checkpoint's tensors, not copies) with:
   MLP (``act(first half) * second half``), and the depth decoder's
   per-codebook weights (``MoshiFlexibleLinear``: ``weight[codebook]``) with
   its own small static cache of the frame's codebooks and no RoPE;
-- on CUDA, both halves (temporal, depth) captured as CUDA graphs once the
-  first ticks have run eagerly (cuBLAS and the allocator warmed), then
-  replayed: a tick is two graph launches plus Mimi.
+- Mimi's streaming encode and decode at static shapes (``mimi_graph``:
+  convolution tails and a KV ring updated in place) instead of through
+  transformers' growing caches;
+- on CUDA, all four (encode, temporal, depth, decode) captured as CUDA
+  graphs once the first ticks have run eagerly (cuBLAS and the allocator
+  warmed), then replayed: a tick is four graph launches.
 
-Greedy tokens equal ``DuplexStepper``'s (tests compare them frame by frame
-on a tiny model on CPU, across the ring's wrap); on bf16 they agree up to
-the rounding of a different summation order. Mimi encode/decode are the
-same streaming codecs as the eager stepper's.
+Greedy tokens and voice equal ``DuplexStepper``'s (tests compare them
+frame by frame on a tiny model on CPU, across the ring's wrap); on bf16
+they agree up to the rounding of a different summation order.
 """
 
 from __future__ import annotations
@@ -35,17 +37,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
 from transformers import MoshiForConditionalGeneration
 from transformers.cache_utils import DynamicLayer
 
+from duplex_server.engine.duplex.mimi_graph import GraphMimiDecoder, GraphMimiEncoder
+from duplex_server.engine.duplex.replay import WARMUP_CALLS, Replay
 from duplex_server.engine.duplex.sampling import AUDIO_TOP_K, Draw, choose
-from duplex_server.engine.duplex.stepper import DuplexStepper
+from duplex_server.engine.duplex.stepper import Decoder, DuplexStepper, Encoder
 from duplex_server.engine.duplex.tokens import FrameTokens, PrimeFrame
-
-# Eager ticks before the graphs are captured (they are real ticks).
-WARMUP_TICKS = 2
 
 
 def _rms(x: torch.Tensor, norm: Any) -> torch.Tensor:
@@ -68,45 +70,17 @@ def _gated_mlp(
     return F.linear(act(h[:, 0]) * h[:, 1], fc2)
 
 
-class _Replay:
-    """A function of static-shape tensors, run eagerly ``WARMUP_TICKS`` times
-    and then captured once as a CUDA graph and replayed.
-
-    The function may update state tensors in place (the KV ring, the
-    positions): capture records those updates without running them, every
-    replay runs them. Outputs are cloned: the next replay overwrites the
-    graph's own.
-    """
-
-    def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]]) -> None:
-        self.fn = fn
-        self.calls = 0
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.inputs: list[torch.Tensor] = []
-        self.outputs: tuple[torch.Tensor, ...] = ()
-
-    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.graph is None and self.calls < WARMUP_TICKS:
-            self.calls += 1
-            return self.fn(*args)
-        if self.graph is None:
-            self.inputs = [arg.clone() for arg in args]
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self.outputs = self.fn(*self.inputs)
-            self.graph = graph
-        for static, arg in zip(self.inputs, args, strict=True):
-            static.copy_(arg)
-        self.graph.replay()
-        return tuple(out.clone() for out in self.outputs)
-
-
 class FastDuplexStepper(DuplexStepper):
     """``DuplexStepper`` with a ring-buffer KV cache, a hand-written forward
     and (on CUDA, unless ``graphs=False``) CUDA graphs; same interface."""
 
     def __init__(
-        self, model: MoshiForConditionalGeneration, rows: int, *, graphs: bool | None = None
+        self,
+        model: MoshiForConditionalGeneration,
+        rows: int,
+        *,
+        graphs: bool | None = None,
+        graphed_codec: bool = True,
     ) -> None:
         window = model.config.sliding_window
         if not isinstance(window, int) or window < 1:
@@ -118,8 +92,10 @@ class FastDuplexStepper(DuplexStepper):
         self.forced_mask = self.forced_codes = torch.empty(0)
         self.greedy_inverse = self.greedy_noise = torch.empty(0)
         self.use_graphs = model.device.type == "cuda" if graphs is None else graphs
-        self._temporal_replay = _Replay(self._temporal)
-        self._depth_replay = _Replay(self._depth)
+        self._temporal_replay = Replay(self._temporal)
+        self._depth_replay = Replay(self._depth)
+        self.graphed_codec = graphed_codec
+        self._graphed: tuple[GraphMimiEncoder, GraphMimiDecoder] | None = None
         super().__init__(model, rows)
 
     # --- state -----------------------------------------------------------------
@@ -149,6 +125,24 @@ class FastDuplexStepper(DuplexStepper):
         self.greedy_inverse = torch.ones(rows, dtype=torch.float32, device=device)
         self.greedy_noise = torch.zeros(rows, k, self.audio_vocab, device=device)
         self._allocated = True
+
+    def _codec(self) -> tuple[Encoder, Decoder]:
+        """Mimi at static shapes (``mimi_graph``; graphed where the step is),
+        kept across a fresh start (the graphs hold its addresses), unless
+        ``graphed_codec`` is off."""
+        if not self.graphed_codec:
+            return super()._codec()
+        if self._graphed is None:
+            mimi, graphs = self.model.audio_encoder, self.use_graphs
+            self._graphed = (
+                GraphMimiEncoder(mimi, self.rows, self.num_codebooks, graphs=graphs),
+                GraphMimiDecoder(mimi, self.rows, graphs=graphs),
+            )
+        else:
+            for row in range(self.rows):
+                self._graphed[0].reset(row)
+                self._graphed[1].reset(row)
+        return self._graphed
 
     def join(self, prefix: Sequence[PrimeFrame] = ()) -> int:
         if prefix:  # primed in an eager batch of one, then adopted (below)
@@ -182,6 +176,22 @@ class FastDuplexStepper(DuplexStepper):
             self.valid[row].index_fill_(0, slots, True)
         self.positions[row] = own
         return row
+
+    @torch.no_grad()
+    def capture(self) -> None:
+        """Capture the graphs now: the warm-up ticks and the capture run on
+        silence with every row live, then the batch is emptied (its next
+        join starts it afresh, in place). A server calls this at load, so
+        that no session's tick pays for a capture, and none is captured
+        while a rebuild runs on another thread. Without graphs: nothing."""
+        if not self.use_graphs or any(self.live):
+            return
+        rows = [self.join() for _ in range(self.rows)]
+        silence = np.zeros(self.frame_samples, dtype=np.float32)
+        for _ in range(WARMUP_CALLS + 1):
+            self.tick(dict.fromkeys(rows, silence))
+        for row in rows:
+            self.leave(row)
 
     # --- the step ----------------------------------------------------------------
 

@@ -38,7 +38,7 @@ class RowPaddingCache(MimiConv1dPaddingCache):
     re-initialised from its next input, as a fresh stream's would be."""
 
     def __init__(self, mimi: MimiModel) -> None:
-        encoder = _encoder_half(mimi)
+        encoder = encoder_half(mimi)
         names = encoder.encoder_seanet._conv1d_layer_names
         modules = [encoder.encoder_seanet.get_submodule(name) for name in names]
         layers = [
@@ -77,7 +77,7 @@ class MimiStreamEncoder:
         self.mimi = mimi
         self.num_codebooks = num_codebooks
         self.padding = RowPaddingCache(mimi)
-        self.cache = DynamicCache(config=_encoder_half(mimi).config)
+        self.cache = DynamicCache(config=encoder_half(mimi).config)
         # the SEANet encoder halves the frame rate once more in `downsample`
         self.timeline = RowTimeline(rows, 2, mimi.device)
 
@@ -125,7 +125,7 @@ class MimiStreamDecoder:
 
     def __init__(self, mimi: MimiModel, rows: int) -> None:
         self.mimi = mimi
-        self.half = decoder = _decoder_half(mimi)
+        self.half = decoder = decoder_half(mimi)
         upsample = decoder.upsample
         self.upsample_factor = 1 if upsample is None else upsample.conv.stride[0]
         self.cache = DynamicCache(config=decoder.config)
@@ -134,9 +134,9 @@ class MimiStreamDecoder:
         self.rows = rows
         for layer in decoder.modules():
             if isinstance(layer, MimiConv1d):
-                _check_streamable_conv(layer)
+                check_streamable_conv(layer)
             elif isinstance(layer, MimiConvTranspose1d):
-                _check_streamable_transpose(layer)
+                check_streamable_transpose(layer)
 
     def reset(self, row: int) -> None:
         """Forget the row's carried tails (zero is a fresh stream's left padding)."""
@@ -218,19 +218,19 @@ class MimiStreamDecoder:
         return out[..., :emitted]
 
 
-def _encoder_half(mimi: MimiModel) -> MimiEncoderModel:
+def encoder_half(mimi: MimiModel) -> MimiEncoderModel:
     if mimi.encoder is None:
         raise ValueError("this Mimi codec has no encoder (encoder_config is null)")
     return mimi.encoder
 
 
-def _decoder_half(mimi: MimiModel) -> MimiDecoderModel:
+def decoder_half(mimi: MimiModel) -> MimiDecoderModel:
     if mimi.decoder is None:
         raise ValueError("this Mimi codec has no decoder (decoder_config is null)")
     return mimi.decoder
 
 
-def _check_streamable_conv(layer: MimiConv1d) -> None:
+def check_streamable_conv(layer: MimiConv1d) -> None:
     if layer.causal and int(layer.stride) == 1 and layer.pad_mode == "constant":
         return
     raise ValueError(
@@ -240,7 +240,7 @@ def _check_streamable_conv(layer: MimiConv1d) -> None:
     )
 
 
-def _check_streamable_transpose(layer: MimiConvTranspose1d) -> None:
+def check_streamable_transpose(layer: MimiConvTranspose1d) -> None:
     if layer.padding_left != 0:
         raise ValueError(
             "Mimi decoder transposed convolution trims on the left (trim_right_ratio != 1): "

@@ -41,7 +41,7 @@ from transformers import AutoTokenizer, MoshiForConditionalGeneration, PreTraine
 
 from duplex_server import metrics
 from duplex_server.engine.duplex.checkpoint import MoshiCheckpoint, MoshiCheckpointError
-from duplex_server.engine.duplex.fast_step import make_stepper
+from duplex_server.engine.duplex.fast_step import FastDuplexStepper, make_stepper
 from duplex_server.engine.duplex.prime import PromptCodes, prime_frames, system_text
 from duplex_server.engine.duplex.prompt_codec import encode_frames, prompt_codes
 from duplex_server.engine.duplex.sampling import GREEDY, Sampling
@@ -279,6 +279,8 @@ class DuplexService:
             self._prepare_prompts(model)
             # the fast step refuses a checkpoint without a window; its ring may not fit
             stepper = make_stepper(model, self.rows, self._step)
+            if isinstance(stepper, FastDuplexStepper):
+                stepper.capture()  # its CUDA graphs, before any session's tick
         except (OSError, ValueError, RuntimeError) as exc:
             self.load_error = f"cannot load {self.checkpoint.directory}: {exc}"
             logger.error("moshi: %s", self.load_error)

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, MoshiForConditionalGeneration
 
+from duplex_server.engine.duplex.mimi_graph import GraphMimiDecoder, GraphMimiEncoder
 from duplex_server.engine.duplex.mimi_stream import MimiStreamDecoder, MimiStreamEncoder
 from duplex_server.engine.duplex.sampling import (
     AUDIO_TOP_K,
@@ -57,6 +58,10 @@ from duplex_server.engine.duplex.sampling import (
 from duplex_server.engine.duplex.splice import splice_row
 from duplex_server.engine.duplex.timeline import RowTimeline
 from duplex_server.engine.duplex.tokens import FrameTokens, PrimeFrame
+
+# A stepper's Mimi streamers: transformers' caches (eager), or static shapes (graphed).
+Encoder = MimiStreamEncoder | GraphMimiEncoder
+Decoder = MimiStreamDecoder | GraphMimiDecoder
 
 
 class RowsFull(Exception):
@@ -98,8 +103,7 @@ class DuplexStepper:
         """Empty caches and codec state: a batch nobody has used yet."""
         rows, device = self.rows, self.model.device
         model = self.model
-        self.encoder = MimiStreamEncoder(model.audio_encoder, rows, self.num_codebooks)
-        self.decoder = MimiStreamDecoder(model.audio_encoder, rows)
+        self.encoder, self.decoder = self._codec()
         self.cache = DynamicCache(config=model.config)
         self.timeline = RowTimeline(rows, 1, device)
         # the column each row's next temporal step reads (its own tokens) ...
@@ -109,6 +113,21 @@ class DuplexStepper:
         )
         # ... and the user's codebooks 1.. of the previous frame (one frame late)
         self.user_late = torch.full_like(self.audio_in[:, 1:], self.audio_start)
+
+    def _codec(self) -> tuple[Encoder, Decoder]:
+        """A fresh Mimi streaming encoder and decoder for every row."""
+        mimi = self.model.audio_encoder
+        return MimiStreamEncoder(mimi, self.rows, self.num_codebooks), MimiStreamDecoder(
+            mimi, self.rows
+        )
+
+    def _eager_codec(self) -> tuple[MimiStreamEncoder, MimiStreamDecoder]:
+        """The codec of a stepper that rebuilds (prefills) a row: the eager
+        streamers, which take many frames in one call."""
+        encoder, decoder = self.encoder, self.decoder
+        if not isinstance(encoder, MimiStreamEncoder) or not isinstance(decoder, MimiStreamDecoder):
+            raise TypeError("only a stepper with the eager Mimi streamers rebuilds a row")
+        return encoder, decoder
 
     def join(self, prefix: Sequence[PrimeFrame] = ()) -> int:
         """Take a free row for a new stream; its state starts fresh at the next tick,
@@ -167,30 +186,26 @@ class DuplexStepper:
         frames) and ``history`` left off, rebuilt by a teacher-forced
         prefill; touches no other stepper.
 
-        The temporal transformer takes the whole history in one forward
-        (the logged tokens give every column at once), the codec all its
-        frames in one encode and one decode (two across a row's first
-        frame, where ``tick`` restarts the decoder). A history longer than the
-        temporal window is replayed tick by tick instead: one forward would
-        let its queries see past the window (Moshi's mask is plain causal;
-        only its cache slides).
+        The temporal transformer takes the history a window of frames a
+        forward (the logged tokens give every column at once), each query
+        masked to the newest ``sliding_window`` positions as a tick's is
+        (Moshi's own mask is plain causal; only its cache slides), so a call
+        past the window is rebuilt exactly, not replayed tick by tick. The
+        codec takes all its frames in one encode and one decode (two across
+        a row's first frame, where ``tick`` restarts the decoder).
         """
         alone = DuplexStepper(model, 1)
         source = alone.join()
         for prime in prefix:
             alone.prime_tick({source: prime})
-        window = model.config.sliding_window
-        if window is not None and len(prefix) + len(history) > window:
-            for samples, tokens in history:
-                alone.tick({source: samples}, forced={source: tokens})
-        elif history:
+        if history:
             alone._prefill(history)
         return alone
 
     def _prefill(self, history: Sequence[tuple[np.ndarray, FrameTokens]]) -> None:
         """Row 0 of a batch of one (fresh, or primed) brought to where
         ``history`` left off: what ``len(history)`` forced ticks leave, in
-        one temporal forward."""
+        one temporal forward a window of frames."""
         device = self.model.device
         past, first_step = self.timeline.length, self.step[0]
         logged = torch.tensor(
@@ -207,18 +222,38 @@ class DuplexStepper:
             embeds = embeds + model.embed_tokens[codebook](columns[:, 1 + codebook])
             embeds = embeds + model.embed_tokens[k + codebook](user_columns[:, codebook])
         frames = len(history)
-        model.decoder(
-            inputs_embeds=embeds[None],
-            attention_mask=torch.ones(1, past + frames, dtype=torch.long, device=device),
-            position_ids=torch.arange(past, past + frames, device=device)[None],
-            cache=self.cache,
-            use_cache=True,
-        )
+        window = model.config.sliding_window
+        chunk = window if isinstance(window, int) and window > 0 else frames
+        for begin in range(0, frames, chunk):
+            end = min(frames, begin + chunk)
+            positions = torch.arange(past + begin, past + end, device=device)
+            model.decoder(
+                inputs_embeds=embeds[None, begin:end],
+                attention_mask=self._window_mask(past + begin, positions),
+                position_ids=positions[None],
+                cache=self.cache,
+                use_cache=True,
+            )
         self.timeline.length += frames
         self.text_in = logged[-1:, 0].clone()
         self.audio_in = logged[-1:, 1:].clone()
         self.user_late = user[-1:, 1:].clone()
         self.step[0] = first_step + frames
+
+    def _window_mask(self, seen: int, positions: torch.Tensor) -> torch.Tensor:
+        """The additive (1, 1, queries, keys) mask of a prefill forward at
+        ``positions`` over what the cache holds after ``seen`` positions
+        (the newest ``sliding_window - 1``, or all) and the queries' own."""
+        window = self.model.config.sliding_window
+        held = min(seen, window - 1) if isinstance(window, int) and window > 0 else seen
+        keys = torch.arange(seen - held, int(positions[-1]) + 1, device=positions.device)
+        query = positions[:, None]
+        allowed = keys[None, :] <= query
+        if isinstance(window, int) and window > 0:
+            allowed &= keys[None, :] > query - window
+        dtype = self.model.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
+        return mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
 
     def _prefill_codec(
         self,
@@ -232,17 +267,18 @@ class DuplexStepper:
         frames = len(history)
         samples = np.concatenate([frame for frame, _ in history])
         batch = torch.from_numpy(samples)[None].to(self.model.device, self.model.dtype)
-        user = self.encoder.encode_frames(batch)[0].T
+        encoder, decoder = self._eager_codec()
+        user = encoder.encode_frames(batch)[0].T
         # frame t's codes: codebook 0 from column t, codebooks 1.. from column t + 1
         first = torch.cat([self.audio_in[0, :1], own[:-1, 0]])
         codes = torch.cat([first[:, None], own[:, 1:]], dim=1).clamp(max=self.audio_start - 1)
         restart = 1 - first_step  # as tick: a row's codec output starts at its frame 1
         cut = restart if 0 < restart < frames else 0
         if cut:
-            self.decoder.decode_frames(codes[:cut].T[None])
+            decoder.decode_frames(codes[:cut].T[None])
         if 0 <= restart < frames:
-            self.decoder.reset(0)
-        self.decoder.decode_frames(codes[cut:].T[None])
+            decoder.reset(0)
+        decoder.decode_frames(codes[cut:].T[None])
         return user
 
     @torch.no_grad()
@@ -261,8 +297,9 @@ class DuplexStepper:
         self.text_in[row] = alone.text_in[0]
         self.audio_in[row] = alone.audio_in[0]
         self.user_late[row] = alone.user_late[0]
-        self.encoder.adopt(row, alone.encoder)
-        self.decoder.adopt(row, alone.decoder)
+        encoder, decoder = alone._eager_codec()
+        self.encoder.adopt(row, encoder)
+        self.decoder.adopt(row, decoder)
 
     def sample(self, row: int, sampling: Sampling) -> None:
         """How ``row`` picks its tokens from its next tick on (a joined row
