@@ -212,6 +212,35 @@ def parser(prog: str = "duplex-bench") -> argparse.ArgumentParser:
 
     p = _kind(
         kinds,
+        "webrtc",
+        "duplex_bench.webrtc",
+        "concurrent aiortc WebRTC calls against WebSocket sessions on the same recorded speech: "
+        "server CPU per call, outbound frame lateness and underruns, voice-to-voice, WER",
+    )
+    p.add_argument("--calls", type=int, default=10, help="concurrent calls (and sessions)")
+    p.add_argument("--turns", type=int, default=2, help="utterances per call")
+    p.add_argument(
+        "--ramp-s", type=float, default=5.0, help="seconds from the first call's start to the last"
+    )
+    p.add_argument(
+        "--hold-s",
+        type=float,
+        default=0.0,
+        help="after its turns, each call stays on the line (silence both ways) until this long "
+        "after the last call started, so that all are connected at once",
+    )
+    p.add_argument(
+        "--generators",
+        type=int,
+        default=0,
+        help="client processes (0: one per core the server does not have)",
+    )
+    p.add_argument("--model", default="cascade", help="the server's --model")
+    _recorded_speech_options(p)
+    p.set_defaults(server_cores=1)
+
+    p = _kind(
+        kinds,
         "client",
         "duplex_bench.client_overhead",
         "DuplexClient's cost per event against a raw socket",

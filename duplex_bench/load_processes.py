@@ -24,7 +24,7 @@ import asyncio
 import multiprocessing
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -222,15 +222,18 @@ async def _clients(share: Share, schedule: Schedule) -> Outcome:
 class GeneratorPool:
     """The generator processes of one phase, started on entry, reaped on exit."""
 
-    def __init__(self, shares: list[Share]) -> None:
+    def __init__(self, shares: Sequence[Share], target: Callable[..., None] | None = None) -> None:
+        """``target(connection, share)`` is what each process runs: the
+        sessions' generator, unless a bench has clients of its own."""
         self._shares = shares
+        self._target = target or _generator
         self._context = multiprocessing.get_context("spawn")
         self._running: list[tuple[BaseProcess, Connection]] = []
 
     def __enter__(self) -> GeneratorPool:
         for share in self._shares:
             ours, theirs = self._context.Pipe()
-            process = self._context.Process(target=_generator, args=(theirs, share), daemon=True)
+            process = self._context.Process(target=self._target, args=(theirs, share), daemon=True)
             with pinned(share.cores):  # so its imports run on its core too
                 process.start()
             theirs.close()

@@ -338,7 +338,7 @@ def _measure(clients: Clients, calls: int, cores: CorePlan) -> Measured:
     return Measured(turns, late_ms, cpu, cpu_after - cpu_before, seconds)
 
 
-def _path_report(name: str, measured: Measured, calls: int) -> tuple[dict, list[str]]:
+def path_report(name: str, measured: Measured, calls: int) -> tuple[dict, list[str]]:
     scores = [wer.score(reference, heard) for _, reference, heard, _ in measured.turns]
     pooled = wer.total(scores)
     latencies = [latency for *_, latency in measured.turns if latency is not None]
@@ -384,7 +384,7 @@ def _difference(a: float | None, b: float | None, digits: int) -> float | None:
     return None if a is None or b is None else round(a - b, digits)
 
 
-def _comparison(phone: dict, socket: dict) -> tuple[dict, dict]:
+def comparison_of(phone: dict, socket: dict) -> tuple[dict, dict]:
     cpu_phone = phone["server_cpu_s_per_call_second"]
     cpu_socket = socket["server_cpu_s_per_call_second"]
     ratio = round(cpu_phone / cpu_socket, 3) if cpu_socket else None
@@ -414,15 +414,15 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"bench telephony: {exc}") from None
     utterances = recorded_speech.load_for("telephony", args.speech_dir)
     scripts = assign(utterances, args.calls, args.turns)
-    phone, phone_reasons = _path_report(
+    phone, phone_reasons = path_report(
         "phone", _measure(lambda s: _phone(s.base, scripts), args.calls, cores), args.calls
     )
-    socket, socket_reasons = _path_report(
+    socket, socket_reasons = path_report(
         "websocket",
         _measure(lambda s: _websocket(s.ws_url, scripts), args.calls, cores),
         args.calls,
     )
-    comparison, targets = _comparison(phone, socket)
+    comparison, targets = comparison_of(phone, socket)
     print(
         json.dumps(
             {
