@@ -49,6 +49,7 @@ from duplex_server.engine.duplex.mimi_stream import (
     check_streamable_conv,
     check_streamable_transpose,
     decoder_half,
+    decoder_layer,
     encoder_half,
 )
 from duplex_server.engine.duplex.replay import Replay
@@ -295,16 +296,7 @@ class GraphMimiDecoder:
         return (hidden[:, 0, :],)
 
     def _layer(self, layer: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        if isinstance(layer, MimiConv1d):
-            return self._conv(layer, hidden)
-        if isinstance(layer, MimiConvTranspose1d):
-            return self._transpose(layer, hidden)
-        if isinstance(layer, MimiResnetBlock):
-            residual = hidden
-            for inner in layer.block:
-                hidden = self._layer(inner, hidden)
-            return self._layer(layer.shortcut, residual) + hidden
-        return layer(hidden)
+        return decoder_layer(layer, hidden, self._conv, self._transpose)
 
     def _conv(self, layer: MimiConv1d, hidden: torch.Tensor) -> torch.Tensor:
         tail = self.tails.get(id(layer))

@@ -17,6 +17,9 @@ transformer positions restart behind a mask (``RowTimeline``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from transformers import DynamicCache
 from transformers.models.mimi.modeling_mimi import (
@@ -179,16 +182,7 @@ class MimiStreamDecoder:
         return hidden[:, 0, :]
 
     def _layer(self, layer: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        if isinstance(layer, MimiConv1d):
-            return self._conv(layer, hidden)
-        if isinstance(layer, MimiConvTranspose1d):
-            return self._transpose(layer, hidden)
-        if isinstance(layer, MimiResnetBlock):
-            residual = hidden
-            for inner in layer.block:
-                hidden = self._layer(inner, hidden)
-            return self._layer(layer.shortcut, residual) + hidden
-        return layer(hidden)
+        return decoder_layer(layer, hidden, self._conv, self._transpose)
 
     def _conv(self, layer: MimiConv1d, hidden: torch.Tensor) -> torch.Tensor:
         """A causal convolution fed the previous frames' last inputs as its left padding."""
@@ -216,6 +210,27 @@ class MimiStreamDecoder:
             carried = carried - layer.conv.bias[None, :, None]
         self.state[id(layer)] = carried.clone()
         return out[..., :emitted]
+
+
+Conv = Callable[[Any, torch.Tensor], torch.Tensor]
+
+
+def decoder_layer(
+    layer: torch.nn.Module, hidden: torch.Tensor, conv: Conv, transpose: Conv
+) -> torch.Tensor:
+    """One layer of Mimi's SEANet decoder, its convolutions run by a
+    streaming codec's own ``conv`` and ``transpose`` (each keeps its state
+    its own way: transformers' caches, or static tensors for CUDA graphs)."""
+    if isinstance(layer, MimiConv1d):
+        return conv(layer, hidden)
+    if isinstance(layer, MimiConvTranspose1d):
+        return transpose(layer, hidden)
+    if isinstance(layer, MimiResnetBlock):
+        residual = hidden
+        for inner in layer.block:
+            hidden = decoder_layer(inner, hidden, conv, transpose)
+        return decoder_layer(layer.shortcut, residual, conv, transpose) + hidden
+    return layer(hidden)
 
 
 def encoder_half(mimi: MimiModel) -> MimiEncoderModel:
