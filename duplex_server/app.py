@@ -86,6 +86,9 @@ def llm_options(config: ServerConfig) -> LLMOptions | None:
         device=config.device,
         enforce_eager=config.llm_enforce_eager,
         threads=config.llm_threads,
+        tensor_parallel_size=config.llm_tensor_parallel_size,
+        pipeline_parallel_size=config.llm_pipeline_parallel_size,
+        engine_args=tuple(config.llm_engine_arg),
     )
 
 

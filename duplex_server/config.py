@@ -283,6 +283,28 @@ class ServerConfig:
         help="--llm-backend vllm: run the model eagerly, without torch.compile (starts "
         "tens of seconds sooner, decodes slower)",
     )
+    llm_tensor_parallel_size: int = declare(
+        1,
+        group=LLM,
+        minimum=1,
+        help="--llm-backend vllm: GPUs one model is split across, layer by layer (tensor "
+        "parallel): a model larger than one GPU, served in this process",
+    )
+    llm_pipeline_parallel_size: int = declare(
+        1,
+        group=LLM,
+        minimum=1,
+        help="--llm-backend vllm: stages one model is split into across GPUs (pipeline "
+        "parallel), with --llm-tensor-parallel-size GPUs a stage",
+    )
+    llm_engine_arg: list[str] = declare(
+        factory=list,
+        group=LLM,
+        metavar="KEY=VALUE,...",
+        help="--llm-backend vllm: more of vLLM's engine arguments, comma-separated, by "
+        "vLLM's names (max_num_batched_tokens=8192,enable_prefix_caching=true); checked by "
+        "vLLM's own parser at start, an unknown one or a bad value refused by name",
+    )
     # -- limits ----------------------------------------------------------------
     max_sessions: int = declare(
         ManagerSettings.max_sessions,

@@ -46,7 +46,8 @@ def qwen(tmp_path_factory):
 @pytest.fixture(scope="session")
 def llm(qwen):
     assert_vllm_installed()
-    engine = build_llm_engine(vllm_options(qwen))
+    # one engine argument passed through by name (--llm-engine-arg), checked below
+    engine = build_llm_engine(vllm_options(qwen, engine_args=("max_num_batched_tokens=3072",)))
     # a bound on a broken start, not a measurement
     assert engine.state.wait_loaded(900), engine.state.load_error  # type: ignore[attr-defined]
     yield engine
@@ -69,6 +70,11 @@ def ask(rid: str, user: str, system: str = "", temperature: float = 0.0, cap: in
 
 async def answer(llm, request) -> list[str]:
     return [delta async for delta in llm.core.submit(request)]
+
+
+def test_an_engine_argument_reaches_vllm_as_vllm_parsed_it(llm):
+    engine = llm.core.backend._engine  # type: ignore[attr-defined]
+    assert engine.vllm_config.scheduler_config.max_num_batched_tokens == 3072
 
 
 async def test_greedy_answers_are_the_transformers_backends(llm, reference):

@@ -110,6 +110,26 @@ def check_sizes(options: LLMOptions) -> None:
         )
 
 
+def check_vllm_only(options: LLMOptions, backend: str) -> None:
+    """vLLM's parallelism and engine arguments: refused on another backend,
+    and checked by vLLM's own parser before anything loads."""
+    given = [
+        flag
+        for flag, value in (
+            ("--llm-tensor-parallel-size", options.tensor_parallel_size != 1),
+            ("--llm-pipeline-parallel-size", options.pipeline_parallel_size != 1),
+            ("--llm-engine-arg", bool(options.engine_args)),
+        )
+        if value
+    ]
+    if given and backend != "vllm":
+        raise LLMConfigError(f"{given[0]} is vLLM's: give --llm-backend vllm")
+    if options.engine_args:
+        from duplex_server.engine.llm.vllm_args import passed_engine_args
+
+        passed_engine_args(options.engine_args)
+
+
 def build_llm_engine(options: LLMOptions, max_concurrency: int = 64) -> LLMEngine:
     """The engine for ``--llm PATH``; the weights load on the backend's own
     thread (``loaded`` says when they are up), so this returns at once."""
@@ -119,6 +139,7 @@ def build_llm_engine(options: LLMOptions, max_concurrency: int = 64) -> LLMEngin
             f"--llm-dtype {options.dtype!r}: choose one of {', '.join(LLM_DTYPES)}"
         )
     check_sizes(options)
+    check_vllm_only(options, backend)
     directory = check_checkpoint(options.path)
     template = read_chat_template(options.chat_template)
     check_chat_template(directory, template)

@@ -96,6 +96,9 @@ class LLMOptions:
     device: str = "cpu"  # the transformers backend's (``--device``)
     enforce_eager: bool = False  # vLLM: no torch.compile of the model (faster start)
     threads: int = 1  # transformers on a CPU: its decode thread's torch threads
+    tensor_parallel_size: int = 1  # vLLM: GPUs a model is split across
+    pipeline_parallel_size: int = 1  # vLLM: pipeline stages
+    engine_args: tuple[str, ...] = ()  # vLLM: more engine arguments, KEY=VALUE
 
 
 class LLMConfigError(ValueError):

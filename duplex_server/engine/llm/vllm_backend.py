@@ -41,6 +41,7 @@ from duplex_server.engine.core import EngineRequest
 from duplex_server.engine.llm.chat_template import check_has_template, render_prompt
 from duplex_server.engine.llm.interface import ChatPayload, LLMOptions
 from duplex_server.engine.llm.process_reaper import ProcessReaper
+from duplex_server.engine.llm.vllm_args import passed_engine_args
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,8 @@ def private_environment(runtime: Path) -> dict[str, str]:
 
 
 def engine_arguments(options: LLMOptions) -> dict[str, Any]:
-    """``AsyncEngineArgs`` of the ``--llm-*`` options."""
+    """``AsyncEngineArgs`` of the ``--llm-*`` options (``--llm-engine-arg``'s
+    checked by vLLM's own parser)."""
     return {
         "model": options.path,
         "dtype": options.dtype,
@@ -76,8 +78,11 @@ def engine_arguments(options: LLMOptions) -> dict[str, Any]:
         "kv_cache_memory_bytes": options.kv_cache_bytes,
         "gpu_memory_utilization": options.gpu_memory_utilization,
         "enforce_eager": options.enforce_eager,
+        "tensor_parallel_size": options.tensor_parallel_size,
+        "pipeline_parallel_size": options.pipeline_parallel_size,
         "disable_log_stats": True,
         "seed": 0,
+        **passed_engine_args(options.engine_args),
     }
 
 
