@@ -15,7 +15,7 @@ from typing import Protocol
 
 import msgspec
 from msgspec import UNSET
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from duplex_server import metrics
 from duplex_server.auth import ANONYMOUS, Principal, authenticate, denial
@@ -29,6 +29,7 @@ from duplex_server.sessions.runtime.input_budget import REFUSAL_PAUSE_S
 from duplex_server.sessions.runtime.manager import SessionManager
 from duplex_server.sideband import serve_sideband
 from duplex_server.websocket_transport import (
+    WebSocketFrames,
     WebSocketTransport,
     dialect_of,
     error_frame,
@@ -54,21 +55,6 @@ class Frames(Protocol):
     async def receive(self) -> str | bytes | None:
         """The next frame; None once the peer is gone."""
         ...
-
-
-class WebSocketFrames:
-    def __init__(self, websocket: WebSocket) -> None:
-        self.websocket = websocket
-
-    async def receive(self) -> str | bytes | None:
-        try:
-            message = await self.websocket.receive()
-        except WebSocketDisconnect:
-            return None
-        if message["type"] == "websocket.disconnect":
-            return None
-        frame = message.get("text")
-        return frame if frame is not None else (message.get("bytes") or b"")
 
 
 @dataclasses.dataclass(frozen=True)

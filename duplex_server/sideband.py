@@ -14,13 +14,14 @@ socket; when the call ends, its sideband sockets are closed with it.
 
 from __future__ import annotations
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from duplex_server.auth import Principal
 from duplex_server.sessions.core.event_dialect import UNASKED_EXTENSIONS
 from duplex_server.sessions.runtime.actor import SessionActor
 from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.websocket_transport import (
+    WebSocketFrames,
     WebSocketTransport,
     dialect_of,
     error_frame,
@@ -93,14 +94,8 @@ async def _steer(websocket: WebSocket, attachment: Attachment, actor: SessionAct
     """Read the application's events into the call's session, refusing what
     a sideband socket may not send (answered on this socket alone)."""
     decoder = websocket.app.state.decoder
-    while True:
-        try:
-            message = await websocket.receive()
-        except WebSocketDisconnect:
-            return
-        if message["type"] == "websocket.disconnect":
-            return
-        frame = message.get("text") or message.get("bytes") or b""
+    frames = WebSocketFrames(websocket)
+    while (frame := await frames.receive()) is not None:
         try:
             event = decoder.decode(frame)
         except ProtocolError as err:

@@ -1,7 +1,8 @@
 """A Starlette WebSocket as a session's transport (``attachment.Transport``).
 
 Every socket shell (``realtime.py``, ``sideband.py``, the carrier streams in
-``telephony/``) sends through this: a peer that is gone is
+``telephony/``) sends through this (and the first two read through
+:class:`WebSocketFrames`): a peer that is gone is
 :class:`TransportClosed`, whatever the ASGI server raised.
 """
 
@@ -39,6 +40,24 @@ class WebSocketTransport:
             await self.websocket.close(code, reason)
         except (WebSocketDisconnect, RuntimeError, OSError) as exc:
             raise TransportClosed() from exc
+
+
+class WebSocketFrames:
+    """A Starlette WebSocket's messages as ``realtime.Frames``: text or
+    bytes, None once the peer is gone (whichever way the ASGI server says so)."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+
+    async def receive(self) -> str | bytes | None:
+        try:
+            message = await self.websocket.receive()
+        except WebSocketDisconnect:
+            return None
+        if message["type"] == "websocket.disconnect":
+            return None
+        frame = message.get("text")
+        return frame if frame is not None else (message.get("bytes") or b"")
 
 
 TRUE_VALUES = {"1", "true", "on", "yes"}
