@@ -154,8 +154,7 @@ class CallTransport:
             return
         if channel.readyState != "open":
             raise TransportClosed()
-        while self._early:
-            channel.send(self._early.popleft())
+        self.flush_early()
         channel.send(text)
         if channel.bufferedAmount > HIGH_WATER_BYTES:
             await self._call.drained()

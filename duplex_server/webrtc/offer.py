@@ -161,16 +161,8 @@ def _resume(raw: dict[str, Any], query: Mapping[str, str]) -> SessionResume | No
     named |= {key: query[key] for key in RESUME_FIELDS if key in query and key not in named}
     if not named:
         return None
-    if "last_received_server_event_seq" in named:
-        named["last_received_server_event_seq"] = _seq(named["last_received_server_event_seq"])
     try:
-        return msgspec.convert(named, SessionResume)
+        # not strict: a query parameter's seq is text ("412")
+        return msgspec.convert(named, SessionResume, strict=False)
     except msgspec.ValidationError as exc:
         raise ProtocolError("invalid_value", f"resume: {exc}", param="session_id") from None
-
-
-def _seq(value: object) -> object:
-    """A query parameter's seq is text; the object's is a number."""
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return value

@@ -58,13 +58,20 @@ _STATUS = {
 
 
 class LiveCalls:
-    """The server's calls with a peer connection, by call id; and how many
-    are answered but not yet connected."""
+    """The server's calls with a peer connection, by call id, and the offers
+    being answered; how many are in setup follows from them."""
 
     def __init__(self) -> None:
         self.by_id: dict[str, RtcCall] = {}
-        self.in_setup = 0
+        self.answering: set[RtcCall] = set()  # offers not yet answered
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def in_setup(self) -> int:
+        """Offers being answered, and answered calls not yet connected (ICE
+        and DTLS): what ``--max-calls-in-setup`` bounds."""
+        waiting = sum(not call.connected.is_set() for call in self.by_id.values())
+        return len(self.answering) + waiting
 
     def add(self, call: RtcCall, task: asyncio.Task[None]) -> None:
         previous = self.by_id.get(call.call_id)
@@ -94,8 +101,8 @@ async def create_call(request: Request) -> Response:
     principal, bound = authenticate(request)
     refused = denial(principal, "realtime")
     if refused is not None:
-        metrics.RTC_CALLS.labels(refused[1].code).inc()
-        return protocol_refusal(*refused)
+        status, err = refused
+        return _refused(err, status)
     assert principal is not None  # denial() refuses a missing caller
     calls: LiveCalls = state.rtc_calls
     if calls.in_setup >= config.max_calls_in_setup or state.manager.at_capacity:
@@ -107,20 +114,23 @@ async def create_call(request: Request) -> Response:
         return _refused(ProtocolError("payload_too_large", "the offer is too large"))
     except ProtocolError as err:
         return _refused(err)
-    calls.in_setup += 1
+    call = RtcCall(_new_call_id(), state.rtc_network, calls.forget, config.max_frame_bytes)
+    calls.answering.add(call)
     try:
-        return await _answer(request, principal, bound, asked)
+        return await _answer(request, call, principal, bound, asked)
     finally:
-        calls.in_setup -= 1
+        calls.answering.discard(call)
 
 
 async def _answer(
-    request: Request, principal: Principal, bound: SessionUpdate | None, asked: CallRequest
+    request: Request,
+    call: RtcCall,
+    principal: Principal,
+    bound: SessionUpdate | None,
+    asked: CallRequest,
 ) -> Response:
-    state = request.app.state
-    config = state.config
-    calls: LiveCalls = state.rtc_calls
-    call = RtcCall(_new_call_id(), state.rtc_network, calls.forget, config.max_frame_bytes)
+    config = request.app.state.config
+    calls: LiveCalls = request.app.state.rtc_calls
     try:
         answer = await call.answer(asked.sdp)
     except (ValueError, InvalidAccessError, InvalidStateError) as exc:
@@ -133,7 +143,7 @@ async def _answer(
         await call.close(f"no session: {err.code}")
         return _refused(err)
     task = asyncio.get_running_loop().create_task(
-        _serve(call, connection, calls, config.rtc_connect_timeout_s)
+        call.run(connection, config.rtc_connect_timeout_s)
     )
     calls.add(call, task)
     metrics.RTC_CALLS.labels("resumed" if asked.resume else "answered").inc()
@@ -163,44 +173,24 @@ def _connection(
 async def _attach(
     connection: RealtimeConnection, call: RtcCall, asked: CallRequest, model: str | None
 ) -> None:
-    """Open the call's session, or resume the one the offer names."""
+    """Open the call's session, or resume the one the offer names; the
+    offer's own config follows a resume or a client secret's config."""
     if asked.resume is not None:
         actor = await connection.resume_session(asked.resume)
         if actor.state.call is not None:
             call.call_id = actor.state.call.call_id  # the call goes on under its id
-        if asked.session is not None:
-            actor.post_client(
-                ce.SessionUpdateEvent(session=asked.session), connection.attachment.generation
-            )
-        return
-    session = asked.session or SessionUpdate()
-    if model and session.model is msgspec.UNSET:
-        session = msgspec.structs.replace(session, model=model)
-    if connection.bound is None:
+    elif connection.bound is not None:
+        actor = await connection.open_session(connection.bound)
+    else:
+        session = asked.session or SessionUpdate()
+        if model and session.model is msgspec.UNSET:
+            session = msgspec.structs.replace(session, model=model)
         await connection.open_session(session)
         return
-    # A client secret's config opens the session; the offer's own follows it.
-    actor = await connection.open_session(connection.bound)
     if asked.session is not None:
         actor.post_client(
             ce.SessionUpdateEvent(session=asked.session), connection.attachment.generation
         )
-
-
-async def _serve(
-    call: RtcCall, connection: RealtimeConnection, calls: LiveCalls, connect_timeout_s: float
-) -> None:
-    calls.in_setup += 1
-    setup = asyncio.get_running_loop().create_task(call.connected.wait())
-
-    def connected(_: object) -> None:
-        calls.in_setup -= 1
-
-    setup.add_done_callback(connected)
-    try:
-        await call.run(connection, connect_timeout_s)
-    finally:
-        setup.cancel()
 
 
 def _new_call_id() -> str:
