@@ -405,15 +405,24 @@ def comparison_of(phone: dict, socket: dict) -> tuple[dict, dict]:
     return comparison, targets
 
 
-def run(args: argparse.Namespace) -> None:
+def call_plan(
+    bench: str, args: argparse.Namespace
+) -> tuple[CorePlan, list[Utterance], list[list[Utterance]]]:
+    """What a bench of calls checks before it starts (``--calls``, ``--turns``,
+    ``--server-cores``), and what it then runs: the cores, the recordings,
+    each call's utterances. A bad argument exits, naming the bench."""
     if args.calls < 1 or args.turns < 1:
-        raise SystemExit("bench telephony: --calls and --turns must be at least 1")
+        raise SystemExit(f"bench {bench}: --calls and --turns must be at least 1")
     try:
         cores = plan_cores(args.server_cores, usable_cores())
     except ValueError as exc:
-        raise SystemExit(f"bench telephony: {exc}") from None
-    utterances = recorded_speech.load_for("telephony", args.speech_dir)
-    scripts = assign(utterances, args.calls, args.turns)
+        raise SystemExit(f"bench {bench}: {exc}") from None
+    utterances = recorded_speech.load_for(bench, args.speech_dir)
+    return cores, utterances, assign(utterances, args.calls, args.turns)
+
+
+def run(args: argparse.Namespace) -> None:
+    cores, utterances, scripts = call_plan("telephony", args)
     phone, phone_reasons = path_report(
         "phone", _measure(lambda s: _phone(s.base, scripts), args.calls, cores), args.calls
     )

@@ -64,7 +64,6 @@ from duplex_bench.load_processes import (
     GeneratorPool,
     default_generators,
     pinned,
-    plan_cores,
     usable_cores,
 )
 from duplex_bench.recorded_speech import SAMPLE_RATE_HZ as SPEECH_RATE_HZ
@@ -75,10 +74,11 @@ from duplex_bench.telephony import (
     Caller,
     Measured,
     PhoneTurn,
+    call_plan,
     comparison_of,
     path_report,
 )
-from duplex_bench.voice import assign, cpu_s
+from duplex_bench.voice import cpu_s
 from duplex_bench.voice_client import (
     ANSWER_TIMEOUT_S,
     LEAD_SILENCE_S,
@@ -518,14 +518,7 @@ def _targets(rtc: dict, comparison: dict) -> dict:
 
 
 def run(args: argparse.Namespace) -> None:
-    if args.calls < 1 or args.turns < 1:
-        raise SystemExit("bench webrtc: --calls and --turns must be at least 1")
-    try:
-        cores = plan_cores(args.server_cores, usable_cores())
-    except ValueError as exc:
-        raise SystemExit(f"bench webrtc: {exc}") from None
-    utterances = recorded_speech.load_for("webrtc", args.speech_dir)
-    scripts = assign(utterances, args.calls, args.turns)
+    cores, utterances, scripts = call_plan("webrtc", args)
     load_start = os.getloadavg()
     measure: Callable[[str], PathRun] = lambda path: _measure(path, args, scripts, cores)  # noqa: E731
     rtc, rtc_reasons = _report("webrtc", measure("webrtc"), args.calls)
