@@ -13,6 +13,7 @@ to use, so that one setting has one spelling.
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import Any
 
 from duplex_server.engine.llm.interface import LLMConfigError
@@ -34,9 +35,13 @@ _FALSE = {"0", "false", "no", "off"}
 
 
 def passed_engine_args(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs as ``AsyncEngineArgs`` keywords (imports vLLM)."""
-    if not pairs:
-        return {}
+    """``KEY=VALUE`` pairs as ``AsyncEngineArgs`` keywords (imports vLLM).
+    Parsed once: the start-up check and the engine's load ask alike."""
+    return dict(_parsed(pairs)) if pairs else {}
+
+
+@functools.cache
+def _parsed(pairs: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -53,7 +58,7 @@ def passed_engine_args(pairs: tuple[str, ...]) -> dict[str, Any]:
         raise LLMConfigError(
             f"--llm-engine-arg: vLLM has no engine argument {unknown[0].lstrip('-')!r}"
         )
-    return {name: getattr(parsed, name) for name in names}
+    return tuple((name, getattr(parsed, name)) for name in names)
 
 
 def _name(pair: str) -> str:
