@@ -3,11 +3,16 @@
 Multipart, as OpenAI takes it: ``file`` (any container PyAV reads),
 ``model``, ``language``, ``prompt``, ``response_format`` (``json``,
 ``text``, ``verbose_json``, ``srt``, ``vtt``), ``timestamp_granularities[]``
-(``segment``), ``temperature`` (0). The body is read as it arrives and
-refused past ``--max-upload-bytes``; an upload PyAV cannot decode is refused
-before any job exists. The server's recogniser (``--asr``) hears it through
-the engine at batch priority, a stretch between pauses per request
-(:mod:`duplex_server.models.batch_audio`); the stretches are the segments.
+(``segment``, ``word`` where the recogniser times its words), ``temperature``
+(0), ``stream``. The body is read as it arrives and refused past
+``--max-upload-bytes``; an upload PyAV cannot decode is refused before any
+job exists. The server's recogniser (``--asr``) hears it through the engine
+at batch priority, a stretch between pauses per request
+(:mod:`duplex_server.models.batch_audio`); the stretches are the segments
+and the cues of ``srt`` / ``vtt``. ``stream=true`` answers Server-Sent
+Events as OpenAI does: a ``transcript.text.delta`` per stretch as it is
+heard (the deltas add up to the text), then ``transcript.text.done``; the
+job's body is those events, so a retry under its key replays them.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import msgspec
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from batch_api import http
 from duplex_server.http_body import BodyTooLarge, limited_stream
@@ -32,6 +37,8 @@ RATE_HZ = 16_000  # what the upload is decoded to; the recogniser resamples from
 MAX_AUDIO_S = 2 * 3600.0
 MAX_FIELD_BYTES = 64 * 1024  # a form field other than the file (a prompt)
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+STREAM_FORMATS = ("json", "text")  # what stream=true takes: the events carry text only
+GRANULARITIES = ("segment", "word")
 CONTENT_TYPES = {
     "json": "application/json",
     "verbose_json": "application/json",
@@ -55,6 +62,7 @@ class TranscriptionRequest(msgspec.Struct, forbid_unknown_fields=True):
     prompt: str | None = None
     response_format: str = "json"
     timestamp_granularities: list[str] = msgspec.field(default_factory=list)
+    stream: bool = False
 
 
 def _invalid(param: str, message: str, code: str = "invalid_value") -> JobError:
@@ -105,10 +113,7 @@ def _fields(form: FormData, filename: str) -> TranscriptionRequest:
         elif name in ("temperature",):
             _temperature(value)
         elif name in ("stream",):
-            if value.lower() not in ("false", "0"):
-                raise _invalid(
-                    "stream", "streamed transcription is not served", "unsupported_value"
-                )
+            fields["stream"] = _flag(name, value)
         elif name in ("include[]", "include"):
             raise _invalid("include", f"include {value!r} is not served", "unsupported_value")
         elif name in ("chunking_strategy",):
@@ -121,6 +126,15 @@ def _fields(form: FormData, filename: str) -> TranscriptionRequest:
         else:
             fields[name] = value
     return http.decode_struct(json.dumps(fields).encode(), TranscriptionRequest)
+
+
+def _flag(name: str, value: str) -> bool:
+    """A multipart boolean, as the SDK sends one (``true`` / ``false``)."""
+    if value.lower() in ("true", "1"):
+        return True
+    if value.lower() in ("false", "0"):
+        return False
+    raise _invalid(name, f"{name} is true or false, not {value!r}", "invalid_type")
 
 
 def _temperature(value: str) -> None:
@@ -144,17 +158,24 @@ def validate(req: TranscriptionRequest, audio: BatchAudio) -> BatchTranscriber:
             f"response_format {req.response_format!r}; available: {', '.join(RESPONSE_FORMATS)}",
         )
     for granularity in req.timestamp_granularities:
-        if granularity == "word":
+        if granularity not in GRANULARITIES:
+            raise _invalid("timestamp_granularities", f"unknown granularity {granularity!r}")
+        if granularity == "word" and not asr.word_times:
             raise _invalid(
                 "timestamp_granularities",
                 f"{asr.name} gives segment times, not word times",
                 "unsupported_value",
             )
-        if granularity != "segment":
-            raise _invalid("timestamp_granularities", f"unknown granularity {granularity!r}")
     if req.timestamp_granularities and req.response_format != "verbose_json":
         raise _invalid(
             "timestamp_granularities", "timestamps come with response_format verbose_json"
+        )
+    if req.stream and req.response_format not in STREAM_FORMATS:
+        raise _invalid(
+            "response_format",
+            f"a streamed transcription is text events: response_format "
+            f"{' or '.join(STREAM_FORMATS)}, not {req.response_format!r}",
+            "unsupported_value",
         )
     if req.language is not None:
         if asr.languages is not None and req.language not in asr.languages:
@@ -200,7 +221,8 @@ def decode_upload(data: bytes) -> bytes:
 
 
 def content_type(params: bytes) -> str:
-    return CONTENT_TYPES[msgspec.json.decode(params, type=TranscriptionRequest).response_format]
+    req = msgspec.json.decode(params, type=TranscriptionRequest)
+    return "text/event-stream" if req.stream else CONTENT_TYPES[req.response_format]
 
 
 def kind(audio: BatchAudio) -> JobKind:
@@ -208,12 +230,38 @@ def kind(audio: BatchAudio) -> JobKind:
         req = msgspec.json.decode(given.params, type=TranscriptionRequest)
         asr = validate(req, audio)  # again: a restart may have changed --model or --asr
         pcm = await given.offload(decode_upload, given.uploads[0])
-        segments = await asr.segments(pcm, RATE_HZ, req.language, req.prompt)
         duration = len(pcm) / 2 / RATE_HZ
-        given.metadata.update({"audio_seconds": duration, "segments": len(segments)})
+        given.metadata["audio_seconds"] = duration
+        if req.stream:
+            async for event in stream_events(req, asr, pcm, given):
+                yield event
+            return
+        words = "word" in req.timestamp_granularities
+        segments = await asr.segments(pcm, RATE_HZ, req.language, req.prompt, words)
+        given.metadata["segments"] = len(segments)
         yield render(req, asr, segments, duration)
 
     return JobKind(ROUTE, produce, content_type)
+
+
+async def stream_events(
+    req: TranscriptionRequest, asr: BatchTranscriber, pcm: bytes, given: JobInput
+) -> AsyncIterator[bytes]:
+    """A ``transcript.text.delta`` per stretch as the recogniser hears it
+    (after the first, with the space that joins it to the text before), then
+    ``transcript.text.done`` with the whole text. No ``usage``: OpenAI's is
+    tokens billed, and this recogniser bills nothing and counts no tokens."""
+    texts: list[str] = []
+    async for segment in asr.heard(pcm, RATE_HZ, req.language, req.prompt):
+        delta = segment.text if not texts else " " + segment.text
+        texts.append(segment.text)
+        yield _sse({"type": "transcript.text.delta", "delta": delta})
+    given.metadata["segments"] = len(texts)
+    yield _sse({"type": "transcript.text.done", "text": " ".join(texts)})
+
+
+def _sse(event: dict[str, object]) -> bytes:
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
 
 
 def render(
@@ -238,12 +286,20 @@ def render(
         "language": LANGUAGE_NAMES.get(language or "", language),
         "duration": round(duration, 3),
         "text": text,
-        "segments": [
+    }
+    granularities = req.timestamp_granularities
+    if not granularities or "segment" in granularities:  # OpenAI's default: segments
+        verbose["segments"] = [
             {"id": i, "seek": 0, "start": s.start_s, "end": s.end_s, "text": s.text}
             for i, s in enumerate(segments)
-        ],
-        "usage": usage,
-    }
+        ]
+    if "word" in granularities:
+        verbose["words"] = [
+            {"word": w.word, "start": round(w.start_s, 3), "end": round(w.end_s, 3)}
+            for s in segments
+            for w in s.words
+        ]
+    verbose["usage"] = usage
     return json.dumps(verbose).encode()
 
 
@@ -283,4 +339,13 @@ async def endpoint(request: Request) -> Response:
         )
     except JobError as exc:
         return http.error_response(exc)
-    return await http.answer(run)
+    if not req.stream:
+        return await http.answer(run)
+    await run.started()
+    if run.outcome is not None and (run.outcome.error is not None or run.outcome.replayed):
+        return await http.answer(run)
+    # Sent as the stretches are heard; a client that hangs up stops reading,
+    # not the job (its result is stored all the same).
+    return StreamingResponse(
+        http.streamed(run, sse=True), media_type="text/event-stream", headers=http.job_headers(run)
+    )

@@ -125,8 +125,9 @@ async def test_an_upload_retried_under_its_key_is_not_heard_twice(server):
 BAD = [
     ({"file": ("x.mp3", b"this is not audio at all" * 40)}, 400, "invalid_audio", "file"),
     ({"response_format": "docx"}, 400, "invalid_value", "response_format"),
-    ({"timestamp_granularities": ["word"], "response_format": "verbose_json"}, 400,
-     "unsupported_value", "timestamp_granularities"),
+    ({"timestamp_granularities": ["sentence"], "response_format": "verbose_json"}, 400,
+     "invalid_value", "timestamp_granularities"),
+    ({"stream": True, "response_format": "vtt"}, 400, "unsupported_value", "response_format"),
     ({"timestamp_granularities": ["segment"]}, 400, "invalid_value", "timestamp_granularities"),
     ({"temperature": 0.7}, 400, "unsupported_value", "temperature"),
     ({"model": "whisper-9"}, 404, "model_not_found", "model"),

@@ -5,7 +5,9 @@ Batch work goes through the same engine workers as live sessions' speech,
 at :attr:`Priority.BATCH`, so a live session's request waiting for the
 stage goes first. Speech is synthesised clause by clause, one engine request
 each, so a long batch text holds the synthesiser for one clause at a time,
-never for the whole text.
+never for the whole text. Transcription is heard a stretch between pauses
+at a time, each stretch one engine request, so a streamed transcription
+tells each stretch's words as soon as they are heard.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import hashlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from duplex_server import metrics
 from duplex_server.audio import resample_pcm16
@@ -95,6 +97,17 @@ class BatchSpeech:
             yield pcm
 
 
+@runtime_checkable
+class WordTimer(Protocol):
+    """A recogniser that says when each word it heard was said (Whisper on
+    CTranslate2: its own alignment). PocketSphinx here does not: its worker
+    process answers text only, so word times are refused, never guessed."""
+
+    def transcribe_timed(
+        self, pcm16: bytes, language: str | None, prompt: str | None
+    ) -> tuple[str, list[tuple[str, float, float]]]: ...
+
+
 class BatchTranscriber:
     def __init__(self, stages: CascadeStages, asr_rate_hz: int) -> None:
         self._stages = stages
@@ -104,41 +117,97 @@ class BatchTranscriber:
         self.models = frozenset({self.name, *TRANSCRIPTION_MODEL_ALIASES})
         self.languages: frozenset[str] | None = asr.languages
         self.takes_prompt: bool = asr.takes_prompt
+        self.word_times = isinstance(asr, WordTimer)
         self.sample_rate_hz = asr_rate_hz
         self.runs = 0  # engine requests batch transcription made (stretches heard)
 
     async def transcribe(
         self, pcm16: bytes, sample_rate_hz: int, language: str | None, prompt: str | None
     ) -> str:
+        text, _ = await self._hear(pcm16, sample_rate_hz, language, prompt, timed=False)
+        return text
+
+    async def _hear(
+        self,
+        pcm16: bytes,
+        sample_rate_hz: int,
+        language: str | None,
+        prompt: str | None,
+        timed: bool,
+    ) -> tuple[str, list[tuple[str, float, float]]]:
         audio = resample_pcm16(pcm16, sample_rate_hz, self._rate)
         started = time.perf_counter()
         stage = self._stages.asr_stage
-        text: str = await stage.run(
-            self._stages.asr.transcribe, audio, language, prompt, priority=Priority.BATCH
-        )
+        asr = self._stages.asr
+        if timed:
+            assert isinstance(asr, WordTimer)  # the route refuses word times otherwise
+            heard: tuple[str, list[tuple[str, float, float]]] = await stage.run(
+                asr.transcribe_timed, audio, language, prompt, priority=Priority.BATCH
+            )
+        else:
+            text: str = await stage.run(
+                asr.transcribe, audio, language, prompt, priority=Priority.BATCH
+            )
+            heard = (text, [])
         self.runs += 1
         metrics.observe_stage(
             "asr_batch", time.perf_counter() - started, len(audio) / 2 / self._rate
         )
-        return text
+        return heard
 
     async def segments(
-        self, pcm16: bytes, sample_rate_hz: int, language: str | None, prompt: str | None
+        self,
+        pcm16: bytes,
+        sample_rate_hz: int,
+        language: str | None,
+        prompt: str | None,
+        words: bool = False,
     ) -> list[Segment]:
-        """The recording cut at its pauses, each stretch one engine request:
-        its words with where it starts and ends (a live session's turn waits
-        for one stretch at most)."""
-        found = []
+        return [s async for s in self.heard(pcm16, sample_rate_hz, language, prompt, words)]
+
+    async def heard(
+        self,
+        pcm16: bytes,
+        sample_rate_hz: int,
+        language: str | None,
+        prompt: str | None,
+        words: bool = False,
+    ) -> AsyncIterator[Segment]:
+        """The recording cut at its pauses, each stretch one engine request,
+        yielded as it is heard: its words with where it starts and ends (a
+        live session's turn waits for one stretch at most). ``words`` (a
+        :class:`WordTimer` only): each word's times too, the recogniser's
+        own, moved from the framed stretch onto the recording and kept
+        inside the stretch."""
         for start, end in speech_stretches(pcm16, sample_rate_hz):
             piece = pcm16[int(start * sample_rate_hz) * 2 : int(end * sample_rate_hz) * 2]
             # Framed in silence, as a turn reaches the recogniser: Whisper
             # repeats itself on speech cut off right at its last word.
-            quiet = b"\0\0" * int(SEGMENT_MARGIN_S * sample_rate_hz)
-            piece = quiet + piece + quiet
-            text = (await self.transcribe(piece, sample_rate_hz, language, prompt)).strip()
-            if text:
-                found.append(Segment(start, end, text))
-        return found
+            margin = int(SEGMENT_MARGIN_S * sample_rate_hz)
+            quiet = b"\0\0" * margin
+            text, timed = await self._hear(
+                quiet + piece + quiet, sample_rate_hz, language, prompt, words
+            )
+            text = text.strip()
+            if not text:
+                continue
+            shift = start - margin / sample_rate_hz
+            spoken = tuple(
+                Word(word, _within(shift + s, start, end), _within(shift + e, start, end))
+                for word, s, e in timed
+            )
+            yield Segment(start, end, text, spoken)
+
+
+def _within(seconds: float, low: float, high: float) -> float:
+    return min(max(seconds, low), high)
+
+
+@dataclass(frozen=True)
+class Word:
+    word: str
+    start_s: float
+    end_s: float
 
 
 @dataclass(frozen=True)
@@ -146,6 +215,7 @@ class Segment:
     start_s: float
     end_s: float
     text: str
+    words: tuple[Word, ...] = ()
 
 
 @dataclass(frozen=True)
