@@ -20,7 +20,8 @@ from duplex_server import http_routes, metrics
 from duplex_server.auth import EphemeralKeys, KeyRing
 from duplex_server.client_secrets import client_secrets
 from duplex_server.config import ServerConfig, manager_settings
-from duplex_server.engine.llm import LLMOptions
+from duplex_server.engine.llm import LLMOptions, RemoteOptions
+from duplex_server.engine.llm.remote import parse_request_args
 from duplex_server.models import build_model, close_model
 from duplex_server.realtime import realtime_endpoint
 from duplex_server.sessions.core.model_names import ModelNames
@@ -70,7 +71,21 @@ def read_phrases(path: str | None) -> list[str] | None:
     return phrases
 
 
-def llm_options(config: ServerConfig) -> LLMOptions | None:
+def llm_options(config: ServerConfig) -> LLMOptions | RemoteOptions | None:
+    """``--llm PATH`` (in process) or ``--llm-url URL`` (another server): one of them."""
+    if config.llm_url is not None:
+        if config.llm is not None:
+            raise ValueError("--llm and --llm-url: choose one (in process, or another server)")
+        return RemoteOptions(
+            config.llm_url,
+            config.llm_model or "",
+            api_key=config.llm_api_key,
+            timeout_s=config.llm_timeout_s,
+            retries=config.llm_retries,
+            max_requests=config.llm_max_num_seqs,
+            max_new_tokens=config.llm_max_new_tokens,
+            request_args=parse_request_args(config.llm_request_arg),
+        )
     if config.llm is None:
         return None
     return LLMOptions(

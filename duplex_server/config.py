@@ -305,6 +305,46 @@ class ServerConfig:
         "vLLM's names (max_num_batched_tokens=8192,enable_prefix_caching=true); checked by "
         "vLLM's own parser at start, an unknown one or a bad value refused by name",
     )
+    llm_url: str | None = declare(
+        None,
+        group=LLM,
+        metavar="URL",
+        help="cascade: answer with a chat model on another server, an OpenAI-compatible /v1 "
+        "base (vllm serve, SGLang, llama.cpp, Ollama, OpenAI) streaming chat.completions; "
+        "needs --llm-model",
+    )
+    llm_model: str | None = declare(
+        None,
+        group=LLM,
+        help="--llm-url: the model name the remote serves (as its GET /v1/models lists it)",
+    )
+    llm_api_key: str | None = declare(
+        None,
+        group=LLM,
+        help="--llm-url: the Bearer key the remote asks for (or DUPLEX_SERVER_LLM_API_KEY)",
+    )
+    llm_timeout_s: float = declare(
+        30.0,
+        group=LLM,
+        minimum=0,
+        exclusive_minimum=True,
+        unit="seconds",
+        help="--llm-url: the longest wait to connect and for each next piece of an answer",
+    )
+    llm_retries: int = declare(
+        2,
+        group=LLM,
+        minimum=0,
+        help="--llm-url: more tries when the remote refuses to connect or answers 429/5xx "
+        "before an answer began (a half-answer is never asked for again)",
+    )
+    llm_request_arg: list[str] = declare(
+        factory=list,
+        group=LLM,
+        metavar="KEY=JSON,...",
+        help="--llm-url: more fields of each chat.completions request, comma-separated, by "
+        'the remote\'s names (top_k=20, chat_template_kwargs={"enable_thinking":false})',
+    )
     # -- limits ----------------------------------------------------------------
     max_sessions: int = declare(
         ManagerSettings.max_sessions,

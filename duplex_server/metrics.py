@@ -233,6 +233,13 @@ LLM_INTER_TOKEN = Histogram(
     buckets=LATENCY_BUCKETS_S,
     registry=None,
 )
+LLM_REMOTE_REQUESTS = Counter(
+    "duplex_llm_remote_requests",
+    "requests to the remote LLM (--llm-url), by outcome: completed, aborted (a fence "
+    "closed the stream), failed, retried (a try before the answer began)",
+    ["outcome"],
+    registry=None,
+)
 
 SHARED = (
     BUILD,
@@ -259,6 +266,7 @@ SHARED = (
     LLM_TTFT,
     LLM_TPOT,
     LLM_INTER_TOKEN,
+    LLM_REMOTE_REQUESTS,
 )
 
 

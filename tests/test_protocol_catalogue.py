@@ -40,6 +40,10 @@ NOT_EVENTS = {
     "extra_body.auto_response",
     "audio.output.voice",
     "turn_detection.idle_timeout_ms",
+    # Server-Sent Events of the batch route POST /v1/audio/transcriptions (stream=true),
+    # not WebSocket events
+    "transcript.text.delta",
+    "transcript.text.done",
 }
 _TOKEN = re.compile(r"`([^`]*)`")
 _NAME = re.compile(r"^(\.?[a-z_]+(?:\.[a-z_]+)*(?:/\.?[a-z_]+)*)")

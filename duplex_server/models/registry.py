@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from duplex_server.engine import EngineCore
-from duplex_server.engine.llm import LLMOptions
+from duplex_server.engine.llm import LLMOptions, RemoteOptions
 from duplex_server.models.echo import EchoBackend, EchoModel
 from duplex_server.sessions.core.model_port import ModelPort
 
@@ -44,7 +44,7 @@ def build_model(
     asr_phrases: list[str] | None = None,
     asr: str = "auto",
     tts: str = "espeak",
-    llm: LLMOptions | None = None,
+    llm: LLMOptions | RemoteOptions | None = None,
     device: str = "cpu",
     dtype: str = "auto",
     moshi_rows: int = 8,

@@ -24,7 +24,9 @@ from duplex_server.engine.llm.interface import (
     LLMOptions,
     LoadState,
     PromptMeasure,
+    RemoteOptions,
 )
+from duplex_server.engine.llm.tool_call_parser import Piece
 
 if TYPE_CHECKING:
     from duplex_server.engine.llm.transformers_backend import TransformersBackend
@@ -40,7 +42,9 @@ __all__ = [
     "LLMEngine",
     "LLMOptions",
     "LLMConfigError",
+    "RemoteOptions",
     "build_llm_engine",
+    "build_remote_llm_engine",
     "check_checkpoint",
 ]
 
@@ -160,5 +164,24 @@ def build_llm_engine(options: LLMOptions, max_concurrency: int = 64) -> LLMEngin
             max_num_seqs=options.max_num_seqs,
             threads=options.threads,
         )
-    core = EngineCore(engine_backend, max_concurrency=max_concurrency, name="llm")
+    core: EngineCore[ChatPayload, Piece] = EngineCore(
+        engine_backend, max_concurrency=max_concurrency, name="llm"
+    )
     return LLMEngine(core, engine_backend, options.max_new_tokens, engine_backend, engine_backend)
+
+
+def build_remote_llm_engine(options: RemoteOptions) -> LLMEngine:
+    """The engine for ``--llm-url``: at most ``max_requests`` answers in
+    flight to the remote, more wait their turn (realtime ahead of batch)."""
+    from duplex_server.engine.llm.remote import RemoteChatBackend
+
+    if not options.url.startswith(("http://", "https://")):
+        raise LLMConfigError(f"--llm-url {options.url}: give an http:// or https:// /v1 base")
+    if not options.model:
+        raise LLMConfigError(
+            "--llm-url needs --llm-model NAME: the model the remote serves "
+            "(as its GET /v1/models lists it)"
+        )
+    backend = RemoteChatBackend(options)
+    core = EngineCore(backend, max_concurrency=options.max_requests, name="llm")
+    return LLMEngine(core, backend, options.max_new_tokens, backend=backend, remote=backend)

@@ -54,3 +54,16 @@ def _starts_turn(message: dict[str, object]) -> bool:
 def _without(payload: ChatPayload, head: int, cut: int) -> ChatPayload:
     messages = payload.messages[:head] + payload.messages[cut:]
     return dataclasses.replace(payload, messages=messages)
+
+
+def drop_oldest_turns(payload: ChatPayload, turns: int) -> ChatPayload | None:
+    """``payload`` without its ``turns`` oldest turns (the system message
+    and the last turn stay), for a backend that cannot count tokens and
+    learns from the remote's refusal that the chat is too long; None when
+    only the last turn is left."""
+    messages = payload.messages
+    head = 1 if messages and messages[0]["role"] == "system" else 0
+    starts = [index for index in range(head + 1, len(messages)) if _starts_turn(messages[index])]
+    if not starts:
+        return None
+    return _without(payload, head, starts[min(turns, len(starts)) - 1])

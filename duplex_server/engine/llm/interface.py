@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from duplex_server.engine.core import EngineCore
+from duplex_server.engine.llm.tool_call_parser import Piece
 
 LLM_BACKENDS = ("auto", "transformers", "vllm")
 LLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -24,13 +25,15 @@ class ChatPayload:
     ``temperature`` (0: greedy), at most ``max_new_tokens`` tokens. ``tools``
     (JSON-schema function dicts) go to the template as its ``tools``;
     ``answer_prefix`` is text the answer is made to begin with (the prompt
-    ends with it; the deltas continue after it)."""
+    ends with it; the deltas continue after it); a remote gets the session's
+    ``tool_choice`` in the Chat Completions shape instead."""
 
     messages: list[dict[str, Any]]
     temperature: float
     max_new_tokens: int
     tools: list[dict[str, Any]] = field(default_factory=list)
     answer_prefix: str = ""
+    tool_choice: str | dict[str, Any] = "auto"
 
 
 class LoadState(Protocol):
@@ -57,6 +60,12 @@ class PromptMeasure(Protocol):
     def prompt_tokens(self, payload: ChatPayload) -> int: ...
 
 
+class RemoteProbe(Protocol):
+    async def unreachable(self) -> str | None:
+        """Why the remote cannot answer now (None: it can)."""
+        ...
+
+
 class Closable(Protocol):
     def close(self) -> None:
         """Stop the backend's threads or processes (blocking)."""
@@ -65,12 +74,16 @@ class Closable(Protocol):
 
 @dataclass(frozen=True)
 class LLMEngine:
-    core: EngineCore[ChatPayload, str]
+    # Text as it decodes; a remote's structured tool calls already parsed.
+    core: EngineCore[ChatPayload, Piece]
     state: LoadState
     max_new_tokens: int  # the cap of any one answer
     # None: the backend fits prompts to its window on its own.
     measure: PromptMeasure | None = None
     backend: Closable | None = None  # stopped at server shutdown
+    # A remote (``--llm-url``) takes tools and tool_choice as Chat Completions
+    # does; a local backend prefixes the answer to force a call.
+    remote: RemoteProbe | None = None
 
     def close(self) -> None:
         if self.backend is not None:
@@ -99,6 +112,20 @@ class LLMOptions:
     tensor_parallel_size: int = 1  # vLLM: GPUs a model is split across
     pipeline_parallel_size: int = 1  # vLLM: pipeline stages
     engine_args: tuple[str, ...] = ()  # vLLM: more engine arguments, KEY=VALUE
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """``--llm-url`` and its companions: the cascade's LLM on another server."""
+
+    url: str  # the /v1 base
+    model: str
+    api_key: str | None = None
+    timeout_s: float = 30.0  # connect, and the longest wait for the next piece
+    retries: int = 2  # more tries before an answer began
+    max_requests: int = 64  # in flight to the remote at once
+    max_new_tokens: int = 256  # the cap of any one answer
+    request_args: tuple[tuple[str, Any], ...] = ()  # more body fields, by the remote's names
 
 
 class LLMConfigError(ValueError):

@@ -89,7 +89,12 @@ def parse_call(body: str) -> ParsedToolCall | MalformedToolCall:
         return MalformedToolCall(raw, f"not JSON ({exc})")
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return MalformedToolCall(raw, 'not an object with a string "name"')
-    arguments = call.get("arguments", {})
+    return checked_call(call["name"], call.get("arguments", {}), raw)
+
+
+def checked_call(name: str, arguments: object, raw: str) -> ParsedToolCall | MalformedToolCall:
+    """A call whose arguments are a JSON object (or its text); ``raw`` is
+    what is quoted when they are not."""
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
         try:
             arguments = json.loads(arguments)
@@ -97,7 +102,7 @@ def parse_call(body: str) -> ParsedToolCall | MalformedToolCall:
             return MalformedToolCall(raw, f"arguments are not JSON ({exc})")
     if not isinstance(arguments, dict):
         return MalformedToolCall(raw, '"arguments" is not an object')
-    return ParsedToolCall(call["name"], json.dumps(arguments, ensure_ascii=False))
+    return ParsedToolCall(name, json.dumps(arguments, ensure_ascii=False))
 
 
 def _partial_tag_length(text: str) -> int:

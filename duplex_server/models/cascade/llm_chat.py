@@ -31,6 +31,7 @@ class ToolSetup:
 
     tools: list[dict[str, Any]] = field(default_factory=list)
     answer_prefix: str = ""
+    tool_choice: str | dict[str, Any] = "auto"  # a remote's (Chat Completions)
 
 
 def tool_setup(config: SessionView) -> ToolSetup:
@@ -49,6 +50,20 @@ def tool_setup(config: SessionView) -> ToolSetup:
         return ToolSetup([template_tool(tool) for tool in named], prefix)
     schemas = [template_tool(tool) for tool in tools]
     return ToolSetup(schemas, f'{OPEN}\n{{"name": "' if choice == "required" else "")
+
+
+def remote_tool_setup(config: SessionView) -> ToolSetup:
+    """The same choice for a remote that takes Chat Completions' own
+    ``tool_choice`` (``auto``, ``required`` or the function by name)
+    and forces the call itself: no answer prefix."""
+    choice, tools = config.tool_choice, config.tools
+    if choice == "none" or not tools:
+        return ToolSetup()
+    schemas = [template_tool(tool) for tool in tools]
+    if isinstance(choice, ToolChoiceFunction):
+        named = {"type": "function", "function": {"name": choice.function_name()}}
+        return ToolSetup(schemas, tool_choice=named)
+    return ToolSetup(schemas, tool_choice=str(choice))
 
 
 def template_tool(tool: Tool) -> dict[str, Any]:

@@ -28,7 +28,12 @@ from duplex_server.engine.llm.tool_call_parser import (
     Piece,
     ToolCallParser,
 )
-from duplex_server.models.cascade.llm_chat import chat_messages, has_question, tool_setup
+from duplex_server.models.cascade.llm_chat import (
+    chat_messages,
+    has_question,
+    remote_tool_setup,
+    tool_setup,
+)
 from duplex_server.models.cascade.llm_timing import TokenClock
 from duplex_server.models.cascade.payload import SpeakPayload
 from duplex_server.models.cascade.responder import Reply, StageTimes
@@ -51,6 +56,10 @@ class LLMResponder:
 
     def close(self) -> None:
         self.engine.close()
+
+    async def unreachable(self) -> str | None:
+        remote = self.engine.remote
+        return None if remote is None else await remote.unreachable()
 
     async def respond(
         self, history: list[HistoryItem], request: EngineRequest[SpeakPayload]
@@ -91,8 +100,10 @@ class LLMResponder:
         cap = self.engine.max_new_tokens
         if isinstance(config.max_output_tokens, int):
             cap = min(cap, config.max_output_tokens)
-        tools = tool_setup(config)
-        return ChatPayload(messages, config.temperature, cap, tools.tools, tools.answer_prefix)
+        tools = remote_tool_setup(config) if self.engine.remote else tool_setup(config)
+        return ChatPayload(
+            messages, config.temperature, cap, tools.tools, tools.answer_prefix, tools.tool_choice
+        )
 
     async def _fit(self, payload: ChatPayload) -> tuple[ChatPayload, int]:
         measure = self.engine.measure
@@ -104,7 +115,7 @@ class LLMResponder:
 
     async def _replies(
         self,
-        stream: AsyncIterator[str],
+        stream: AsyncIterator[Piece],
         prefix: str,
         clock: TokenClock,
         chat: EngineRequest[ChatPayload],
@@ -118,7 +129,8 @@ class LLMResponder:
             ttft_ms = clock.tick()
             if ttft_ms is not None:
                 yield StageTimes({"llm_ttft_ms": ttft_ms})
-            pieces += parser.feed(delta)
+            # a remote's calls come parsed; text goes through the parser
+            pieces += parser.feed(delta) if isinstance(delta, str) else [delta]
             for reply in _handle(pieces, chat.response_id, len(calls)):
                 if isinstance(reply, FunctionCallPart):
                     calls.append(reply)

@@ -15,7 +15,12 @@ from collections.abc import AsyncIterator
 
 from duplex_server.audio import resample_pcm16
 from duplex_server.engine import EngineCore, EngineRequest
-from duplex_server.engine.llm import LLMOptions, build_llm_engine
+from duplex_server.engine.llm import (
+    LLMOptions,
+    RemoteOptions,
+    build_llm_engine,
+    build_remote_llm_engine,
+)
 from duplex_server.models.capabilities import built_in
 from duplex_server.models.cascade.clause_buffer import ClauseBuffer, TextStream
 from duplex_server.models.cascade.payload import SpeakPayload
@@ -244,6 +249,12 @@ class CascadeModel:
     def answering(self) -> CascadeModel:
         return self
 
+    async def unready_reason(self) -> str | None:
+        """``llm_unreachable`` while a remote LLM (``--llm-url``) does not answer."""
+        if await self.responder.unreachable() is not None:
+            return "llm_unreachable"
+        return None
+
     def __init__(
         self,
         stages: CascadeStages,
@@ -288,15 +299,19 @@ def build_cascade(
     max_concurrency: int = 64,
     asr: str = "auto",
     tts: str = "espeak",
-    llm: LLMOptions | None = None,
+    llm: LLMOptions | RemoteOptions | None = None,
 ) -> CascadeModel:
-    """``llm``: answer with that chat model (``--llm``) instead of the parrot."""
+    """``llm``: answer with that chat model (``--llm`` in process, or
+    ``--llm-url`` on another server) instead of the parrot."""
     stages = CascadeStages(build_recogniser(asr, phrases), build_synthesiser(tts))
     responder: Responder = Parrot()
     if llm is not None:
         from duplex_server.models.cascade.llm_responder import LLMResponder
 
-        engine = build_llm_engine(llm, max_concurrency)
+        if isinstance(llm, RemoteOptions):
+            engine = build_remote_llm_engine(llm)
+        else:
+            engine = build_llm_engine(llm, max_concurrency)
         responder = LLMResponder(engine)
     backend = CascadeBackend(stages, responder)
     return CascadeModel(stages, EngineCore(backend, max_concurrency=max_concurrency), responder)

@@ -45,6 +45,10 @@ class Responder(Protocol):
         """Stop what it runs (an LLM's decode thread), at server shutdown."""
         ...
 
+    async def unreachable(self) -> str | None:
+        """Why it cannot answer now (a remote LLM that does not answer), or None."""
+        ...
+
 
 class Parrot:
     """Repeats the latest user turn; asks again when it heard nothing in it,
@@ -55,6 +59,9 @@ class Parrot:
 
     def close(self) -> None:
         pass
+
+    async def unreachable(self) -> str | None:
+        return None
 
     async def respond(
         self, history: list[HistoryItem], request: EngineRequest[SpeakPayload]

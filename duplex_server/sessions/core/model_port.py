@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -338,3 +338,11 @@ class ModelPort(Protocol):
         """Why the model cannot take ``instructions`` (None: it can); asked when
         a session names them (Moshi primes them as tokens, at most so many)."""
         ...
+
+
+@runtime_checkable
+class ProbedModel(Protocol):
+    """A model that depends on something it must ask (a remote LLM): the
+    reason it cannot take a session now, for ``/ready``, or None."""
+
+    async def unready_reason(self) -> str | None: ...

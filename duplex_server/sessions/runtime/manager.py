@@ -19,7 +19,7 @@ from duplex_server.sessions.core.commands import check_session_patch
 from duplex_server.sessions.core.config import merge_config
 from duplex_server.sessions.core.gates import refuse_unsupported
 from duplex_server.sessions.core.model_names import ModelNames, opening_model
-from duplex_server.sessions.core.model_port import ModelPort
+from duplex_server.sessions.core.model_port import ModelPort, ProbedModel
 from duplex_server.sessions.core.records import CallBody, Record, is_job_session
 from duplex_server.sessions.core.server_inputs import token_refusal
 from duplex_server.sessions.core.state import fold, initial_state
@@ -167,6 +167,8 @@ class SessionManager:
             reasons.append("store_unreachable")
         if not self.model.loaded:
             reasons.append("model_not_loaded")
+        if isinstance(self.model, ProbedModel) and (why := await self.model.unready_reason()):
+            reasons.append(why)
         if self.at_capacity:
             reasons.append("admission_full")
         return reasons

@@ -1,0 +1,303 @@
+"""``--llm-url``: the cascade's LLM on another server, here vLLM's own
+OpenAI server (``python -m vllm.entrypoints.openai.api_server``, its CPU
+build) in its own process, serving the tiny Qwen2 chat model trained to
+known replies. Through the stock openai SDK: a text conversation, a tool
+call round trip (vLLM's Hermes tool parser, so the calls come back as
+structured ``tool_calls``), 16 sessions at once. A cancel that lands while
+the remote is still decoding the answer (vLLM's scheduler held with its own
+dev-mode ``/pause?mode=keep``) closes the remote stream: vLLM's
+``num_requests_running`` falls to 0 while it is still paused. The remote
+killed with ``kill -9`` mid-answer: ``engine_error``, the session still
+serves, ``/ready`` says ``llm_unreachable``; once it is back, the next turn
+is answered."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+from openai import AsyncOpenAI
+
+from duplex_bench.tiny_llm import (
+    BONJOUR,
+    CAPITAL,
+    CAPITAL_QUESTIONS,
+    COUNT_QUESTION,
+    FOLLOW_UP,
+    FRANCE,
+    FRANCE_QUESTION,
+    FRENCH,
+    LET_ME_CHECK,
+    QUESTION,
+    WEATHER,
+    WEATHER_TOOL,
+    trained_qwen_chat_model,
+)
+from duplex_bench.tiny_llm import call_arguments as weather_arguments
+from duplex_server import cli
+from tests.conftest import RunningServer, free_port, running_server
+from tests.e2e.test_llm_backends import PROMPTS, greedy, greedy_session
+from tests.e2e.test_llm_cascade import text_answer
+from tests.e2e.test_llm_tools import ask, open_session, text_of, until_done
+from tests.vllm_support import KV_CACHE_BYTES, assert_vllm_installed, requires_vllm
+
+pytestmark = [requires_vllm, pytest.mark.asyncio(loop_scope="module")]
+
+SERVED_NAME = "tiny-qwen"
+START_S = 600.0  # a bound on a broken start (about 70 s on a loaded 2-core machine)
+
+
+@dataclass
+class Remote:
+    """vLLM's OpenAI server in its own process."""
+
+    path: Path
+    port: int
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        environment = {
+            **os.environ,
+            "VLLM_SERVER_DEV_MODE": "1",  # /pause and /resume, which the tests hold it with
+            "VLLM_NO_USAGE_STATS": "1",
+            "HF_HUB_OFFLINE": "1",
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            *("--model", str(self.path), "--served-model-name", SERVED_NAME),
+            *("--host", "127.0.0.1", "--port", str(self.port)),
+            *("--dtype", "float32", "--max-model-len", "512", "--enforce-eager"),
+            *("--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--seed", "0"),
+            *("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
+        ]
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(  # its own group: its engine core dies with it
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=environment,
+                start_new_session=True,
+            )
+
+    async def wait_up(self, http: httpx.AsyncClient) -> None:
+        deadline = asyncio.get_running_loop().time() + START_S
+        while True:
+            assert self.process is not None and self.process.poll() is None, self.tail()
+            try:
+                if (await http.get(f"{self.url}/v1/models")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert asyncio.get_running_loop().time() < deadline, self.tail()
+            await asyncio.sleep(0.5)
+
+    def kill(self) -> None:
+        """``kill -9`` of the server and its engine core process."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    async def gauge(self, http: httpx.AsyncClient, name: str) -> float:
+        """The sum of a vLLM series over its labels, from its /metrics."""
+        text = (await http.get(f"{self.url}/metrics")).text
+        values = [
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name + "{") or line.startswith(name + " ")
+        ]
+        assert values, f"{name} is not in vLLM's /metrics"
+        return sum(values)
+
+
+@dataclass
+class Tiers:
+    remote: Remote
+    server: RunningServer
+    http: httpx.AsyncClient
+
+    def client(self) -> AsyncOpenAI:
+        return AsyncOpenAI(api_key="unused", base_url=f"{self.server.http_url}/v1")
+
+
+@contextlib.asynccontextmanager
+async def rambling(remote: Remote) -> AsyncIterator[RunningServer]:
+    """A second server on the same remote whose answers run on to 400
+    tokens (``ignore_eos`` passed through by ``--llm-request-arg``), so a
+    hold at an answer's first words surely finds it still decoding."""
+    flags = ["--llm-url", f"{remote.url}/v1", "--llm-model", SERVED_NAME, "--llm-retries", "0"]
+    more = ["--llm-request-arg", "ignore_eos=true", "--llm-max-new-tokens", "400"]
+    config = cli.serve_config([*flags, *more], {})
+    config.port = free_port()
+    async with running_server(config) as server:
+        yield server
+
+
+def client_of(server: RunningServer) -> AsyncOpenAI:
+    return AsyncOpenAI(api_key="unused", base_url=f"{server.http_url}/v1")
+
+
+async def said(connection, text: str) -> str:
+    """A rambling answer's text, once it completed."""
+    content = [{"type": "input_text", "text": text}]
+    await connection.conversation.item.create(
+        item={"type": "message", "role": "user", "content": content}
+    )
+    await connection.response.create()
+    events = await until_done(connection)
+    assert events[-1].response.status == "completed"
+    return text_of(events)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def tiers(tmp_path_factory) -> AsyncIterator[Tiers]:
+    assert_vllm_installed()
+    base = tmp_path_factory.getbasetemp()
+    remote = Remote(trained_qwen_chat_model(base), free_port(), base / "vllm-remote.log")
+    remote.start()
+    try:
+        async with httpx.AsyncClient(timeout=30) as http:
+            await remote.wait_up(http)
+            flags = ["--llm-url", f"{remote.url}/v1", "--llm-model", SERVED_NAME]
+            config = cli.serve_config([*flags, "--llm-retries", "0"], {})
+            config.port = free_port()
+            async with running_server(config) as server:
+                yield Tiers(remote, server, http)
+                await server.assert_replay_determinism()
+    finally:
+        if remote.process is not None and remote.process.poll() is None:
+            remote.kill()
+
+
+async def test_a_text_conversation_through_the_openai_sdk(tiers):
+    assert (await tiers.http.get(f"{tiers.server.http_url}/ready")).status_code == 200
+    async with tiers.client().realtime.connect(model="cascade") as connection:
+        assert (await connection.recv()).type == "session.created"
+        await connection.session.update(session=greedy())
+        assert await text_answer(connection, CAPITAL_QUESTIONS[0]) == CAPITAL
+        # the chat the remote gets holds the whole conversation
+        assert await text_answer(connection, FRANCE_QUESTION) == FRANCE
+    assert await greedy_session(tiers.client(), FRENCH, "Say hello.") == BONJOUR
+
+
+async def test_a_tool_call_round_trip_through_the_openai_sdk(tiers):
+    connection = await open_session(
+        tiers.server, tools=[WEATHER_TOOL], tool_choice="auto", temperature=0.0
+    )
+    try:
+        events = await ask(connection, QUESTION)
+        assert text_of(events) == LET_ME_CHECK  # vLLM parsed the call out of the text
+        response = events[-1].response
+        assert response.status == "completed"
+        assert [item.type for item in response.output] == ["message", "function_call"]
+        call = response.output[1]
+        assert (call.name, call.arguments) == ("get_weather", weather_arguments())
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": WEATHER}
+        await connection.conversation.item.create(item=output)
+        await connection.response.create()
+        events = await until_done(connection)
+        assert events[-1].response.status == "completed"
+        assert text_of(events) == FOLLOW_UP
+    finally:
+        await connection.close()
+
+
+async def test_sixteen_concurrent_sessions_get_their_trained_answers(tiers):
+    plan = [PROMPTS[index % len(PROMPTS)] for index in range(16)]
+    client = tiers.client()
+    answers = await asyncio.gather(*(greedy_session(client, i, q) for i, q, _ in plan))
+    assert answers == [answer for _, _, answer in plan]
+
+
+async def held_answer(tiers: Tiers, connection) -> str:
+    """Ask for the long count and hold the remote's scheduler as soon as
+    its first words arrive: the answer is then unfinished in vLLM."""
+    content = [{"type": "input_text", "text": COUNT_QUESTION}]
+    await connection.conversation.item.create(
+        item={"type": "message", "role": "user", "content": content}
+    )
+    await connection.response.create()
+    async for event in connection:
+        if event.type == "response.output_text.delta":
+            await tiers.http.post(f"{tiers.remote.url}/pause", params={"mode": "keep"})
+            return event.response_id
+        assert event.type != "response.done", event
+    raise AssertionError("the connection closed before the answer began")
+
+
+async def test_a_cancel_closes_the_remote_stream(tiers):
+    remote, http = tiers.remote, tiers.http
+    async with (
+        rambling(remote) as server,
+        client_of(server).realtime.connect(model="cascade") as connection,
+    ):
+        assert (await connection.recv()).type == "session.created"
+        await connection.session.update(session=greedy(output_modalities=["text"]))
+        try:
+            response_id = await held_answer(tiers, connection)
+            # frozen mid-answer in vLLM's scheduler
+            assert await remote.gauge(http, "vllm:num_requests_running") == 1
+            await connection.response.cancel()
+            events = await until_done(connection)
+            assert events[-1].response.id == response_id
+            assert events[-1].response.status == "cancelled"
+            # the stream closed: vLLM let go of the request though it is still paused
+            while await remote.gauge(http, "vllm:num_requests_running") > 0:
+                await asyncio.sleep(0.1)
+        finally:
+            await http.post(f"{remote.url}/resume")
+        # the session serves on (the cut count is in its chat, so the tiny
+        # model's next words are not the trained reply: only that it answers)
+        assert await said(connection, CAPITAL_QUESTIONS[0])
+
+
+async def test_the_remote_killed_mid_answer(tiers):
+    remote, http = tiers.remote, tiers.http
+    async with (
+        rambling(remote) as server,
+        client_of(server).realtime.connect(model="cascade") as connection,
+    ):
+        ready = f"{server.http_url}/ready"
+        assert (await connection.recv()).type == "session.created"
+        await connection.session.update(session=greedy(output_modalities=["text"]))
+        await held_answer(tiers, connection)
+        assert await remote.gauge(http, "vllm:num_requests_running") == 1  # mid-answer
+        remote.kill()
+        errors = []
+        async for event in connection:
+            if event.type == "error":
+                errors.append(event.error.code)
+            if event.type == "response.done":
+                assert event.response.status == "failed"
+                break
+        assert errors == ["engine_error"]
+        answer = await http.get(ready)
+        assert answer.status_code == 503
+        assert "llm_unreachable" in answer.json()["reasons"]
+        remote.start()
+        await remote.wait_up(http)
+        while (await http.get(ready)).status_code != 200:
+            await asyncio.sleep(0.2)
+        # the same session answers its next turn
+        # the session serves on (the cut count is in its chat, so the tiny
+        # model's next words are not the trained reply: only that it answers)
+        assert await said(connection, CAPITAL_QUESTIONS[0])
