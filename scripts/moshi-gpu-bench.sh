@@ -30,6 +30,8 @@ python3 -c "import transformers, torch; print('torch', torch.__version__, 'trans
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 date -u
 step() {
+  # STEP_ONLY=1: the 7B part alone (no tiny-model checks, no Mimi profile)
+  [ -z "${STEP_ONLY:-}" ] && {
   timeout 120 python3 scripts/moshi_fast_check.py --device cuda --dtype float32 \
     --temperature 0.8 2>&1 | keep checks
   [ -n "${QUICK:-}" ] || timeout 120 python3 scripts/moshi_fast_check.py --device cuda \
@@ -37,6 +39,7 @@ step() {
   timeout 150 python3 -m pytest -p no:cacheprovider --noconftest -q -rs tests/test_mimi_graph.py \
     2>&1 | tail -3 | keep checks
   timeout 120 python3 scripts/moshi_mimi_profile.py --rows 1 ${ROWS:-32 48 64} 2>&1 | keep codec
+  }
   timeout 420 python3 -u - "${ROWS:-32 48 64}" "${LONG_FRAMES:-1500}" "${EAGER_ROWS:-${ROWS:-32 48 64}}" \
     "${REBUILDS:-3000 7500}" 2>&1 <<'PY' | keep step
 import json, sys
@@ -50,8 +53,9 @@ for codec in ("graphed", "eager"):
     for n in rows[codec]:
         show(step="fast", codec=codec, **b._one(model, "fast", codec, int(n), 60, 3000, 0.8, 0))
 # a long call: 32 rows from 2,500 frames of context on, through the window's fill at 3,000
-long = int(sys.argv[2])
-show(step="fast", codec="graphed", **b._one(model, "fast", "graphed", 32, long, 2500, 0.8, 250))
+long = int(sys.argv[2])  # LONG_FRAMES=0: none
+if long > 0:
+    show(step="fast", codec="graphed", **b._one(model, "fast", "graphed", 32, long, 2500, 0.8, 250))
 for frames in sys.argv[4].split():  # a resume's rebuild (the chunked prefill), one row
     show(**b._rebuild(model, int(frames)))
 PY
@@ -68,6 +72,8 @@ random_7b('cuda', 'bfloat16').save_pretrained('/tmp/moshi-7b')" 2>&1 | tail -2 |
 }
 case "${1:-step}" in
 step) step ;;
+# the tiny model's checks alone, any moshi_fast_check.py flags after it
+checks) shift; timeout 120 python3 scripts/moshi_fast_check.py "$@" 2>&1 | keep checks ;;
 server) server ;;
 all) step; date -u; server ;;
 esac

@@ -127,7 +127,13 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--temperature", type=float, default=0.0)
+    # cuDNN convolutions run float32 in TF32 by default on CUDA: the resume's
+    # one-shot codec prefill then rounds unlike the frame-by-frame stream
+    parser.add_argument("--no-tf32", action="store_true", help="full float32 convs and matmuls")
     args = parser.parse_args()
+    if args.no_tf32:
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     with tempfile.TemporaryDirectory() as tmp:
         directory = tiny_moshi(Path(tmp))
         model = transformers.MoshiForConditionalGeneration.from_pretrained(
@@ -142,6 +148,7 @@ def main() -> None:
     eager = frames_of(model, DuplexStepper, signals, args.temperature)
     fast = frames_of(model, FastDuplexStepper, signals, args.temperature)
     report = {"device": args.device, "dtype": args.dtype, "temperature": args.temperature}
+    report["tf32"] = not args.no_tf32
     for row in eager:
         pairs = list(zip(eager[row], fast[row], strict=True))
         report[f"row{row}"] = {

@@ -162,7 +162,12 @@ async def test_a_text_conversation_through_the_openai_sdk(served):
 
 
 async def test_a_spoken_question_is_answered_with_the_trained_reply(served):
-    server = served.server
+    await assert_spoken_answer(served.server)
+
+
+async def assert_spoken_answer(server: RunningServer) -> None:
+    """A spoken question, heard, answered with the trained reply, whose
+    audio the server's own recogniser hears back."""
     client = await greedy_vad_session(server)
     question = "what is the capital of spain"
     await stream_paced(client, silence(500) + speak(question) + silence(1200), chunk_ms=20)
@@ -172,7 +177,6 @@ async def test_a_spoken_question_is_answered_with_the_trained_reply(served):
     assert words(heard["transcript"]) == question.split()
     assert events[-1]["response"]["status"] == "completed"
     assert first(events, "response.output_audio_transcript.done")["transcript"] == CAPITAL
-    # the answer's audio says it: the server's own recogniser hears it back
     pcm = b"".join(
         base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta"
     )

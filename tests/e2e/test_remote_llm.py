@@ -15,7 +15,6 @@ is answered."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import os
 import signal
@@ -47,19 +46,15 @@ from duplex_bench.tiny_llm import (
 )
 from duplex_bench.tiny_llm import call_arguments as weather_arguments
 from duplex_server import cli
-from duplex_server.audio import resample_pcm16
 from tests.conftest import RunningServer, free_port, running_server
 from tests.e2e.test_llm_backends import (
     PROMPTS,
+    assert_spoken_answer,
     greedy,
     greedy_session,
-    greedy_vad_session,
-    words,
 )
 from tests.e2e.test_llm_cascade import text_answer
 from tests.e2e.test_llm_tools import ask, open_session, text_of, until_done
-from tests.e2e.test_voice import first, silence, stream_paced
-from tests.speech import speak
 from tests.vllm_support import KV_CACHE_BYTES, assert_vllm_installed, requires_vllm
 
 pytestmark = [requires_vllm, pytest.mark.asyncio(loop_scope="module")]
@@ -315,22 +310,4 @@ async def test_the_remote_killed_mid_answer(tiers):
 
 
 async def test_a_spoken_question_is_answered_with_the_trained_reply(tiers):
-    server = tiers.server
-    client = await greedy_vad_session(server)
-    question = "what is the capital of spain"
-    await stream_paced(client, silence(500) + speak(question) + silence(1200), chunk_ms=20)
-    events = await client.recv_until("response.done", timeout=60)
-    await client.close()
-    heard = first(events, "conversation.item.input_audio_transcription.completed")
-    assert words(heard["transcript"]) == question.split()
-    assert events[-1]["response"]["status"] == "completed"
-    assert first(events, "response.output_audio_transcript.done")["transcript"] == CAPITAL
-    # the answer's audio says it: the server's own recogniser hears it back
-    pcm = b"".join(
-        base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta"
-    )
-    asr = server.app.state.model.listening.asr
-    heard_back = await asyncio.to_thread(
-        asr.transcribe, resample_pcm16(pcm, 24_000, 16_000), None, None
-    )
-    assert words(heard_back) == words(CAPITAL)
+    await assert_spoken_answer(tiers.server)

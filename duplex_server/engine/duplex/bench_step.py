@@ -280,9 +280,9 @@ def _one(
 ) -> dict[str, Any]:
     """One measurement; running out of device memory is a figure, not a crash."""
     try:
-        stepper = make_stepper(model, rows, step)
-        if step == "fast" and codec == "eager":
-            stepper = FastDuplexStepper(model, rows, graphed_codec=False)
+        # one stepper only: a second built beside the first held two KV rings
+        # (the eager-codec run at 32 rows, context 3,000, did not fit an H100)
+        stepper = make_stepper(model, rows, step, graphed_codec=codec != "eager")
         return measure(stepper, frames, context, temperature=temperature, segment=segment)
     except torch.OutOfMemoryError as exc:
         return {"rows": rows, "context": context, "error": f"out of memory: {str(exc)[:120]}"}

@@ -335,8 +335,11 @@ class FastDuplexStepper(DuplexStepper):
         return F.linear(out.reshape(rows, -1), attn.o_proj.linear.weight[codebook])
 
 
-def make_stepper(model: MoshiForConditionalGeneration, rows: int, step: str) -> DuplexStepper:
-    """The stepper ``--moshi-step`` names: 'eager' (transformers' modules) or 'fast'.
+def make_stepper(
+    model: MoshiForConditionalGeneration, rows: int, step: str, graphed_codec: bool = True
+) -> DuplexStepper:
+    """The stepper ``--moshi-step`` names: 'eager' (transformers' modules) or 'fast'
+    (``graphed_codec=False``: the fast step with transformers' streaming codec).
 
     On CUDA either way, PyTorch's cuDNN attention backend is turned off for
     the process: it builds an execution plan per new shape (~8 ms of CPU a
@@ -348,7 +351,7 @@ def make_stepper(model: MoshiForConditionalGeneration, rows: int, step: str) -> 
     if model.device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
     if step == "fast":
-        return FastDuplexStepper(model, rows)
+        return FastDuplexStepper(model, rows, graphed_codec=graphed_codec)
     if step == "eager":
         return DuplexStepper(model, rows)
     raise ValueError(f"--moshi-step {step!r}: 'eager' or 'fast'")
