@@ -77,12 +77,18 @@ class Remote:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        # Its own sockets and caches: an in-process vLLM test run earlier in
+        # this worker left VLLM_* variables naming a directory since removed.
+        runtime = self.log.parent / f"vllm-remote-{self.port}"
         environment = {
-            **os.environ,
+            **{key: value for key, value in os.environ.items() if not key.startswith("VLLM_")},
             "VLLM_SERVER_DEV_MODE": "1",  # /pause and /resume, which the tests hold it with
             "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_RPC_BASE_PATH": str(runtime / "rpc"),
+            "VLLM_CACHE_ROOT": str(runtime / "cache"),
             "HF_HUB_OFFLINE": "1",
         }
+        (runtime / "rpc").mkdir(parents=True, exist_ok=True)
         command = [
             sys.executable,
             "-m",
