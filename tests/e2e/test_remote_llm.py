@@ -6,8 +6,8 @@ audio recognised back); through the stock openai SDK: a text conversation, a too
 call round trip (vLLM's Hermes tool parser, so the calls come back as
 structured ``tool_calls``), 16 sessions at once. A cancel that lands while
 the remote is still decoding the answer (vLLM's scheduler held with its own
-dev-mode ``/pause?mode=keep``) closes the remote stream: vLLM's
-``num_requests_running`` falls to 0 while it is still paused. The remote
+dev-mode ``/pause?mode=keep``) closes the remote stream: once resumed,
+vLLM runs nothing and never finishes the 400-token answer. The remote
 killed with ``kill -9`` mid-answer: ``engine_error``, the session still
 serves, ``/ready`` says ``llm_unreachable``; once it is back, the next turn
 is answered."""
@@ -129,13 +129,22 @@ class Remote:
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
 
-    async def gauge(self, http: httpx.AsyncClient, name: str) -> float:
-        """The sum of a vLLM series over its labels, from its /metrics."""
+    async def until_gauge(self, http: httpx.AsyncClient, name: str, value: float) -> None:
+        """vLLM publishes its gauges after its engine steps, not when asked:
+        wait (bounded) for the series to read ``value``."""
+        for _ in range(200):
+            if await self.gauge(http, name) == value:
+                return
+            await asyncio.sleep(0.1)
+        assert await self.gauge(http, name) == value
+
+    async def gauge(self, http: httpx.AsyncClient, name: str, label: str = "") -> float:
+        """The sum of a vLLM series over its labels (those with ``label``), from its /metrics."""
         text = (await http.get(f"{self.url}/metrics")).text
         values = [
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()
-            if line.startswith(name + "{") or line.startswith(name + " ")
+            if (line.startswith(name + "{") or line.startswith(name + " ")) and label in line
         ]
         assert values, f"{name} is not in vLLM's /metrics"
         return sum(values)
@@ -264,19 +273,22 @@ async def test_a_cancel_closes_the_remote_stream(tiers):
     ):
         assert (await connection.recv()).type == "session.created"
         await connection.session.update(session=greedy(output_modalities=["text"]))
+        lengthy = 'finished_reason="length"'
+        ran_out = await remote.gauge(http, "vllm:request_success_total", lengthy)
         try:
+            # a 400-token answer held at its first words: still decoding
             response_id = await held_answer(tiers, connection)
-            # frozen mid-answer in vLLM's scheduler
-            assert await remote.gauge(http, "vllm:num_requests_running") == 1
             await connection.response.cancel()
             events = await until_done(connection)
             assert events[-1].response.id == response_id
             assert events[-1].response.status == "cancelled"
-            # the stream closed: vLLM let go of the request though it is still paused
-            while await remote.gauge(http, "vllm:num_requests_running") > 0:
-                await asyncio.sleep(0.1)
         finally:
             await http.post(f"{remote.url}/resume")
+        # vLLM let go of it (its gauges move once its engine steps again),
+        # and never finished it: an answer left generating would have run
+        # out at its 400 tokens
+        await remote.until_gauge(http, "vllm:num_requests_running", 0)
+        assert await remote.gauge(http, "vllm:request_success_total", lengthy) == ran_out
         # the session serves on (the cut count is in its chat, so the tiny
         # model's next words are not the trained reply: only that it answers)
         assert await said(connection, CAPITAL_QUESTIONS[0])
@@ -291,8 +303,7 @@ async def test_the_remote_killed_mid_answer(tiers):
         ready = f"{server.http_url}/ready"
         assert (await connection.recv()).type == "session.created"
         await connection.session.update(session=greedy(output_modalities=["text"]))
-        await held_answer(tiers, connection)
-        assert await remote.gauge(http, "vllm:num_requests_running") == 1  # mid-answer
+        await held_answer(tiers, connection)  # 400 tokens held at their first: mid-answer
         remote.kill()
         errors = []
         async for event in connection:
