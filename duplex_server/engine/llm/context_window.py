@@ -25,9 +25,7 @@ def fit_chat(
     budget = prompt_budget(window, payload.max_new_tokens)
     if prompt_tokens(payload) <= budget:
         return payload, 0
-    messages = payload.messages
-    head = 1 if messages and messages[0]["role"] == "system" else 0
-    starts = [index for index in range(head + 1, len(messages)) if _starts_turn(messages[index])]
+    head, starts = _droppable(payload.messages)
     # Binary search for the fewest turns to drop: fewer messages, fewer tokens.
     low, high = 1, len(starts)
     while low < high:
@@ -47,6 +45,15 @@ def prompt_budget(window: int, max_new_tokens: int) -> int:
     return window - min(max_new_tokens, window // 2)
 
 
+def _droppable(messages: list[dict[str, object]]) -> tuple[int, list[int]]:
+    """How many messages lead and always stay (the system message), and
+    where each turn but the first starts: cutting at one drops the turns
+    before it."""
+    head = 1 if messages and messages[0]["role"] == "system" else 0
+    starts = [index for index in range(head + 1, len(messages)) if _starts_turn(messages[index])]
+    return head, starts
+
+
 def _starts_turn(message: dict[str, object]) -> bool:
     return message["role"] == "user"
 
@@ -61,9 +68,7 @@ def drop_oldest_turns(payload: ChatPayload, turns: int) -> ChatPayload | None:
     and the last turn stay), for a backend that cannot count tokens and
     learns from the remote's refusal that the chat is too long; None when
     only the last turn is left."""
-    messages = payload.messages
-    head = 1 if messages and messages[0]["role"] == "system" else 0
-    starts = [index for index in range(head + 1, len(messages)) if _starts_turn(messages[index])]
+    head, starts = _droppable(payload.messages)
     if not starts:
         return None
     return _without(payload, head, starts[min(turns, len(starts)) - 1])
