@@ -51,8 +51,9 @@ class RemoteLLMError(Exception):
 
 
 class _ToolCallDelta(msgspec.Struct):
+    """A piece of a call (the remote's call id is not kept: the response names its calls)."""
+
     index: int = 0
-    id: str | None = None
     function: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
@@ -63,7 +64,6 @@ class _Delta(msgspec.Struct):
 
 class _Choice(msgspec.Struct):
     delta: _Delta = msgspec.field(default_factory=_Delta)
-    finish_reason: str | None = None
 
 
 class _Chunk(msgspec.Struct):
@@ -174,18 +174,19 @@ class RemoteChatBackend:
         return body
 
     async def generate(self, request: EngineRequest[ChatPayload]) -> AsyncIterator[Piece]:
-        response = await self._open(request.payload)
-        outcome = "failed"
+        outcome, response = "failed", None  # failed: refused, unreachable or broken off
         try:
+            response = await self._open(request.payload)
             async for piece in self._pieces(response):
                 yield piece
             outcome = "completed"
-        except GeneratorExit:
+        except (GeneratorExit, asyncio.CancelledError):
             outcome = "aborted"  # the fence closed the stream: the connection goes with it
             raise
         finally:
             self._requests.labels(outcome).inc()
-            await response.aclose()
+            if response is not None:
+                await response.aclose()
 
     async def _open(self, payload: ChatPayload) -> httpx.Response:
         """The streaming response, once the remote accepted the request."""
