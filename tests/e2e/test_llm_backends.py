@@ -186,8 +186,14 @@ async def assert_spoken_answer(server: RunningServer) -> None:
 
 
 async def test_a_tool_call_round_trip_through_the_openai_sdk(served):
+    await assert_tool_round_trip(served.server)
+
+
+async def assert_tool_round_trip(server: RunningServer) -> None:
+    """The trained question calls the weather tool (no markup in the text);
+    the client's answer to the call gets the trained follow-up."""
     connection = await open_session(
-        served.server, tools=[WEATHER_TOOL], tool_choice="auto", temperature=0.0
+        server, tools=[WEATHER_TOOL], tool_choice="auto", temperature=0.0
     )
     try:
         events = await ask(connection, QUESTION)
