@@ -227,20 +227,36 @@ async def test_sixteen_concurrent_sessions_get_their_trained_answers(tiers):
     assert answers == [answer for _, _, answer in plan]
 
 
+async def hold(remote: Remote, http: httpx.AsyncClient) -> None:
+    """Freeze vLLM's scheduler, its queued and running requests kept."""
+    answer = await http.post(f"{remote.url}/pause", params={"mode": "keep"})
+    assert answer.status_code == 200, answer.text
+
+
 async def held_answer(tiers: Tiers, connection) -> str:
-    """Ask for the long count and hold the remote's scheduler as soon as
-    its first words arrive: the answer is then unfinished in vLLM."""
+    """Ask for the long count with the remote's scheduler frozen, then let
+    it run a step or two at a time (a resume and a pause back to back)
+    until the answer's first words reach the client: the answer is then
+    unfinished in vLLM, however slow this machine is to read its events
+    (a hold placed only once the first words arrived lost that race on a
+    loaded machine, and vLLM finished all 400 tokens first)."""
+    remote, http = tiers.remote, tiers.http
+    await hold(remote, http)
     content = [{"type": "input_text", "text": COUNT_QUESTION}]
     await connection.conversation.item.create(
         item={"type": "message", "role": "user", "content": content}
     )
     await connection.response.create()
-    async for event in connection:
-        if event.type == "response.output_text.delta":
-            await tiers.http.post(f"{tiers.remote.url}/pause", params={"mode": "keep"})
-            return event.response_id
-        assert event.type != "response.done", event
-    raise AssertionError("the connection closed before the answer began")
+    for _ in range(200):  # each window decodes a few of the 400 tokens at most
+        await http.post(f"{remote.url}/resume")
+        await hold(remote, http)
+        with contextlib.suppress(TimeoutError):
+            while True:  # what that window produced
+                event = await asyncio.wait_for(connection.recv(), timeout=0.2)
+                assert event.type != "response.done", event
+                if event.type == "response.output_text.delta":
+                    return event.response_id
+    raise AssertionError("the answer's first words never came")
 
 
 async def test_a_cancel_closes_the_remote_stream(tiers):
@@ -283,19 +299,21 @@ async def test_the_remote_killed_mid_answer(tiers):
         await connection.session.update(session=greedy(output_modalities=["text"]))
         await held_answer(tiers, connection)  # 400 tokens held at their first: mid-answer
         remote.kill()
-        errors = []
-        async for event in connection:
-            if event.type == "error":
-                errors.append(event.error.code)
-            if event.type == "response.done":
-                assert event.response.status == "failed"
-                break
-        assert errors == ["engine_error"]
-        answer = await http.get(ready)
-        assert answer.status_code == 503
-        assert "llm_unreachable" in answer.json()["reasons"]
-        remote.start()
-        await remote.wait_up(http)
+        try:
+            errors = []
+            async for event in connection:
+                if event.type == "error":
+                    errors.append(event.error.code)
+                if event.type == "response.done":
+                    assert event.response.status == "failed"
+                    break
+            assert errors == ["engine_error"]
+            answer = await http.get(ready)
+            assert answer.status_code == 503
+            assert "llm_unreachable" in answer.json()["reasons"]
+        finally:  # the module's later tests need it back
+            remote.start()
+            await remote.wait_up(http)
         while (await http.get(ready)).status_code != 200:
             await asyncio.sleep(0.2)
         # the same session answers its next turn
