@@ -448,4 +448,30 @@ def parser(prog: str = "duplex-bench") -> argparse.ArgumentParser:
     p.add_argument("--voice-sessions", type=int, default=4, help="spoken sessions (0: skip)")
     p.add_argument("--voice-turns", type=int, default=2, help="questions per spoken session")
     p.add_argument("--chunk-ms", type=int, default=20, help="microphone audio per append")
+    remote = p.add_argument_group(
+        "remote LLM tier",
+        "with --llm-url or --serve-remote: the server with --llm-url against the same remote "
+        "called directly (duplex_bench/llm_remote.py); the flags above that name the engine "
+        "or spoken sessions do not apply",
+    )
+    remote.add_argument("--llm-url", default=None, help="the remote's OpenAI-compatible /v1 base")
+    remote.add_argument("--llm-model", default="tiny-qwen", help="the model name it serves")
+    remote.add_argument(
+        "--llm-api-key", default=None, help="its Bearer key (or DUPLEX_SERVER_LLM_API_KEY)"
+    )
+    remote.add_argument(
+        "--serve-remote",
+        action="store_true",
+        help="start the remote here: vLLM's OpenAI server (CPU build) on --llm or the tests' "
+        "tiny Qwen chat model, trained first",
+    )
+    remote.add_argument(
+        "--remote-sessions", default="1,8,32", help="comma-separated concurrencies (the rows)"
+    )
+    remote.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="both sides ask for ignore_eos (vLLM, SGLang): every answer runs to "
+        "--max-new-tokens, so the windows measure decoding, not start-up",
+    )
     return bench

@@ -503,6 +503,11 @@ def measure(path: Path, args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.llm_url or args.serve_remote:  # the remote tier: its own comparison
+        from duplex_bench import llm_remote
+
+        llm_remote.run(args)
+        return
     args.prompts = tiny_llm.TEXT_PROMPTS
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.llm) if args.llm else tiny_llm.build(Path(tmp) / "tiny-llm")

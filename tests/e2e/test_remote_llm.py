@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import subprocess
+import json
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
@@ -39,6 +36,7 @@ from duplex_bench.tiny_llm import (
     FRENCH,
     trained_qwen_chat_model,
 )
+from duplex_bench.vllm_openai import VllmOpenAIServer
 from duplex_server import cli
 from tests.conftest import RunningServer, free_port, running_server
 from tests.e2e.test_llm_backends import (
@@ -55,74 +53,10 @@ from tests.vllm_support import KV_CACHE_BYTES, assert_vllm_installed, requires_v
 pytestmark = [requires_vllm, pytest.mark.asyncio(loop_scope="module")]
 
 SERVED_NAME = "tiny-qwen"
-START_S = 600.0  # a bound on a broken start (about 70 s on a loaded 2-core machine)
 
 
-@dataclass
-class Remote:
-    """vLLM's OpenAI server in its own process."""
-
-    path: Path
-    port: int
-    log: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        # Its own sockets and caches: an in-process vLLM test run earlier in
-        # this worker left VLLM_* variables naming a directory since removed.
-        runtime = self.log.parent / f"vllm-remote-{self.port}"
-        environment = {
-            **{key: value for key, value in os.environ.items() if not key.startswith("VLLM_")},
-            "VLLM_SERVER_DEV_MODE": "1",  # /pause and /resume, which the tests hold it with
-            "VLLM_NO_USAGE_STATS": "1",
-            "VLLM_RPC_BASE_PATH": str(runtime / "rpc"),
-            "VLLM_CACHE_ROOT": str(runtime / "cache"),
-            "HF_HUB_OFFLINE": "1",
-        }
-        (runtime / "rpc").mkdir(parents=True, exist_ok=True)
-        command = [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            *("--model", str(self.path), "--served-model-name", SERVED_NAME),
-            *("--host", "127.0.0.1", "--port", str(self.port)),
-            *("--dtype", "float32", "--max-model-len", "512", "--enforce-eager"),
-            *("--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--seed", "0"),
-            *("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
-        ]
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(  # its own group: its engine core dies with it
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=environment,
-                start_new_session=True,
-            )
-
-    async def wait_up(self, http: httpx.AsyncClient) -> None:
-        deadline = asyncio.get_running_loop().time() + START_S
-        while True:
-            assert self.process is not None and self.process.poll() is None, self.tail()
-            try:
-                if (await http.get(f"{self.url}/v1/models")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            assert asyncio.get_running_loop().time() < deadline, self.tail()
-            await asyncio.sleep(0.5)
-
-    def kill(self) -> None:
-        """``kill -9`` of the server and its engine core process."""
-        assert self.process is not None
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
+class Remote(VllmOpenAIServer):
+    """vLLM's OpenAI server in its own process, and its metrics."""
 
     async def until_gauge(self, http: httpx.AsyncClient, name: str, value: float) -> None:
         """vLLM publishes its gauges after its engine steps, not when asked:
@@ -188,7 +122,13 @@ async def said(connection, text: str) -> str:
 async def tiers(tmp_path_factory) -> AsyncIterator[Tiers]:
     assert_vllm_installed()
     base = tmp_path_factory.getbasetemp()
-    remote = Remote(trained_qwen_chat_model(base), free_port(), base / "vllm-remote.log")
+    remote = Remote(
+        trained_qwen_chat_model(base),
+        free_port(),
+        base / "vllm-remote.log",
+        SERVED_NAME,
+        kv_cache_bytes=KV_CACHE_BYTES,
+    )
     remote.start()
     try:
         async with httpx.AsyncClient(timeout=30) as http:
@@ -200,8 +140,7 @@ async def tiers(tmp_path_factory) -> AsyncIterator[Tiers]:
                 yield Tiers(remote, server, http)
                 await server.assert_replay_determinism()
     finally:
-        if remote.process is not None and remote.process.poll() is None:
-            remote.kill()
+        remote.kill()
 
 
 async def test_a_text_conversation_through_the_openai_sdk(tiers):
@@ -324,3 +263,43 @@ async def test_the_remote_killed_mid_answer(tiers):
 
 async def test_a_spoken_question_is_answered_with_the_trained_reply(tiers):
     await assert_spoken_answer(tiers.server)
+
+
+async def test_bench_llm_against_the_remote_reports_every_figure(tiers):
+    """``bench llm --llm-url``: the same remote through a server of its own
+    and called directly, at two concurrencies, in one JSON report. No
+    figure is judged against a clock: the machine's speed is not under test."""
+    command = [sys.executable, "-m", "duplex_server.cli", "bench", "llm"]
+    command += ["--llm-url", f"{tiers.remote.url}/v1", "--llm-model", SERVED_NAME]
+    command += ["--remote-sessions", "1,2", "--repeats", "1", "--ignore-eos"]
+    command += ["--max-new-tokens", "64"]
+    bench = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await bench.communicate()
+    assert bench.returncode == 0, err.decode()[-4000:]
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    assert report["bench"] == "llm" and report["mode"] == "remote"
+    assert report["remote_spawned"] is False and report["remote_cpu_percent"] is None
+    assert isinstance(report["valid"], bool) and report["counts"] == [1, 2]
+    for row, sessions in zip(report["rows"], [1, 2], strict=True):
+        assert row["sessions"] == sessions
+        # greedy on both paths, past the end of the answer: the same 64 tokens
+        assert row["same_answers"] is True
+        for side in (row["direct"], row["ours"]):
+            assert side["chars_per_s"] > 0
+            assert 0 < side["ttft_ms"]["p50"] <= side["ttft_ms"]["p99"]
+        assert row["direct"]["ttft_ms"]["n"] == row["ours"]["ttft_ms"]["n"] == 3 * sessions
+        assert row["direct"]["delta_ms"]["n"] == 3 * sessions  # every answer: many deltas
+        assert row["ours"]["server_cpu_percent"] > 0 and row["throughput_ratio"] > 0
+        assert isinstance(row["machine_saturated"], bool)
+    abort = report["abort"]
+    assert abort["sessions"] == 2 and abort["abort_to_silence_ms"]["n"] <= 2
+    targets = report["targets"]
+    verdicts = [
+        "ttft_overhead_at_most_10ms",
+        "throughput_at_least_0_95",
+        "abort_p99_within_one_token_plus_5ms",
+    ]
+    assert all(isinstance(targets[name], bool) for name in verdicts)
+    assert targets["abort_limit_ms"] > 5.0
