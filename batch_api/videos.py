@@ -16,6 +16,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 from starlette.datastructures import UploadFile
@@ -44,6 +45,7 @@ from duplex_server.engine.diffusion import (
     load_diffusion,
 )
 from duplex_server.http_body import BodyTooLarge, limited_stream, read_limited
+from duplex_server.jobs.blobs import stream_file
 from duplex_server.jobs.journal import StoredJob
 from duplex_server.jobs.run import JobError, JobInput, JobKind, JobRequest
 from duplex_server.jobs.runner import JobRunner
@@ -486,27 +488,31 @@ class VideosApi:
             if stored.result is None or stored.result.output is None:
                 raise JobError(409, "video_not_ready", "the video has not finished", "video_id")
             if variant == "video":
-                data = await self.runner.output(stored)
+                path = await self.runner.output_path(stored)
             else:
-                data = await self.runner.asset(stored, variant)
+                path = await self.runner.asset_path(stored, variant)
         except JobError as exc:
             return error_response(exc)
-        return _ranged(data, VARIANTS[variant], request.headers.get("range"))
+        return _ranged(path, VARIANTS[variant], request.headers.get("range"))
 
 
-def _ranged(data: bytes, media_type: str, range_header: str | None) -> Response:
-    """``data`` whole (200) or the one byte range asked for (206; 416 if it
-    names no byte)."""
+def _ranged(path: Path, media_type: str, range_header: str | None) -> Response:
+    """The file whole (200) or the one byte range asked for (206; 416 if it
+    names no byte), streamed from disk a chunk at a time: memory does not
+    grow with the file."""
+    size = path.stat().st_size
     try:
-        span = byte_range(range_header, len(data))
+        span = byte_range(range_header, size)
     except RangeNotSatisfiable:
-        return Response(status_code=416, headers={"Content-Range": f"bytes */{len(data)}"})
-    headers = {"Accept-Ranges": "bytes"}
-    if span is None:
-        return Response(data, media_type=media_type, headers=headers)
-    first, last = span
-    headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
-    return Response(data[first : last + 1], 206, media_type=media_type, headers=headers)
+        return Response(status_code=416, headers={"Content-Range": f"bytes */{size}"})
+    first, last = span if span is not None else (0, size - 1)
+    headers = {"Accept-Ranges": "bytes", "Content-Length": str(last + 1 - first)}
+    status = 200
+    if span is not None:
+        status = 206
+        headers["Content-Range"] = f"bytes {first}-{last}/{size}"
+    body = stream_file(path, first, last + 1 - first)
+    return StreamingResponse(body, status, headers=headers, media_type=media_type)
 
 
 def _json(video: VideoObject) -> Response:

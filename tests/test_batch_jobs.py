@@ -179,7 +179,7 @@ async def test_a_polling_client_reads_its_jobs_and_deletes_them(tmp_path):
         job_id = done.headers["x-duplex-job-id"]
         stored = await runner.job("anonymous", job_id)
         assert stored is not None and stored.result is not None and stored.closed
-        assert await runner.output(stored) == done.content
+        assert (await runner.output_path(stored)).read_bytes() == done.content
         assert await runner.job("someone-else", job_id) is None
         assert await runner.job("anonymous", "sess_not_a_job") is None
 

@@ -19,10 +19,14 @@ import hashlib
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from duplex_server.sessions.core.records import BlobRef
+
+CHUNK_BYTES = 256 << 10  # what one read of a streamed blob holds in memory
+VERIFIED_KEPT = 4096  # blobs whose check is remembered (then checked again)
 
 
 class BlobMissing(LookupError):
@@ -35,6 +39,8 @@ class BlobStore:
         self.fsync = fsync
         self._tmp = self.root / "tmp"
         self._tmp.mkdir(parents=True, exist_ok=True)
+        # (digest, size, mtime_ns) of the files found to match their names
+        self._verified: OrderedDict[tuple[str, int, int], None] = OrderedDict()
         for leftover in self._tmp.iterdir():  # half-written by a process that died
             leftover.unlink(missing_ok=True)
 
@@ -75,6 +81,34 @@ class BlobStore:
             raise BlobMissing(f"{ref.digest}: the stored bytes do not match their name")
         return data
 
+    def verified_path_sync(self, ref: BlobRef) -> Path:
+        """The blob's file, once its bytes were found to match their name
+        (read in chunks: memory does not grow with the file). The check is
+        remembered while the file's size and time stay those it had, so a
+        byte range of a large blob costs its own bytes, not the whole file's."""
+        path = self.path(ref.digest)
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            raise BlobMissing(ref.digest) from None
+        key = (ref.digest, stat.st_size, stat.st_mtime_ns)
+        if key in self._verified:
+            self._verified.move_to_end(key)
+            return path
+        digest = hashlib.sha256()
+        with path.open("rb") as blob:
+            while chunk := blob.read(CHUNK_BYTES):
+                digest.update(chunk)
+        if stat.st_size != ref.size or digest.hexdigest() != ref.digest:
+            raise BlobMissing(f"{ref.digest}: the stored bytes do not match their name")
+        self._verified[key] = None
+        if len(self._verified) > VERIFIED_KEPT:
+            self._verified.popitem(last=False)
+        return path
+
+    async def verified_path(self, ref: BlobRef) -> Path:
+        return await asyncio.to_thread(self.verified_path_sync, ref)
+
     async def put(self, data: bytes, content_type: str) -> BlobRef:
         """Hashing and fsync are blocking work: off the event loop."""
         return await asyncio.to_thread(self.put_sync, data, content_type)
@@ -103,6 +137,25 @@ class BlobStore:
         for digest in doomed:
             self.path(digest).unlink(missing_ok=True)
         return doomed
+
+
+async def stream_file(path: Path, first: int, length: int) -> AsyncIterator[bytes]:
+    """``length`` bytes of ``path`` from ``first``, a chunk at a time, each
+    read off the event loop. The file is opened before the first chunk, so a
+    blob deleted while it streams still streams whole (its data stays until
+    the file is closed)."""
+    blob = await asyncio.to_thread(path.open, "rb")
+    try:
+        await asyncio.to_thread(blob.seek, first)
+        left = length
+        while left > 0:
+            chunk = await asyncio.to_thread(blob.read, min(CHUNK_BYTES, left))
+            if not chunk:  # shortened under us: the response ends short, visibly
+                raise BlobMissing(f"{path.name}: the file ended {left} bytes early")
+            left -= len(chunk)
+            yield chunk
+    finally:
+        blob.close()
 
 
 def _fsync_dir(path: Path) -> None:

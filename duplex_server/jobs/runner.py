@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from duplex_server.jobs.blobs import BlobMissing, BlobStore
@@ -487,17 +488,17 @@ class JobRunner:
             self._examined.add(job_id)
             self.index.add(job_id, stored.owner, stored.job.route, stored.created_ms)
 
-    async def output(self, stored: StoredJob) -> bytes:
-        """A finished job's body, from the blob store."""
+    async def output_path(self, stored: StoredJob) -> Path:
+        """A finished job's body as its checked blob file (to stream)."""
         if stored.result is None or stored.result.output is None:
             raise JobError(404, "job_not_finished", f"job {stored.job_id} has no output yet")
         try:
-            return await self.blobs.read(stored.result.output)
+            return await self.blobs.verified_path(stored.result.output)
         except BlobMissing as exc:
             raise JobError(500, "storage_unavailable", f"the job's output is gone ({exc})") from exc
 
-    async def asset(self, stored: StoredJob, name: str) -> bytes:
-        """A finished job's asset ``name`` (``result.assets``), from the blob store."""
+    async def asset_path(self, stored: StoredJob, name: str) -> Path:
+        """A finished job's asset ``name`` as its checked blob file (to stream)."""
         ref = stored.result.assets.get(name) if stored.result is not None else None
         if ref is None:
             raise JobError(
@@ -507,7 +508,7 @@ class JobRunner:
                 "variant",
             )
         try:
-            return await self.blobs.read(ref)
+            return await self.blobs.verified_path(ref)
         except BlobMissing as exc:
             raise JobError(500, "storage_unavailable", f"the job's {name} is gone ({exc})") from exc
 
