@@ -27,8 +27,9 @@ Eagerness = Literal["low", "medium", "high", "auto"]
 
 
 class TurnDetection(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
-    """``server_vad``, or OpenAI's ``semantic_vad`` (served by the same VAD,
-    its ``eagerness`` setting the silence that ends a turn). A key the server
+    """``server_vad``, or OpenAI's ``semantic_vad`` (the same VAD finds the
+    pauses, an end-of-turn model judges them; ``eagerness`` sets the pause,
+    the model's threshold and the longest wait). A key the server
     does not know is refused (``invalid_event`` naming it): a VAD setting
     silently ignored would change when turns end without a word."""
 

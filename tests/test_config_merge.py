@@ -11,6 +11,7 @@ from msgspec import UNSET
 
 from duplex_server.sessions.core.config import (
     SEMANTIC_SILENCE_MS,
+    SEMANTIC_VAD_MISSING,
     TURN_DETECTION_DEFAULTS,
     EffectiveConfig,
     merge_config,
@@ -24,7 +25,8 @@ from protocol.codec import FrameDecoder
 from protocol.errors import ProtocolError
 from protocol.session_config import SessionUpdate, Tool, TurnDetection
 
-VAD = ("server_vad",)  # a model with a VAD stage (the cascade)
+VAD = ("server_vad", "semantic_vad")  # a model with a VAD and an end-of-turn model (the cascade)
+VAD_ONLY = ("server_vad",)  # the cascade where the end-of-turn model is not installed
 NO_VAD: tuple[str, ...] = ()  # a model without one (echo)
 
 _decoder = FrameDecoder()
@@ -330,7 +332,7 @@ def test_switching_type_starts_from_the_defaults_not_the_old_settings():
         type="semantic_vad",
         threshold=0.5,
         prefix_padding_ms=300,
-        silence_duration_ms=350,
+        silence_duration_ms=200,
         eagerness="high",
     )
     back = merged({"turn_detection": {"type": "server_vad"}}, switched)
@@ -338,7 +340,7 @@ def test_switching_type_starts_from_the_defaults_not_the_old_settings():
 
 
 @pytest.mark.parametrize(
-    ("eagerness", "silence_ms"), [("low", 1200), ("medium", 700), ("auto", 700), ("high", 350)]
+    ("eagerness", "silence_ms"), [("low", 500), ("medium", 300), ("auto", 300), ("high", 200)]
 )
 def test_semantic_vad_eagerness_sets_the_silence(eagerness, silence_ms):
     config = merged({"turn_detection": {"type": "semantic_vad", "eagerness": eagerness}})
@@ -353,7 +355,7 @@ def test_semantic_vad_without_eagerness_reports_auto():
     config = merged({"turn_detection": {"type": "semantic_vad"}})
     assert config.turn_detection is not None
     assert config.turn_detection.eagerness == "auto"
-    assert config.turn_detection.silence_duration_ms == 700
+    assert config.turn_detection.silence_duration_ms == 300
 
 
 def test_an_explicit_silence_duration_wins_over_eagerness():
@@ -377,13 +379,13 @@ def test_a_new_eagerness_on_semantic_vad_changes_the_silence():
     low = merged({"turn_detection": {"type": "semantic_vad", "eagerness": "low"}})
     high = merged({"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}, low)
     assert high.turn_detection is not None
-    assert high.turn_detection.silence_duration_ms == 350
+    assert high.turn_detection.silence_duration_ms == 200
     # a semantic_vad patch that names no eagerness keeps the session's
     kept = merged({"turn_detection": {"type": "semantic_vad", "threshold": 0.4}}, low)
     assert kept.turn_detection is not None
     assert (kept.turn_detection.eagerness, kept.turn_detection.silence_duration_ms) == (
         "low",
-        1200,
+        500,
     )
 
 
@@ -433,6 +435,23 @@ def test_an_unknown_turn_detection_type_is_refused_even_with_a_vad():
     assert "semantic_vad" in err.message  # it says what is offered
     ga = refusal({"audio": {"input": {"turn_detection": {"type": "oracle_vad"}}}})
     assert ga.code == "unsupported_turn_detection"
+
+
+def test_semantic_vad_without_the_end_of_turn_model_is_refused_saying_why():
+    """A VAD without Smart Turn does not serve semantic_vad by silence alone."""
+    err = refusal({"turn_detection": {"type": "semantic_vad"}}, types=VAD_ONLY)
+    assert (err.code, err.param) == ("unsupported_turn_detection", "session.turn_detection.type")
+    assert err.message == SEMANTIC_VAD_MISSING
+    assert merged({"turn_detection": {"type": "server_vad"}}, types=VAD_ONLY).turn_detection
+
+
+def test_an_unknown_eagerness_is_refused_naming_it():
+    with pytest.raises(ProtocolError) as err:
+        patch({"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}})
+    assert (err.value.code, err.value.param) == (
+        "invalid_event",
+        "session.turn_detection.eagerness",
+    )
 
 
 def test_a_type_the_model_names_itself_is_accepted():
@@ -603,4 +622,4 @@ def test_a_semantic_vad_update_keeps_the_silence_the_client_set():
     assert config.turn_detection.silence_duration_ms == 900
     config = merged({"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}, config)
     assert config.turn_detection is not None
-    assert config.turn_detection.silence_duration_ms == 1200  # a new eagerness sets it anew
+    assert config.turn_detection.silence_duration_ms == 500  # a new eagerness sets it anew

@@ -407,8 +407,8 @@ async def test_a_failing_recogniser_costs_the_transcript_not_the_session(voice_s
 
 async def test_server_vad_by_default_and_semantic_vad_served_by_it(voice_server):
     """OpenAI's defaults: a session that names no turn detection gets server
-    VAD; ``semantic_vad`` is served by the same VAD, eagerness setting the
-    silence that ends a turn."""
+    VAD; ``semantic_vad`` is served by the same VAD and the end-of-turn
+    model, eagerness setting the pause that asks it."""
     client, created = await voice_server.open()
     assert created["session"]["turn_detection"]["type"] == "server_vad"
     await client.send(
@@ -421,7 +421,7 @@ async def test_server_vad_by_default_and_semantic_vad_served_by_it(voice_server)
     assert (detection["type"], detection["eagerness"], detection["silence_duration_ms"]) == (
         "semantic_vad",
         "high",
-        350,
+        200,
     )
     await stream_paced(client, silence(LEAD_MS) + speak(PHRASES[0], RATE) + silence(1200))
     events = await client.recv_until("response.done", timeout=20)

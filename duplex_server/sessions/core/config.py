@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from duplex_server.sessions.core.turns import EAGERNESS
 from protocol.audio_formats import (
     SUPPORTED_INPUT,
     SUPPORTED_OUTPUT,
@@ -39,10 +40,17 @@ from protocol.session_config import (
 TURN_DETECTION_DEFAULTS = TurnDetection(
     type="server_vad", threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500
 )
-# semantic_vad is served by the server's VAD: eagerness picks the silence that
-# ends a turn (OpenAI: "low" lets the user take their time, "high" answers soon).
-SEMANTIC_SILENCE_MS = {"low": 1200, "medium": 700, "auto": 700, "high": 350}
+# semantic_vad: the server's VAD hears the pauses, an end-of-turn model says
+# whether the turn is over; eagerness picks the pause that asks it (turns.py).
+SEMANTIC_SILENCE_MS = {name: e.ask_after_ms for name, e in EAGERNESS.items()}
 SERVED_BY_SERVER_VAD = ("server_vad", "semantic_vad")
+# A model whose VAD runs without the end-of-turn model offers no semantic_vad;
+# the refusal says why rather than serving it by silence alone.
+SEMANTIC_VAD_MISSING = (
+    "turn_detection 'semantic_vad' needs the end-of-turn model (Smart Turn v3.2, shipped "
+    "in the pipecat-ai==1.14.0 wheel), which this server does not have: "
+    "install it (`make install` does) or use server_vad"
+)
 # Session fields the server stores and echoes in every session object, and
 # otherwise leaves alone (PROTOCOL.md, "Fields, spelling by spelling").
 ECHOED_FIELDS = ("tracing", "metadata", "include", "prompt", "truncation", "response_format")
@@ -133,13 +141,15 @@ def _turn_detection(
 ) -> TurnDetection | None:
     if patch is None:
         return None
-    served = "server_vad" in allowed and patch.type in SERVED_BY_SERVER_VAD
-    if patch.type not in allowed and not served:
-        offered = [*allowed, "semantic_vad"] if "server_vad" in allowed else list(allowed)
+    if patch.type == "semantic_vad" and "server_vad" in allowed and patch.type not in allowed:
+        raise ProtocolError(
+            "unsupported_turn_detection", SEMANTIC_VAD_MISSING, param="session.turn_detection.type"
+        )
+    if patch.type not in allowed:
         raise ProtocolError(
             "unsupported_turn_detection",
             f"turn_detection {patch.type!r} is not supported by this model; "
-            f"use null (model-owned) or one of: {', '.join(offered) or 'none'}",
+            f"use null (model-owned) or one of: {', '.join(allowed) or 'none'}",
             param="session.turn_detection.type",
         )
     base = current if current is not None and current.type == patch.type else None

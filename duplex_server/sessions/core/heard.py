@@ -82,6 +82,17 @@ class TurnEnded(msgspec.Struct, frozen=True):
     deferred: bool = False
 
 
+class TurnJudged(msgspec.Struct, frozen=True):
+    """semantic_vad: the end-of-turn model heard the turn up to a pause after
+    speech ending at ``at_ms``; its ``probability`` that the turn is over, and
+    whether that ends it (the eagerness's threshold). Logged, so a refold
+    never runs the model; a finished turn's commit follows as a TurnEnded."""
+
+    at_ms: float
+    probability: float
+    finished: bool
+
+
 class InputTrimmed(msgspec.Struct, frozen=True):
     """Between turns the buffer keeps only the last ``keep_ms`` of silence."""
 
@@ -113,6 +124,7 @@ HeardCommand = (
     | OverlapHinted
     | RemarkDropped
     | TurnEnded
+    | TurnJudged
     | InputTrimmed
     | PartialHeard
     | DeferredTurnDue
@@ -163,6 +175,20 @@ def turn_ended(
     )
 
 
+def turn_judged(batch: Batch, command: TurnJudged, facts: ModelFacts) -> Effects:
+    batch.fact(
+        DecisionBody(
+            action="turn_judged",
+            audio_ms=command.at_ms,
+            item_id=next_user_item_id(batch.state),
+            probability=command.probability,
+            reason="finished" if command.finished else "unfinished",
+        ),
+        origin="server",
+    )
+    return ()
+
+
 def input_trimmed(batch: Batch, command: InputTrimmed, facts: ModelFacts) -> Effects:
     batch.fact(DecisionBody(action="input_trimmed", audio_ms=command.keep_ms), origin="server")
     return ()
@@ -198,6 +224,7 @@ HEARD_HANDLERS: dict[type, Handler] = {
     OverlapHinted: overlap_hinted,
     RemarkDropped: remark_dropped,
     TurnEnded: turn_ended,
+    TurnJudged: turn_judged,
     InputTrimmed: input_trimmed,
     PartialHeard: partial_heard,
     DeferredTurnDue: deferred_turn_due,

@@ -283,6 +283,30 @@ class Listening(Protocol):
         ...
 
 
+class TurnModelUnavailable(Exception):
+    """The end-of-turn model cannot judge this pause now (its queue is full,
+    or it failed): the turn waits for the eagerness's longest wait instead."""
+
+
+class TurnEnding(Protocol):
+    """An end-of-turn model (``semantic_vad``): from the audio of a turn so
+    far, trailing pause included, whether the speaker has finished."""
+
+    async def probability(self, pcm16: bytes, sample_rate_hz: int) -> float:
+        """The probability that the turn is complete. Raises
+        :class:`TurnModelUnavailable`."""
+        ...
+
+
+@runtime_checkable
+class EndsTurns(Protocol):
+    """A model whose turns ``semantic_vad`` ends with an end-of-turn model
+    (None: it has none, and names no ``semantic_vad`` in its
+    ``turn_detection_types``)."""
+
+    turn_ending: TurnEnding | None
+
+
 class Answering(Protocol):
     """The turn port: a model that answers committed turns (echo, cascade,
     the LLM responders). The session decides when a turn ends (server VAD or

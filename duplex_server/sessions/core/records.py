@@ -153,7 +153,13 @@ class FenceBody(Body, tag="fence"):
 
 
 DecisionAction = Literal[
-    "speak", "listen", "response_done", "speech_started", "speech_stopped", "input_trimmed"
+    "speak",
+    "listen",
+    "response_done",
+    "speech_started",
+    "speech_stopped",
+    "input_trimmed",
+    "turn_judged",
 ]
 ResponseStatus = Literal["completed", "cancelled", "failed", "incomplete"]
 
@@ -167,9 +173,12 @@ class DecisionBody(Body, tag="decision"):
     modalities: list[str] = msgspec.field(default_factory=list)
     overrides: ResponseOverrides | None = None
     requested: bool = False  # speak: a client's response.create asked for it
-    # speech_started / speech_stopped: on the input timeline; input_trimmed:
-    # how much of the buffer to keep (the prefix padding)
+    # speech_started / speech_stopped / turn_judged: on the input timeline;
+    # input_trimmed: how much of the buffer to keep (the prefix padding)
     audio_ms: float = 0.0
+    # turn_judged (semantic_vad): the end-of-turn model's probability that the
+    # turn is finished; ``reason`` says what it decided ("finished" or not)
+    probability: float | None = None
 
 
 class OutBody(Body, tag="out"):

@@ -4,6 +4,11 @@ Pure: the scores come from a model's voice-activity stage, the times are on
 the session's input timeline (milliseconds of all audio written), and the
 gate holds no clock. The decisions it makes are logged; the gate itself is
 a cache that a restored session starts afresh.
+
+Under ``semantic_vad`` silence alone does not end a turn: a pause of
+``silence_duration_ms`` asks an end-of-turn model (``speech_paused``), whose
+probability, against the eagerness's threshold, ends the turn or keeps it
+open (:func:`turn_finished`); the eagerness's longest wait ends it anyway.
 """
 
 from __future__ import annotations
@@ -25,9 +30,47 @@ BARGE_IN_MS = 400.0
 
 
 @dataclass(frozen=True)
+class Eagerness:
+    """What a ``semantic_vad`` eagerness means: the pause after speech that
+    asks the end-of-turn model (the session's ``silence_duration_ms`` unless
+    the client set one), the probability of "finished" that ends the turn,
+    and the longest pause that ends it whatever the model said."""
+
+    ask_after_ms: int
+    threshold: float
+    longest_wait_ms: int
+
+
+# OpenAI's eagerness: "low" lets the user take their time (its longest waits
+# are OpenAI's documented 8, 4 and 2 s); "high" answers soon.
+EAGERNESS = {
+    "low": Eagerness(ask_after_ms=500, threshold=0.7, longest_wait_ms=8000),
+    "medium": Eagerness(ask_after_ms=300, threshold=0.5, longest_wait_ms=4000),
+    "auto": Eagerness(ask_after_ms=300, threshold=0.5, longest_wait_ms=4000),
+    "high": Eagerness(ask_after_ms=200, threshold=0.3, longest_wait_ms=2000),
+}
+
+
+def eagerness_of(settings: TurnDetection) -> Eagerness | None:
+    """The eagerness a ``semantic_vad`` session's turns end by; None under
+    ``server_vad`` (silence alone ends its turns)."""
+    if settings.type != "semantic_vad":
+        return None
+    named = settings.eagerness
+    return EAGERNESS["auto" if isinstance(named, UnsetType) else named]
+
+
+def turn_finished(probability: float, eagerness: Eagerness) -> bool:
+    """The end-of-turn model's word at a pause: the turn is over."""
+    return probability >= eagerness.threshold
+
+
+@dataclass(frozen=True)
 class Transition:
-    # speech_sustained: the speech has lasted BARGE_IN_MS (once per utterance)
-    kind: Literal["speech_started", "speech_sustained", "speech_stopped"]
+    # speech_sustained: the speech has lasted BARGE_IN_MS (once per utterance);
+    # speech_paused (semantic_vad): a pause long enough to ask the end-of-turn
+    # model, once per pause, the speech going on until the model ends it.
+    kind: Literal["speech_started", "speech_sustained", "speech_paused", "speech_stopped"]
     at_ms: float  # start of the speech, end of the last speech window, or now
 
 
@@ -38,6 +81,12 @@ class VadGate:
         self.barge_in_ms = barge_in_ms
         self.threshold = float(settings.threshold)  # type: ignore[arg-type]  # merged: always set
         self.silence_ms = float(settings.silence_duration_ms)  # type: ignore[arg-type]  # merged: set
+        # semantic_vad: the pause asks the model; only the longest wait stops.
+        self.pause_ms: float | None = None
+        if (eagerness := eagerness_of(settings)) is not None:
+            self.pause_ms = self.silence_ms
+            self.silence_ms = max(float(eagerness.longest_wait_ms), self.pause_ms)
+        self._paused = False  # this pause was reported
         shortest = settings.min_speech_duration_ms
         self.min_speech_ms = MIN_SPEECH_MS if isinstance(shortest, UnsetType) else float(shortest)
         self.window_ms = window_ms
@@ -69,16 +118,27 @@ class VadGate:
             return [Transition("speech_started", self._run_start)]
         if voiced:
             self._last_speech_end = end_ms
+            self._paused = False
             assert self._run_start is not None
             if not self._sustained and end_ms - self._run_start >= self.barge_in_ms:
                 self._sustained = True
                 return [Transition("speech_sustained", end_ms)]
             return []
-        if end_ms - self._last_speech_end < self.silence_ms:
-            return []
+        silent_ms = end_ms - self._last_speech_end
+        if silent_ms < self.silence_ms:
+            if self.pause_ms is None or self._paused or silent_ms < self.pause_ms:
+                return []
+            self._paused = True
+            return [Transition("speech_paused", self._last_speech_end)]
+        return [self.stop()]
+
+    def stop(self) -> Transition:
+        """The speech is over (its silence lasted, or the end-of-turn model
+        said the turn is finished): the next speech is a new utterance."""
         self.speaking = False
         self._run_start = None
-        return [Transition("speech_stopped", self._last_speech_end)]
+        self._paused = False
+        return Transition("speech_stopped", self._last_speech_end)
 
 
 OverlapAction = Literal["drop", "listen", "barge_in"]

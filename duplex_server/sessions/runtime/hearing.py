@@ -2,7 +2,8 @@
 
 This is the part of a session that listens. It turns the model's
 voice-activity scores into speech decisions, ends turns when the speech
-stops, keeps partial transcripts flowing while the user speaks, and
+stops (under ``semantic_vad``, when the model's end-of-turn model says the
+turn is over at a pause), keeps partial transcripts flowing while the user speaks, and
 resolves speech over an answer by ``overlap_policy``. It never writes to the
 session: each decision is a command (``core/heard.py``) the actor runs
 through the same pipeline as a client's event, so it is in the log first;
@@ -12,6 +13,7 @@ the actor tells it which of them were recorded (:meth:`Hearing.recorded`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -31,22 +33,34 @@ from duplex_server.sessions.core.heard import (
     RemarkDropped,
     SpeechStart,
     TurnEnded,
+    TurnJudged,
 )
 from duplex_server.sessions.core.model_port import (
     NO_HINTS,
+    EndsTurns,
     Listening,
     ModelPort,
     SpeechScorer,
     TranscriptionError,
     TranscriptionHints,
+    TurnModelUnavailable,
 )
 from duplex_server.sessions.core.records import AudioBody
 from duplex_server.sessions.core.state import SessionState
 from duplex_server.sessions.core.transcripts import reconcile, stable_prefix
-from duplex_server.sessions.core.turns import HintedOverlap, Overlap, Transition, VadGate
+from duplex_server.sessions.core.turns import (
+    HintedOverlap,
+    Overlap,
+    Transition,
+    VadGate,
+    eagerness_of,
+    turn_finished,
+)
 from duplex_server.sessions.runtime import mailbox as mb
 from protocol.errors import ProtocolError
 from protocol.session_config import TurnDetection
+
+log = logging.getLogger(__name__)
 
 # A partial transcript re-decodes the whole utterance so far, so they come
 # further apart as it grows: after PARTIAL_EVERY_MS more audio, or half again
@@ -138,8 +152,11 @@ class Hearing:
         end calls for. Each is decided on the session as the command before
         it left it (``state_of``), so the caller steps each command before it
         asks for the next."""
-        for transition in await self.hear(state_of(), audio):
-            if (decided := self.decide(state_of(), transition)) is not None:
+        async for transition in self._heard(state_of(), audio):
+            if transition.kind == "speech_paused":
+                async for judged in self._judge(state_of, transition):
+                    yield judged
+            elif (decided := self.decide(state_of(), transition)) is not None:
                 yield decided
         if (hinted := self.overlap_hints(state_of(), audio)) is not None:
             yield hinted
@@ -149,11 +166,16 @@ class Hearing:
     async def hear(self, state: SessionState, audio: AudioBody) -> list[Transition]:
         """Server VAD: score the chunk just appended (its end is the buffer's
         end); the speech starts and stops it completed, in order."""
+        return [transition async for transition in self._heard(state, audio)]
+
+    async def _heard(self, state: SessionState, audio: AudioBody) -> AsyncGenerator[Transition]:
+        """The transitions of :meth:`hear`, each before the gate hears the
+        next window (a pause the end-of-turn model ends stops the gate there)."""
         detection = state.config.turn_detection
         listening = self._model.listening
         if listening is None or detection is None or detection.type not in SERVED_BY_SERVER_VAD:
             self._vad = None
-            return []
+            return
         origin_ms = state.input.end_ms - audio.duration_ms
         barge_in_ms = state.config.overlap_barge_in_ms
         if self._vad is None or (self._vad.settings, self._vad.barge_in_ms) != (
@@ -161,7 +183,8 @@ class Hearing:
             barge_in_ms,
         ):
             self._vad = VadTracker(detection, listening.open_scorer(), origin_ms, barge_in_ms)
-        return await self._vad.hear(audio.pcm, audio.sample_rate_hz)
+        async for transition in self._vad.hear(audio.pcm, audio.sample_rate_hz):
+            yield transition
 
     def decide(self, state: SessionState, transition: Transition) -> HeardCommand | None:
         """What a speech transition leads to, given the session as it is now
@@ -180,7 +203,42 @@ class Hearing:
             return SpeechStart(transition.at_ms, cut_answer=cut)
         if transition.kind == "speech_sustained":
             return self._resolve_overlap(state, transition, detection)
+        if transition.kind == "speech_paused":
+            return None  # semantic_vad: the end-of-turn model decides (_judge)
         return self._end_of_speech(state, transition, detection)
+
+    async def _judge(
+        self, state_of: Callable[[], SessionState], pause: Transition
+    ) -> AsyncGenerator[HeardCommand]:
+        """semantic_vad: a pause after speech asks the end-of-turn model about
+        the turn so far; its word is logged (TurnJudged) and, if the turn is
+        over, the turn ends there. Unjudged (the model busy or failed), the
+        turn waits for the eagerness's longest wait."""
+        state, tracker = state_of(), self._vad
+        detection = state.config.turn_detection
+        ending = self._model.turn_ending if isinstance(self._model, EndsTurns) else None
+        if tracker is None or detection is None or ending is None:
+            return
+        eagerness = eagerness_of(detection)
+        if eagerness is None or not state.input.chunks or not tracker.speaking:
+            return
+        if self._overlap is not None and self._overlap.action is None:
+            # A remark over the answer, not a turn: it ends at its pause.
+            if (dropped := self.decide(state, tracker.stop())) is not None:
+                yield dropped
+            return
+        buffer = state.input
+        try:
+            probability = await ending.probability(b"".join(buffer.chunks), buffer.sample_rate_hz)
+        except TurnModelUnavailable as exc:
+            log.warning("end-of-turn model unavailable, the turn waits: %s", exc)
+            return
+        finished = turn_finished(probability, eagerness)
+        yield TurnJudged(pause.at_ms, round(probability, 4), finished)
+        if not finished or tracker is not self._vad or not tracker.speaking:
+            return
+        if (ended := self.decide(state_of(), tracker.stop())) is not None:
+            yield ended
 
     def overlap_hints(self, state: SessionState, audio: AudioBody) -> HeardCommand | None:
         """Without server VAD, speech over the answer is judged chunk by
@@ -397,12 +455,21 @@ class VadTracker:
         """Where the speech going on was last heard."""
         return self._gate.last_speech_end_ms
 
-    async def hear(self, pcm16: bytes, sample_rate_hz: int) -> list[Transition]:
-        transitions: list[Transition] = []
+    @property
+    def speaking(self) -> bool:
+        return self._gate.speaking
+
+    def stop(self) -> Transition:
+        """The end-of-turn model ended the turn at its pause."""
+        return self._gate.stop()
+
+    async def hear(self, pcm16: bytes, sample_rate_hz: int) -> AsyncGenerator[Transition]:
+        """The chunk's windows scored at once, heard by the gate one at a time:
+        the caller acts on each transition before the next window."""
         for end_ms, probability in await self._scorer.score(pcm16, sample_rate_hz):
             self.heard_until_ms = self._origin_ms + end_ms
-            transitions += self._gate.push(self.heard_until_ms, probability)
-        return transitions
+            for transition in self._gate.push(self.heard_until_ms, probability):
+                yield transition
 
 
 def _utterance(state: SessionState) -> tuple[str, int]:
