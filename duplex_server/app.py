@@ -20,6 +20,7 @@ from duplex_server import http_routes, metrics
 from duplex_server.auth import EphemeralKeys, KeyRing
 from duplex_server.client_secrets import client_secrets
 from duplex_server.config import ServerConfig, manager_settings
+from duplex_server.engine.audio.remote_speech import RemoteSpeechOptions
 from duplex_server.engine.llm import LLMOptions, RemoteOptions
 from duplex_server.engine.llm.remote import parse_request_args
 from duplex_server.models import build_model, close_model
@@ -107,6 +108,34 @@ def llm_options(config: ServerConfig) -> LLMOptions | RemoteOptions | None:
     )
 
 
+def speech_options(
+    config: ServerConfig,
+) -> tuple[RemoteSpeechOptions | None, RemoteSpeechOptions | None]:
+    """``--asr-url`` / ``--tts-url``: the cascade's recogniser / voice on another
+    server, each with the shared key, timeout, retries and bound."""
+
+    def remote(url: str | None, model: str, option: str) -> RemoteSpeechOptions | None:
+        if url is None:
+            return None
+        try:
+            return RemoteSpeechOptions(
+                url,
+                model,
+                api_key=config.speech_api_key,
+                timeout_s=config.speech_timeout_s,
+                retries=config.speech_retries,
+                max_requests=config.speech_max_requests,
+                sample_rate_hz=config.tts_sample_rate,
+            )
+        except ValueError as exc:
+            raise ValueError(f"{option} {exc}") from None
+
+    return (
+        remote(config.asr_url, config.asr_model, "--asr-url"),
+        remote(config.tts_url, config.tts_model, "--tts-url"),
+    )
+
+
 def key_ring(config: ServerConfig) -> KeyRing:
     if config.api_keys_file is not None:
         if config.api_key is not None:
@@ -127,12 +156,15 @@ def create_app(config: ServerConfig) -> Starlette:
     if config.twilio_auth_token is not None:
         require_twilio()  # refused at start, not at the first call
     log = open_store(config)
+    asr_remote, tts_remote = speech_options(config)
     model = build_model(
         config.model,
         asr_phrases=read_phrases(config.asr_phrases),
         asr=config.asr,
         tts=config.tts,
         llm=llm_options(config),
+        asr_remote=asr_remote,
+        tts_remote=tts_remote,
         device=config.device,
         dtype=config.dtype,
         moshi_rows=config.moshi_rows,

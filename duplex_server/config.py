@@ -210,6 +210,72 @@ class ServerConfig:
         "beside it) or 'vits:PATH' (a local VITS / MMS-TTS checkpoint directory; needs the ml "
         "extra)",
     )
+    # cascade: its recogniser and voice on another server, each an
+    # OpenAI-compatible /v1 base (engine/audio/remote_speech.py)
+    asr_url: str | None = declare(
+        None,
+        group=MODELS,
+        metavar="URL",
+        help="cascade: recognise speech on another server, an OpenAI-compatible /v1 base "
+        "(Speaches, OpenAI, another duplex-server) answering POST /audio/transcriptions, "
+        "streamed where it streams; instead of --asr",
+    )
+    asr_model: str = declare(
+        "whisper-1",
+        group=MODELS,
+        help="--asr-url: the model name each transcription request names",
+    )
+    tts_url: str | None = declare(
+        None,
+        group=MODELS,
+        metavar="URL",
+        help="cascade: speak with a voice on another server, an OpenAI-compatible /v1 base "
+        "(Kokoro-FastAPI, Speaches, OpenAI, another duplex-server) answering POST "
+        "/audio/speech with streamed pcm; a session's voice is passed through; instead of --tts",
+    )
+    tts_model: str = declare(
+        "tts-1",
+        group=MODELS,
+        help="--tts-url: the model name each speech request names",
+    )
+    tts_sample_rate: int = declare(
+        24_000,
+        group=MODELS,
+        minimum=8_000,
+        maximum=48_000,
+        unit="Hz",
+        help="--tts-url: the rate of the 16-bit mono pcm the voice answers (OpenAI's and "
+        "Kokoro's: 24000)",
+    )
+    speech_api_key: str | None = declare(
+        None,
+        group=MODELS,
+        help="--asr-url and --tts-url: the Bearer key both remotes ask for (or "
+        "DUPLEX_SERVER_SPEECH_API_KEY); one key for both tiers",
+    )
+    speech_timeout_s: float = declare(
+        30.0,
+        group=MODELS,
+        minimum=0,
+        exclusive_minimum=True,
+        unit="seconds",
+        help="--asr-url / --tts-url: the longest wait to connect and for each next piece of "
+        "an answer; past it the turn fails",
+    )
+    speech_retries: int = declare(
+        2,
+        group=MODELS,
+        minimum=0,
+        help="--asr-url / --tts-url: more tries while a request got no answer (the connection "
+        "refused or reset, a 429/502/503/504); never once its text or audio began",
+    )
+    speech_max_requests: int = declare(
+        4,
+        group=MODELS,
+        minimum=1,
+        help="--asr-url / --tts-url: requests in flight to each remote at once (its stage's "
+        "workers, its kept-alive connections); more wait their turn",
+    )
     # -- LLM -------------------------------------------------------------------
     llm: str | None = declare(
         None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from duplex_server.engine import EngineCore
+from duplex_server.engine.audio.remote_speech import RemoteSpeechOptions
 from duplex_server.engine.llm import LLMOptions, RemoteOptions
 from duplex_server.models.echo import EchoBackend, EchoModel
 from duplex_server.sessions.core.model_port import ModelPort
@@ -45,6 +46,8 @@ def build_model(
     asr: str = "auto",
     tts: str = "espeak",
     llm: LLMOptions | RemoteOptions | None = None,
+    asr_remote: RemoteSpeechOptions | None = None,
+    tts_remote: RemoteSpeechOptions | None = None,
     device: str = "cpu",
     dtype: str = "auto",
     moshi_rows: int = 8,
@@ -53,7 +56,9 @@ def build_model(
 ) -> ModelPort:
     """Cascade options: ``asr`` / ``tts`` name its stages (``whisper:PATH``,
     ``vits:PATH`` load local checkpoints); ``asr_phrases`` make PocketSphinx
-    listen for those phrases only; ``llm`` answers with a chat model.
+    listen for those phrases only; ``llm`` answers with a chat model;
+    ``asr_remote`` / ``tts_remote`` put its recogniser / voice on another
+    server (``--asr-url``, ``--tts-url``).
     ``moshi:PATH`` runs on ``device`` in ``dtype``, ``moshi_rows`` sessions
     in its batched step computed by ``moshi_step`` ('eager' or 'fast'), with
     the voice prompts of ``moshi_voices`` (a directory)."""
@@ -61,6 +66,9 @@ def build_model(
         raise ValueError(f"--voices primes a moshi:PATH model; --model {name} takes none")
     if llm is not None and name != "cascade":
         raise ValueError(f"--llm answers in the cascade; --model {name} has no responder")
+    for option, remote in (("--asr-url", asr_remote), ("--tts-url", tts_remote)):
+        if remote is not None and name != "cascade":
+            raise ValueError(f"{option} is the cascade's; --model {name} has no such stage")
     if name.startswith(MOSHI_PREFIX) and name != MOSHI_PREFIX:
         # Imported here: its engine loads torch and transformers.
         from duplex_server.models.moshi import build_moshi
@@ -76,7 +84,13 @@ def build_model(
         from duplex_server.models.cascade import build_cascade
 
         return build_cascade(
-            asr_phrases, max_concurrency=max_concurrency, asr=asr, tts=tts, llm=llm
+            asr_phrases,
+            max_concurrency=max_concurrency,
+            asr=asr,
+            tts=tts,
+            llm=llm,
+            asr_remote=asr_remote,
+            tts_remote=tts_remote,
         )
     if name == "scripted":
         from duplex_server.models.scripted import ScriptedModel

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from duplex_server.audio import resample_pcm16
 from duplex_server.engine import EngineCore, EngineRequest
+from duplex_server.engine.audio.remote_speech import RemoteSpeechOptions
 from duplex_server.engine.llm import (
     LLMOptions,
     RemoteOptions,
@@ -250,10 +251,12 @@ class CascadeModel:
         return self
 
     async def unready_reason(self) -> str | None:
-        """``llm_unreachable`` while a remote LLM (``--llm-url``) does not answer."""
+        """``llm_unreachable`` while a remote LLM (``--llm-url``) does not
+        answer; ``asr_unreachable`` / ``tts_unreachable`` while a remote
+        recogniser (``--asr-url``) or voice (``--tts-url``) does not."""
         if await self.responder.unreachable() is not None:
             return "llm_unreachable"
-        return None
+        return await self.listening.unready_reason()
 
     def __init__(
         self,
@@ -264,6 +267,12 @@ class CascadeModel:
         self.listening = stages
         self.engine = engine
         self.responder = responder
+        from duplex_server.models.cascade.turn_ending import smart_turn_ending
+
+        # semantic_vad's end-of-turn model; without it semantic_vad is refused.
+        self.turn_ending = smart_turn_ending()
+        if self.turn_ending is not None:
+            self.turn_detection_types = ("server_vad", "semantic_vad")
 
     def wants_to_speak(self, history: list[HistoryItem], config: SessionView) -> bool:
         return any(item.role == "user" for item in history)
@@ -300,10 +309,16 @@ def build_cascade(
     asr: str = "auto",
     tts: str = "espeak",
     llm: LLMOptions | RemoteOptions | None = None,
+    asr_remote: RemoteSpeechOptions | None = None,
+    tts_remote: RemoteSpeechOptions | None = None,
 ) -> CascadeModel:
     """``llm``: answer with that chat model (``--llm`` in process, or
-    ``--llm-url`` on another server) instead of the parrot."""
-    stages = CascadeStages(build_recogniser(asr, phrases), build_synthesiser(tts))
+    ``--llm-url`` on another server) instead of the parrot; ``asr_remote`` /
+    ``tts_remote``: the recogniser / voice on another server (``--asr-url``,
+    ``--tts-url``) instead of ``asr`` / ``tts``."""
+    stages = CascadeStages(
+        build_recogniser(asr, phrases, asr_remote), build_synthesiser(tts, tts_remote, VOICES)
+    )
     responder: Responder = Parrot()
     if llm is not None:
         from duplex_server.models.cascade.llm_responder import LLMResponder

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -13,6 +14,11 @@ from duplex_server import metrics
 from duplex_server.audio import StreamResampler, resample_pcm16
 from duplex_server.engine import Priority
 from duplex_server.engine.audio.espeak import Espeak
+from duplex_server.engine.audio.remote_speech import (
+    RemoteRecogniser,
+    RemoteSpeechOptions,
+    RemoteSynthesiser,
+)
 from duplex_server.engine.audio.silero import SAMPLE_RATE_HZ as VAD_RATE_HZ
 from duplex_server.engine.audio.silero import WINDOW_MS, SileroModel, VadStream
 from duplex_server.engine.audio.sphinx import SAMPLE_RATE_HZ as ASR_RATE_HZ
@@ -106,7 +112,20 @@ def _path_or_packaged(
     return path
 
 
-def build_recogniser(spec: str, phrases: list[str] | None) -> Recogniser:
+def build_recogniser(
+    spec: str, phrases: list[str] | None, remote: RemoteSpeechOptions | None = None
+) -> Recogniser:
+    """``remote``: the recogniser on another server (``--asr-url``), instead of ``spec``."""
+    if remote is not None:
+        if spec != "auto":
+            raise ValueError(
+                f"--asr {spec} and --asr-url: choose one (in process, or another server)"
+            )
+        if phrases:
+            raise ValueError(
+                "--asr-phrases is PocketSphinx's grammar mode, in process: not with --asr-url"
+            )
+        return RemoteRecogniser(remote)
     spec = resolve_asr(spec, phrases)
     if spec == "pocketsphinx":
         return SphinxWorker(phrases)
@@ -132,7 +151,20 @@ def build_recogniser(spec: str, phrases: list[str] | None) -> Recogniser:
     raise ValueError(f"unknown --asr {spec!r}; available: {', '.join(ASR_KINDS)}")
 
 
-def build_synthesiser(spec: str) -> Synthesiser:
+def build_synthesiser(
+    spec: str,
+    remote: RemoteSpeechOptions | None = None,
+    openai_voices: Mapping[str, str] | None = None,
+) -> Synthesiser:
+    """``remote``: the voice on another server (``--tts-url``), instead of
+    ``spec``; ``openai_voices`` is the cascade's map of OpenAI's voice names
+    onto its own, which a remote maps back (it takes OpenAI's names)."""
+    if remote is not None:
+        if spec != "espeak":
+            raise ValueError(
+                f"--tts {spec} and --tts-url: choose one (in process, or another server)"
+            )
+        return RemoteSynthesiser(remote, openai_voices or {})
     if spec == "espeak":
         return Espeak.shared()
     if spec.startswith("vits:"):
@@ -160,9 +192,21 @@ class CascadeStages:
         self.tts = tts
         self.vad_stage = Stage("vad")
         self.asr_stage = Stage("asr", workers=asr.workers)
-        self.tts_stage = Stage("tts")
+        # A remote voice takes several clauses at once (its --speech-max-requests).
+        self.tts_stage = Stage(
+            "tts", workers=tts.workers if isinstance(tts, RemoteSynthesiser) else 1
+        )
         self.transcription_languages = asr.languages
         self.transcription_prompts = asr.takes_prompt
+
+    async def unready_reason(self) -> str | None:
+        """``asr_unreachable`` / ``tts_unreachable`` while the remote
+        recogniser (``--asr-url``) or voice (``--tts-url``) does not answer."""
+        if isinstance(self.asr, RemoteRecogniser) and await self.asr.remote.unreachable():
+            return "asr_unreachable"
+        if isinstance(self.tts, RemoteSynthesiser) and await self.tts.remote.unreachable():
+            return "tts_unreachable"
+        return None
 
     # --- Listening -----------------------------------------------------------
 
