@@ -29,13 +29,21 @@ from duplex_server.sessions.runtime.input_budget import REFUSAL_PAUSE_S
 from duplex_server.sessions.runtime.manager import SessionManager
 from duplex_server.sideband import serve_sideband
 from duplex_server.websocket_transport import (
+    AUDIO_HEADER,
     WebSocketFrames,
     WebSocketTransport,
+    audio_transport_of,
     dialect_of,
     error_frame,
     query_flag,
 )
-from protocol.client_events import SessionHeartbeat, SessionResume, SessionUpdateEvent
+from protocol.audio_frames import read_append
+from protocol.client_events import (
+    AnyClientEvent,
+    SessionHeartbeat,
+    SessionResume,
+    SessionUpdateEvent,
+)
 from protocol.close_codes import CloseCode
 from protocol.codec import FrameDecoder
 from protocol.errors import INVALID_REQUEST, ProtocolError
@@ -69,6 +77,9 @@ class Peer:
     duplex_events: bool = False
     bound: SessionUpdate | None = None  # a client secret's session config: it opens with it
     call: CallBody | None = None  # a call's ids (WebRTC): the sideband finds it by them
+    # ?audio=binary (duplex wire only): a binary frame is an audio frame
+    # (protocol.audio_frames), else it is read as JSON like a text frame.
+    binary_audio: bool = False
 
 
 class RealtimeConnection:
@@ -194,9 +205,15 @@ class RealtimeConnection:
             return False
         return True
 
+    def _decode(self, frame: str | bytes) -> AnyClientEvent:
+        """The frame's event: an audio frame is the append it carries."""
+        if self.peer.binary_audio and isinstance(frame, bytes):
+            return read_append(frame, self.decoder.max_frame_bytes)
+        return self.decoder.decode(frame)
+
     async def _on_frame(self, frame: str | bytes) -> None:
         try:
-            event = self.decoder.decode(frame)
+            event = self._decode(frame)
         except ProtocolError as err:
             metrics.CLIENT_EVENTS.labels("undecodable").inc()
             if self.actor is None:
@@ -330,23 +347,31 @@ async def _serve_socket(websocket: WebSocket) -> None:
     assert principal is not None  # denial() refuses a missing caller
     offered = websocket.scope.get("subprotocols", [])
     subprotocol = "realtime" if "realtime" in offered else None
-    await websocket.accept(subprotocol=subprotocol)
     params = websocket.query_params
+    duplex = websocket.url.path.rstrip("/").endswith("/v1/duplex") or query_flag(
+        params.get("duplex"), False
+    )
+    binary = audio_transport_of(websocket, duplex and "call_id" not in params)
+    confirm = [(AUDIO_HEADER.encode(), b"binary")] if binary is True else None
+    await websocket.accept(subprotocol=subprotocol, headers=confirm)
+    if isinstance(binary, ProtocolError):
+        await websocket.send_text(error_frame(binary).decode())
+        await websocket.close(CloseCode.POLICY_VIOLATION, binary.code)
+        return
     if "call_id" in params:
         await serve_sideband(websocket, principal, params["call_id"])
         return
     autostart = query_flag(params.get("autostart"), True) and "resume" not in params
-    duplex = websocket.url.path.rstrip("/").endswith("/v1/duplex") or query_flag(
-        params.get("duplex"), False
-    )
     peer = Peer(
         principal,
         websocket.client.host if websocket.client else "",
         duplex=duplex,
         duplex_events=query_flag(params.get("duplex_events"), False),
         bound=bound,
+        binary_audio=binary,
     )
-    attachment = Attachment(WebSocketTransport(websocket), dialect=dialect_of(websocket))
+    transport = WebSocketTransport(websocket, binary_audio=binary)
+    attachment = Attachment(transport, dialect=dialect_of(websocket))
     connection = RealtimeConnection(
         WebSocketFrames(websocket),
         attachment,

@@ -58,6 +58,10 @@ ERROR_CLASS: dict[str, str] = {
     "invalid_offer": INVALID_REQUEST,
     "unsupported_codec": INVALID_REQUEST,
     "unsupported_content_type": INVALID_REQUEST,
+    # Binary audio (protocol/audio_frames.py): a frame this version cannot
+    # read; ?audio=binary off the duplex wire.
+    "invalid_audio_frame": INVALID_REQUEST,
+    "binary_audio_unsupported": INVALID_REQUEST,
     "engine_error": SERVER_ERROR,
     "storage_unavailable": SERVER_ERROR,
 }

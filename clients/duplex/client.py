@@ -36,6 +36,7 @@ from clients.duplex.trace import DuplexTrace
 from clients.duplex.transport import TRANSPORT_CLOSED, Connect, Transport, websocket
 from protocol import client_events as ce
 from protocol import server_events as se
+from protocol.audio_frames import FORMAT_CODES, AudioFrame, FrameKind, as_append, pack
 from protocol.close_codes import CloseCode
 from protocol.session_config import SessionUpdate
 
@@ -46,6 +47,8 @@ DEFAULT_TIMEOUT_S = 10.0
 VIDEO_UNIT_MS = 1000
 _END = object()
 _JSON = msgspec.json.Encoder()
+# The upgrade's answer header by which the server confirms ``?audio=binary``.
+AUDIO_CONFIRM_HEADER = "x-duplex-audio"
 
 
 @dataclass
@@ -155,11 +158,17 @@ class DuplexClient:
         ack_every: int = 32,
         replicas: Sequence[str] = (),
         connect: Connect | None = None,
+        binary_audio: bool | None = None,
     ) -> None:
         """``replicas``: other servers of the same deployment (one Redis); a
         dropped connection is resumed on them in turn when ``url`` is gone.
         ``connect``: opens the transport for a URL (the first connection and
-        every resume); by default a websocket carrying ``api_key``."""
+        every resume); by default a websocket carrying ``api_key``.
+        ``binary_audio``: audio as WebSocket binary frames (``?audio=binary``).
+        None (the default): asked for on a duplex-wire URL (``/v1/duplex``,
+        ``duplex=1``) and used where the server confirms it, else JSON; True:
+        asked for everywhere and required (a server that does not confirm
+        it is a ``DuplexConnectionError``); False: never."""
         self.url = url
         self.replicas = list(replicas)
         self.config = config or SessionConfig()
@@ -169,6 +178,8 @@ class DuplexClient:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.api_key = api_key
         self._open = connect or websocket(api_key)
+        self.binary_audio = binary_audio
+        self._binary_ws: Transport | None = None  # the socket, when it carries binary audio
         self.timeout_s = timeout_s
         self.trace = trace
         self.ack_every = ack_every
@@ -205,8 +216,14 @@ class DuplexClient:
 
     # --- lifecycle -----------------------------------------------------------
 
+    @property
+    def uses_binary_audio(self) -> bool:
+        """Whether the current socket carries audio in binary frames."""
+        return self._ws is not None and self._ws is self._binary_ws
+
     async def __aenter__(self) -> DuplexClient:
         self._ws = await self._connect()
+        self._demux.use_binary_audio(self._ws is self._binary_ws)
         try:
             await self._send_now(ce.SessionUpdateEvent(session=self.config))
             created = await self._handshake(self._ws, se.SessionCreated)
@@ -250,13 +267,29 @@ class DuplexClient:
         if self._ws is not None:
             await self._ws.close()
 
+    def _asks_binary(self, url: str) -> bool:
+        if self.binary_audio is not None:
+            return self.binary_audio
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+        wire = parts.path.rstrip("/").endswith("/v1/duplex")
+        return wire or query.get("duplex", "").lower() in ("1", "true", "on", "yes")
+
     async def _connect(self, url: str | None = None) -> Transport:
         url = url or self.url
+        binary = self._asks_binary(url)
+        params = {"autostart": "0", **({"audio": "binary"} if binary else {})}
         try:
-            opening = self._open(_with_query(url, autostart="0"))
-            return await asyncio.wait_for(opening, self.timeout_s)
+            opening = self._open(_with_query(url, **params))
+            ws = await asyncio.wait_for(opening, self.timeout_s)
         except (TimeoutError, OSError, websockets.WebSocketException) as exc:
             raise DuplexConnectionError(f"cannot connect to {url}: {exc}") from exc
+        if binary and _confirms_binary(ws):
+            self._binary_ws = ws
+        elif binary and self.binary_audio:
+            await ws.close()
+            raise DuplexConnectionError(f"{url} did not confirm binary audio (audio=binary)")
+        return ws
 
     async def _handshake(self, ws: Transport, expected: type[msgspec.Struct]) -> Any:
         """Read until ``expected`` (session.created / session.resumed) or an error."""
@@ -342,6 +375,7 @@ class DuplexClient:
                 ws = await self._connect(url)
             except DuplexConnectionError:
                 continue
+            self._demux.use_binary_audio(ws is self._binary_ws)
             self._demux.expect_replay(self._demux.last_seq)
             resume = ce.SessionResume(
                 session_id=self.session_id or "",
@@ -510,6 +544,19 @@ class DuplexClient:
             duration_ms = fmt.duration_ms(len(pcm))
             self._appended_ms += duration_ms
             end_ms = self._appended_ms
+        if self.uses_binary_audio and not video_frames and fmt.encoding in FORMAT_CODES:
+            # The binary frame is the append without audio_end_ms: the server
+            # derives the same timeline, the sum of the durations before it.
+            frame = AudioFrame(
+                kind=FrameKind.INPUT_APPEND,
+                format=fmt.encoding,
+                sequence=next(self._ids),
+                payload=pcm,
+                sample_rate_hz=fmt.sample_rate_hz,
+                duration_us=round(duration_ms * 1000) if duration_ms else 0,
+                is_speech=is_speech,
+            )
+            return await self._send_audio(frame)
         event = ce.InputAudioAppend(
             audio=base64.b64encode(pcm).decode(),
             format=fmt.encoding,
@@ -520,6 +567,34 @@ class DuplexClient:
             video_frames=[_bare_base64(frame) for frame in video_frames],
         )
         return await self.send(event)
+
+    async def _send_audio(self, frame: AudioFrame) -> str:
+        """Send an input frame; after a drop, again on the resumed socket (as
+        the same append in JSON where that one carries no binary audio: the
+        server sees one event either way, and a retry of it is a retry)."""
+        if self._failure is not None:
+            raise self._failure
+        event = as_append(frame)
+        event_id = str(event.event_id)
+        ws = self._connection()
+        try:
+            await self._send_frame(ws, frame)
+        except TRANSPORT_CLOSED as exc:
+            if self.reconnect is None:
+                raise DuplexSessionClosedError(f"transport dropped ({exc})") from exc
+            await self._await_reconnect(ws)
+            self._retried.add(event_id)
+            ws = self._connection()
+            if ws is self._binary_ws:
+                await self._send_frame(ws, frame)
+            else:
+                await self._send_on(ws, event)
+        return event_id
+
+    async def _send_frame(self, ws: Transport, frame: AudioFrame) -> None:
+        data = pack(frame)
+        self._trace("out", data)
+        await ws.send(data)
 
     async def stream_pcm(
         self,
@@ -631,6 +706,16 @@ class DuplexClient:
     async def wait_for(self, *types: str, timeout_s: float | None = None) -> Any:
         """The next event of one of ``types`` (errors from the server raise)."""
         return await self._waiter(types)(None, timeout_s or self.timeout_s)
+
+
+def _confirms_binary(ws: Transport) -> bool:
+    """Whether the upgrade's answer confirmed ``?audio=binary`` (a transport
+    that does not show it, like an older server, did not)."""
+    response = getattr(ws, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return False
+    return str(headers.get(AUDIO_CONFIRM_HEADER, "")).lower() == "binary"
 
 
 def _close_code(exc: BaseException) -> int | None:

@@ -16,7 +16,11 @@ import msgspec
 
 from clients.duplex.errors import DuplexProtocolError
 from protocol import server_events as se
+from protocol.audio_frames import MAGIC, FrameKind, unpack
 from protocol.codec import decode_server_event
+from protocol.errors import ProtocolError
+
+_AUDIO_MAGIC = bytes([MAGIC])
 
 
 class ConnectionResumed(msgspec.Struct):
@@ -57,18 +61,44 @@ def listen_key(event: se.ResponseListen) -> str:
     return event.response_id or f"listen_{event.server_event_seq}"
 
 
+@dataclass
+class _HeldDelta:
+    """An audio delta event of a binary-audio socket, waiting for its frame;
+    ``event`` None: a replay or a beta twin, whose frame is dropped with it."""
+
+    seq: int
+    event: se.OutputAudioDelta | None
+
+
 class Demux:
     def __init__(self) -> None:
         self.last_seq = 0
         self.responses: dict[str, ResponseView] = {}
         self._replay_until = 0  # seqs up to here may arrive again after a resume
+        # The socket carries audio in binary frames (``?audio=binary``, confirmed):
+        # each audio delta event is followed by its frame (protocol.audio_frames).
+        self.binary_audio = False
+        self._held: _HeldDelta | None = None
 
     def expect_replay(self, upto: int) -> None:
         """A resume is under way: seqs up to ``upto`` may repeat; drop them."""
         self._replay_until = max(self._replay_until, upto)
 
+    def use_binary_audio(self, on: bool) -> None:
+        """A new socket: whether its audio comes in binary frames."""
+        self.binary_audio = on
+        self._held = None
+
     def feed(self, frame: str | bytes) -> se.ServerEvent | None:
-        """The typed event, or None when the frame repeats one already processed."""
+        """The typed event, or None when the frame repeats one already
+        processed (or, on a binary-audio socket, is an audio delta whose
+        binary frame comes next: that frame returns the whole delta)."""
+        if self.binary_audio and isinstance(frame, bytes) and frame[:1] == _AUDIO_MAGIC:
+            return self._feed_audio(frame)
+        if self._held is not None:
+            raise DuplexProtocolError(
+                "invalid_event", "an audio delta's binary frame did not follow it"
+            )
         try:
             event = decode_server_event(frame)
         except msgspec.ValidationError as exc:
@@ -81,6 +111,7 @@ class Demux:
         if seq is not None:
             if seq <= self.last_seq:
                 if seq <= self._replay_until:
+                    self._hold(event, None)
                     return None  # replayed after a resume: already processed
                 raise DuplexProtocolError(
                     "invalid_event",
@@ -88,8 +119,33 @@ class Demux:
                 )
             self.last_seq = seq
         if isinstance(event, _BETA):
+            self._hold(event, None)
             return None  # the GA twin carries the same content
+        if self.binary_audio and isinstance(event, se.OutputAudioDelta):
+            self._hold(event, event)
+            return None
         self._track(event)
+        return event
+
+    def _hold(self, event: se.ServerEvent, keep: se.OutputAudioDelta | None) -> None:
+        if self.binary_audio and isinstance(event, se.OutputAudioDelta):
+            self._held = _HeldDelta(event.server_event_seq or 0, keep)
+
+    def _feed_audio(self, frame: bytes) -> se.ServerEvent | None:
+        try:
+            audio = unpack(frame, len(frame))
+        except ProtocolError as exc:
+            raise DuplexProtocolError(exc.code, f"server sent {exc.message}") from None
+        held, self._held = self._held, None
+        if audio.kind is not FrameKind.OUTPUT_DELTA or held is None or held.seq != audio.sequence:
+            raise DuplexProtocolError(
+                "invalid_event",
+                f"binary audio frame {audio.sequence} does not follow its audio delta event",
+            )
+        if held.event is None:
+            return None
+        event = msgspec.structs.replace(held.event, delta=base64.b64encode(audio.payload).decode())
+        self._track(event, audio.payload)
         return event
 
     def _view(self, response_id: str) -> ResponseView:
@@ -98,7 +154,7 @@ class Demux:
             view = self.responses[response_id] = ResponseView(response_id)
         return view
 
-    def _track(self, event: se.ServerEvent) -> None:
+    def _track(self, event: se.ServerEvent, audio: bytes | None = None) -> None:
         if isinstance(event, se.ResponseCreated) and event.response is not None:
             self._view(event.response.id)
         elif isinstance(event, se.ResponseListen):
@@ -106,7 +162,7 @@ class Demux:
             self.responses[key] = ResponseView(key, decision="listen", status="completed")
         elif isinstance(event, se.OutputAudioDelta):
             view = self._view(event.response_id)
-            view.audio.append(base64.b64decode(event.delta))
+            view.audio.append(base64.b64decode(event.delta) if audio is None else audio)
             view.audio_format, view.sample_rate_hz = event.format, event.sample_rate_hz
             if event.metadata is not None:
                 view.generated_ms = event.metadata.playback.generated_ms

@@ -16,7 +16,9 @@ import websockets
 
 
 class Transport(Protocol):
-    async def send(self, message: str) -> None: ...
+    async def send(self, message: str | bytes) -> None:
+        """A str is a text frame; bytes a binary frame (binary audio only)."""
+        ...
 
     async def recv(self) -> str | bytes: ...
 

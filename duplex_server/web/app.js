@@ -3,10 +3,10 @@
 // answer was cut) and resume after a dropped connection. Two transports with
 // one interface: WebRTC (rtc-call.js: Opus tracks both ways, the server
 // acknowledges playback from its own track) where the server and browser
-// offer it, else the WebSocket (call.js, /v1/realtime?duplex=1: pcm16 in
-// events, and the page acknowledges what it played, so the server's history
-// holds what was heard, no more).
-import { AudioIO, MicrophoneError, toBase64 } from "./audio.js";
+// offer it, else the WebSocket (call.js, /v1/realtime?duplex=1&audio=binary:
+// pcm16 in binary frames, and the page acknowledges what it played, so the
+// server's history holds what was heard, no more).
+import { AudioIO, MicrophoneError } from "./audio.js";
 import { Call, Fatal } from "./call.js";
 import { RtcCall, Unavailable } from "./rtc-call.js";
 import { Conversation } from "./transcript.js";
@@ -197,11 +197,8 @@ function onChunk(pcm, durationMs, wallMs) {
   }
   // While the link is down the microphone is not buffered: the conversation
   // pauses and carries on from what is said after it is back.
-  const sent = call.send({
-    type: "input_audio_buffer.append",
-    audio: toBase64(pcm),
-    sample_rate_hz: audio.context.sampleRate,
-  });
+  // One binary input frame: the append without base64 (call.js).
+  const sent = call.sendAudio(pcm, audio.context.sampleRate);
   if (sent) page.sentChunk(durationMs, wallMs);
 }
 
@@ -389,10 +386,14 @@ function onEvent(event) {
       const answer = conversation.answer(event.response_id);
       const meta = event.metadata || {};
       const rate = event.sample_rate_hz || 24000;
-      const samples = (event.delta.length * 3) / 4 / 2;
-      const duration = meta.audio_duration_ms ?? (samples * 1000) / rate;
+      // The audio came in its binary frame (call.js), else as base64.
+      const bytes = event.audio ? event.audio.byteLength : (event.delta.length * 3) / 4;
+      const duration = meta.audio_duration_ms ?? (bytes / 2 / rate) * 1000;
       answer.audio(duration, meta.audio_text_marks);
-      if (answer.cut === null) audio.play(event.response_id, event.delta, rate);
+      if (answer.cut === null) {
+        if (event.audio) audio.playPcm(event.response_id, event.audio, rate);
+        else audio.play(event.response_id, event.delta, rate);
+      }
       break;
     }
     case "response.output_audio_transcript.delta": {

@@ -28,20 +28,18 @@ function microphoneMessage(err) {
   }
 }
 
-export function toBase64(int16) {
-  const bytes = new Uint8Array(int16.buffer, int16.byteOffset, int16.byteLength);
-  let binary = "";
-  for (let i = 0; i < bytes.length; i += 0x8000) {
-    binary += String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000));
-  }
-  return btoa(binary);
-}
-
 export function pcm16ToFloat(text) {
   const binary = atob(text);
   const view = new DataView(new ArrayBuffer(binary.length));
   for (let i = 0; i < binary.length; i++) view.setUint8(i, binary.charCodeAt(i));
   const out = new Float32Array(binary.length >> 1);
+  for (let i = 0; i < out.length; i++) out[i] = view.getInt16(i * 2, true) / 32768;
+  return out;
+}
+
+export function pcm16BytesToFloat(bytes) {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const out = new Float32Array(bytes.byteLength >> 1);
   for (let i = 0; i < out.length; i++) out[i] = view.getInt16(i * 2, true) / 32768;
   return out;
 }
@@ -149,7 +147,16 @@ export class AudioIO {
   }
 
   play(responseId, base64, rate) {
-    const samples = resample(pcm16ToFloat(base64), rate || RATE, this.context.sampleRate);
+    this.push(responseId, pcm16ToFloat(base64), rate);
+  }
+
+  // bytes: a Uint8Array of pcm16 (a binary audio frame's payload).
+  playPcm(responseId, bytes, rate) {
+    this.push(responseId, pcm16BytesToFloat(bytes), rate);
+  }
+
+  push(responseId, pcm, rate) {
+    const samples = resample(pcm, rate || RATE, this.context.sampleRate);
     this.player.port.postMessage({ type: "push", id: responseId, samples }, [samples.buffer]);
   }
 

@@ -14,6 +14,48 @@ export const EVENT_ACK_MS = 2000;
 // keeps trying (about 20 s, inside the server's 30 s disconnect grace).
 export const RETRY_DELAYS_MS = [250, 750, 1500, 2500, 4000, 5000, 6000];
 
+// Binary audio (?audio=binary, PROTOCOL.md "Binary audio"): each frame is a
+// 24-byte little-endian header, then the raw audio. The microphone goes up
+// as input frames; each answer delta arrives as its event (delta "") and,
+// right after it, the frame with its audio.
+const FRAME_MAGIC = 0xda;
+const FRAME_VERSION = 1;
+const FRAME_INPUT = 1;
+const FRAME_OUTPUT = 2;
+const FRAME_HEADER_BYTES = 24;
+const FORMAT_PCM16 = 1;
+const AUDIO_DELTAS = new Set(["response.output_audio.delta", "response.audio.delta"]);
+
+// An input frame: pcm16 samples at rate, sequence seq (its event_id is audio_<seq>).
+export function inputFrame(int16, rate, seq) {
+  const frame = new ArrayBuffer(FRAME_HEADER_BYTES + int16.byteLength);
+  const head = new DataView(frame);
+  head.setUint8(0, FRAME_MAGIC);
+  head.setUint8(1, FRAME_VERSION);
+  head.setUint8(2, FRAME_INPUT);
+  head.setUint8(3, FORMAT_PCM16);
+  head.setUint32(8, rate, true);
+  head.setUint32(12, Math.round((int16.length * 1e6) / rate), true);
+  head.setBigUint64(16, BigInt(seq), true);
+  new Uint8Array(frame, FRAME_HEADER_BYTES).set(
+    new Uint8Array(int16.buffer, int16.byteOffset, int16.byteLength),
+  );
+  return frame;
+}
+
+// An output frame's sequence (the server_event_seq of its delta) and audio; null if it is none.
+export function readFrame(buffer) {
+  if (buffer.byteLength < FRAME_HEADER_BYTES) return null;
+  const head = new DataView(buffer);
+  if (head.getUint8(0) !== FRAME_MAGIC || head.getUint8(1) !== FRAME_VERSION) return null;
+  if (head.getUint8(2) !== FRAME_OUTPUT) return null;
+  return {
+    seq: Number(head.getBigUint64(16, true)),
+    rate: head.getUint32(8, true),
+    audio: new Uint8Array(buffer, FRAME_HEADER_BYTES),
+  };
+}
+
 // A failure a person must act on (wrong key, refused settings, session gone).
 export class Fatal extends Error {}
 // A failure that another try may get past (server restarting, network down).
@@ -79,6 +121,8 @@ export class Call {
     this.lastHeard = 0;
     this.stopped = false;
     this.timers = [];
+    this.audioSeq = 0; // input frames sent: each one's sequence
+    this.heldDelta = null; // an answer delta waiting for its audio frame
   }
 
   get attached() {
@@ -104,6 +148,15 @@ export class Call {
     return true;
   }
 
+  // Sends microphone audio (pcm16 at rate) as one binary input frame: the
+  // server logs it as the input_audio_buffer.append it stands for.
+  sendAudio(int16, rate) {
+    if (!this.attached) return false;
+    this.audioSeq += 1;
+    this.socket.send(inputFrame(int16, rate, this.audioSeq));
+    return true;
+  }
+
   stop() {
     this.stopped = true;
     for (const timer of this.timers) clearInterval(timer);
@@ -120,9 +173,11 @@ export class Call {
     // A client secret opens the socket: the key never rides in a subprotocol.
     const secret = await mintSecret(this.key);
     const scheme = location.protocol === "https:" ? "wss" : "ws";
-    const url = `${scheme}://${location.host}/v1/realtime?duplex=1&autostart=0`;
+    const url = `${scheme}://${location.host}/v1/realtime?duplex=1&autostart=0&audio=binary`;
     const socket = new WebSocket(url, ["realtime", `openai-insecure-api-key.${secret}`]);
+    socket.binaryType = "arraybuffer";
     this.socket = socket;
+    this.heldDelta = null;
     await new Promise((resolve, reject) => {
       let attached = false;
       const timer = setTimeout(() => {
@@ -148,6 +203,10 @@ export class Call {
       };
       socket.onmessage = (message) => {
         this.lastHeard = performance.now();
+        if (typeof message.data !== "string") {
+          this.receiveAudio(message.data);
+          return;
+        }
         const event = JSON.parse(message.data);
         if (!attached) {
           const opened = this.opening(event, resume);
@@ -194,7 +253,25 @@ export class Call {
       : new Fatal(`The server would not ${what}: ${errorText(error)}`);
   }
 
+  // An answer's audio frame: the delta event just before it, whole.
+  receiveAudio(buffer) {
+    const frame = readFrame(buffer);
+    const held = this.heldDelta;
+    this.heldDelta = null;
+    if (frame === null || held === null || held.server_event_seq !== frame.seq) return;
+    held.audio = frame.audio; // the delta's pcm16, in place of base64
+    this.deliver(held);
+  }
+
   receive(event) {
+    if (AUDIO_DELTAS.has(event.type) && event.delta === "") {
+      this.heldDelta = event; // its audio is the next frame
+      return;
+    }
+    this.deliver(event);
+  }
+
+  deliver(event) {
     const seq = event.server_event_seq;
     if (seq !== null && seq !== undefined) {
       if (seq <= this.lastSeq) return; // replayed twice: already handled

@@ -6,9 +6,11 @@ the session's log, as a person and an operator would."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
+from protocol.audio_frames import FrameKind, unpack
 from tests.e2e.voicepage import (
     VoicePage,
     chromium,
@@ -43,6 +45,7 @@ async def test_a_spoken_question_is_answered_aloud_on_a_phone_screen(tmp_path):
         async with chromium(wav) as browser:
             page = await VoicePage.open(browser, server.http_url, **PHONE)
             frames = page.frames_received()
+            wire = page.frames_by_kind()
             assert await page.page.title() == "duplex-server: talk"
             # The model's capabilities are shown before the call starts, once
             # the model list (fetched when the page loads) has arrived.
@@ -96,6 +99,26 @@ async def test_a_spoken_question_is_answered_aloud_on_a_phone_screen(tmp_path):
     # What the page received on its socket held to the openai SDK's GA models.
     checked = [check_event(frame, "ga") for frame in frames]
     assert len(checked) > 20 and [v for v in checked if v is not None] == []
+    # The page spoke binary audio (?audio=binary): its microphone went up in
+    # input frames, no base64 appends, and the answer came down in output
+    # frames, each right after its delta event, which carried no audio.
+    assert_binary_audio(wire, lines)
+
+
+def assert_binary_audio(wire: dict[str, list], lines: list[dict]) -> None:
+    sent = [unpack(f, 1 << 20) for f in wire["sent"] if isinstance(f, bytes)]
+    assert len(sent) > 20 and {f.kind for f in sent} == {FrameKind.INPUT_APPEND}
+    assert not [f for f in wire["sent"] if isinstance(f, str) and "input_audio_buffer.append" in f]
+    logged = [line for line in lines if line["kind"] == "audio"]
+    assert len(logged) == len(sent)  # each frame logged as the append it stands for
+    received = wire["received"]
+    pairs = [
+        (json.loads(received[i]), unpack(received[i + 1], 1 << 20))
+        for i, frame in enumerate(received)
+        if isinstance(frame, str) and '"type":"response.output_audio.delta"' in frame
+    ]
+    assert pairs and all(e["delta"] == "" and f.sequence == e["server_event_seq"] for e, f in pairs)
+    assert sum(isinstance(f, bytes) for f in received) == len(pairs)
 
 
 async def test_speaking_over_the_answer_cuts_it_where_it_was_heard(tmp_path):

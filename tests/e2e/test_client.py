@@ -135,7 +135,8 @@ async def test_error_classes(server):
 async def test_video_frames_ride_their_second_and_playback_is_acked(server):
     trace = DuplexTrace()
     frames = [audio_data_url(b"\xff\xd8 first", "image/jpeg"), b64(b"\xff\xd8 second")]
-    async with client_for(server, trace=trace) as client:
+    # binary_audio=False: the JSON appends are what this test reads off the trace
+    async with client_for(server, trace=trace, binary_audio=False) as client:
         await client.stream_pcm(tone_pcm16(2500), realtime=False, video_frames=frames)
         await client.commit()
         response = await anext(client.responses(timeout_s=5))

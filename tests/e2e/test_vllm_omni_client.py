@@ -103,7 +103,10 @@ async def test_duplex_client_holds_a_turn(url, preset):
     expected_in = getattr(presets, f"{preset.upper()}_INPUT")
     expected_out = getattr(presets, f"{preset.upper()}_OUTPUT")
     trace = DuplexTrace()
-    async with DuplexClient(url, model="echo", config=config, trace=trace) as client:
+    # binary_audio=False: the JSON appends are what this test reads off the trace
+    async with DuplexClient(
+        url, model="echo", config=config, trace=trace, binary_audio=False
+    ) as client:
         assert (client.input_format, client.output_format) == (expected_in, expected_out)
         await client.stream_pcm(tone(expected_in), chunk_ms=CHUNK_MS, realtime=False)
         await client.commit()

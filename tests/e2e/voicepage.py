@@ -156,7 +156,22 @@ class VoicePage:
         frames: list[str] = []
 
         def watch(socket: WebSocket) -> None:
-            socket.on("framereceived", lambda payload: frames.append(str(payload)))
+            socket.on(
+                "framereceived",
+                lambda payload: frames.append(payload) if isinstance(payload, str) else None,
+            )
+
+        self.page.on("websocket", watch)
+        return frames
+
+    def frames_by_kind(self) -> dict[str, list[str | bytes]]:
+        """Every frame the page's sockets send ("sent") and receive
+        ("received") from now on, text and binary."""
+        frames: dict[str, list[str | bytes]] = {"sent": [], "received": []}
+
+        def watch(socket: WebSocket) -> None:
+            socket.on("framesent", lambda payload: frames["sent"].append(payload))
+            socket.on("framereceived", lambda payload: frames["received"].append(payload))
 
         self.page.on("websocket", watch)
         return frames
