@@ -299,8 +299,10 @@ class CascadeModel:
         self.engine.abort(response_id)
 
     def close(self) -> None:
-        """At server shutdown (blocking): the responder's engine stops."""
+        """At server shutdown (blocking): the responder's engine stops, and
+        remote speech tiers' connections close."""
         self.responder.close()
+        self.listening.close()
 
 
 def build_cascade(

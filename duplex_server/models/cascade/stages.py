@@ -208,6 +208,13 @@ class CascadeStages:
             return "tts_unreachable"
         return None
 
+    def close(self) -> None:
+        """At server shutdown: a remote recogniser's or voice's connections."""
+        if isinstance(self.asr, RemoteRecogniser):
+            self.asr.close()
+        if isinstance(self.tts, RemoteSynthesiser):
+            self.tts.close()
+
     # --- Listening -----------------------------------------------------------
 
     def open_scorer(self) -> SileroScorer:
