@@ -35,6 +35,7 @@ class VllmOpenAIServer:
     served_name: str = "tiny-qwen"
     max_model_len: int = 512
     kv_cache_bytes: int = 64 << 20
+    extra_flags: tuple[str, ...] = ()  # more of vLLM's own
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -52,6 +53,7 @@ class VllmOpenAIServer:
             "--enforce-eager",  # no torch.compile: it starts ~30 s sooner
             *("--kv-cache-memory-bytes", str(self.kv_cache_bytes), "--seed", "0"),
             *("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
+            *self.extra_flags,
         ]
 
     def start(self) -> None:

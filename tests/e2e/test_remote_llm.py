@@ -129,6 +129,8 @@ async def tiers(tmp_path_factory) -> AsyncIterator[Tiers]:
         base / "vllm-remote.log",
         SERVED_NAME,
         kv_cache_bytes=KV_CACHE_BYTES,
+        # 5 ms more a step: a 400-token answer takes seconds, not half of one
+        extra_flags=("--logits-processors", "tests.vllm_slow_steps:SlowSteps"),
     )
     remote.start()
     try:
@@ -177,11 +179,11 @@ async def held_answer(tiers: Tiers, connection) -> str:
     """Ask for the long count with the remote's scheduler frozen, then let
     it run a step or two at a time (a resume and a pause back to back)
     until the answer's first words reach the client: the answer is then
-    unfinished in vLLM. The tiny model decodes its 400 tokens in about half
-    a second, so a loaded machine that stalls this process between the
-    resume and the pause lets one finish: that answer is let be, and the
-    count asked for again (a hold placed only once the first words arrived
-    lost that race every time on CI's machine)."""
+    unfinished in vLLM. The tiny model decodes a token a millisecond, and
+    a hold placed only once the first words arrived lost the race every time
+    on CI's loaded machine; the remote now runs 5 ms longer a step
+    (``tests/vllm_slow_steps.py``), and an answer that still finished before
+    its hold is let be and the count asked for again."""
     for _ in range(ASKS):
         response_id = await _held_ask(tiers, connection)
         if response_id is not None:
