@@ -47,9 +47,12 @@ from protocol.client_events import (
 from protocol.close_codes import CloseCode
 from protocol.codec import FrameDecoder
 from protocol.errors import INVALID_REQUEST, ProtocolError
-from protocol.session_config import ExtraBody, SessionUpdate
+from protocol.session_config import ExtraBody, SessionType, SessionUpdate
 
 log = logging.getLogger(__name__)
+
+# ?intent= values: OpenAI's "transcription", and "realtime" (a conversation).
+INTENTS: dict[str, SessionType] = {"transcription": "transcription", "realtime": "realtime"}
 
 # Resume refusals that a token guesser collects; a socket gets this many.
 GUESSES = ("invalid_resume_token", "invalid_session_resume", "forbidden")
@@ -80,6 +83,9 @@ class Peer:
     # ?audio=binary (duplex wire only): a binary frame is an audio frame
     # (protocol.audio_frames), else it is read as JSON like a text frame.
     binary_audio: bool = False
+    # ?intent=transcription (OpenAI's beta spelling of GA's session.type):
+    # the session opens as a transcription session unless its patch says.
+    session_type: SessionType | None = None
 
 
 class RealtimeConnection:
@@ -169,6 +175,8 @@ class RealtimeConnection:
         server's, the key's and the address's caps."""
         if self.peer.duplex_events:
             patch = with_duplex_events(patch)
+        if self.peer.session_type is not None and patch.type is UNSET:
+            patch = msgspec.structs.replace(patch, type=self.peer.session_type)
         self.actor = await self.manager.open(
             self.attachment,
             patch,
@@ -306,6 +314,23 @@ def with_duplex_events(patch: SessionUpdate) -> SessionUpdate:
     )
 
 
+async def _refuse(websocket: WebSocket, err: ProtocolError) -> None:
+    """A socket whose URL asks for what the server does not serve: told, closed."""
+    await websocket.send_text(error_frame(err).decode())
+    await websocket.close(CloseCode.POLICY_VIOLATION, err.code)
+
+
+def intent_refusal(intent: str | None) -> ProtocolError | None:
+    """The refusal of an ``?intent=`` this server does not serve."""
+    if intent is None or intent in INTENTS:
+        return None
+    return ProtocolError(
+        "invalid_value",
+        f"intent {intent!r} is not one this server serves: {', '.join(INTENTS)}",
+        param="intent",
+    )
+
+
 async def realtime_endpoint(websocket: WebSocket) -> None:
     """One socket; a client address holds at most ``max_connections_per_ip``
     of them, and a browser page may open one only from an allowed Origin
@@ -354,9 +379,12 @@ async def _serve_socket(websocket: WebSocket) -> None:
     binary = audio_transport_of(websocket, duplex and "call_id" not in params)
     confirm = [(AUDIO_HEADER.encode(), b"binary")] if binary is True else None
     await websocket.accept(subprotocol=subprotocol, headers=confirm)
+    intent = params.get("intent")
     if isinstance(binary, ProtocolError):
-        await websocket.send_text(error_frame(binary).decode())
-        await websocket.close(CloseCode.POLICY_VIOLATION, binary.code)
+        await _refuse(websocket, binary)
+        return
+    if (refused_intent := intent_refusal(intent)) is not None:
+        await _refuse(websocket, refused_intent)
         return
     if "call_id" in params:
         await serve_sideband(websocket, principal, params["call_id"])
@@ -369,6 +397,7 @@ async def _serve_socket(websocket: WebSocket) -> None:
         duplex_events=query_flag(params.get("duplex_events"), False),
         bound=bound,
         binary_audio=binary,
+        session_type=INTENTS.get(intent or ""),
     )
     transport = WebSocketTransport(websocket, binary_audio=binary)
     attachment = Attachment(transport, dialect=dialect_of(websocket))

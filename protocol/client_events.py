@@ -44,6 +44,21 @@ class SessionUpdateEvent(ClientEvent, tag="session.update"):
     session: SessionUpdate = msgspec.field(default_factory=SessionUpdate)
 
 
+class TranscriptionSessionUpdate(SessionUpdateEvent, tag="transcription_session.update"):
+    """OpenAI's beta spelling of a ``session.update`` of type transcription
+    (its fields are the beta session's: ``input_audio_format``,
+    ``input_audio_transcription``, ``turn_detection``,
+    ``input_audio_noise_reduction``, ``include``); answered with
+    ``transcription_session.updated``. A ``session.type`` other than
+    transcription contradicts the event and is refused."""
+
+    def __post_init__(self) -> None:
+        if self.session.type is UNSET:
+            self.session.type = "transcription"
+        elif self.session.type != "transcription":
+            raise ValueError("transcription_session.update is for a transcription session")
+
+
 class SessionHeartbeat(ClientEvent, tag="session.heartbeat"):
     pass
 
@@ -310,6 +325,7 @@ class AudioPlaybackAck(PlaybackAck, tag="audio.playback_ack"):
 
 AnyClientEvent = Union[
     SessionUpdateEvent,
+    TranscriptionSessionUpdate,
     SessionHeartbeat,
     SessionEventAck,
     SessionClose,

@@ -45,6 +45,10 @@ ERROR_CLASS: dict[str, str] = {
     "instructions_update_unsupported": INVALID_REQUEST,
     "temperature_update_unsupported": INVALID_REQUEST,
     "config_update_mid_utterance": INVALID_REQUEST,  # speech stream: after input.text
+    # A transcription session asked for a response; a session's type changed
+    # after it heard or said something.
+    "unsupported_for_session_type": INVALID_REQUEST,
+    "session_type_update_unsupported": INVALID_REQUEST,
     "resource_exhausted": RATE_LIMIT,
     "rate_limited": RATE_LIMIT,
     "payload_too_large": INVALID_REQUEST,

@@ -203,6 +203,38 @@ class SessionUpdated(ServerEvent, tag="session.updated"):
     session: SessionObject | None = None
 
 
+class NoClientSecret(msgspec.Struct):
+    """The beta transcription session's ``client_secret``, which the SDK's
+    model requires and OpenAI's WebSocket leaves out: empty, no secret (a
+    client secret is minted by ``POST /v1/realtime/client_secrets`` only)."""
+
+    value: str = ""
+    expires_at: int = 0
+
+
+class TranscriptionSessionObject(msgspec.Struct):
+    """A transcription session as the beta ``transcription_session.updated``
+    describes it: what it hears, how turns end, how it transcribes. The GA
+    events carry the whole ``SessionObject`` (type ``transcription``)."""
+
+    id: str
+    input_audio_format: str | None
+    input_audio_transcription: InputTranscription | None
+    turn_detection: ServerTurnDetection | None
+    input_audio_noise_reduction: NoiseReduction | None
+    include: list[str] | None
+    duplex: SessionDuplex
+    modalities: list[str] = msgspec.field(default_factory=lambda: ["text"])
+    client_secret: NoClientSecret = msgspec.field(default_factory=NoClientSecret)
+    object: str = "realtime.transcription_session"
+
+
+class TranscriptionSessionUpdated(ServerEvent, tag="transcription_session.updated"):
+    """The answer to a beta ``transcription_session.update``."""
+
+    session: TranscriptionSessionObject | None = None
+
+
 class SessionHeartbeatAck(ServerEvent, tag="session.heartbeat_ack"):
     epoch: int = 0
     session_id: str | None = None  # vLLM-Omni's client reads it here
@@ -582,6 +614,7 @@ class Error(ServerEvent, tag="error"):
 AnyServerEvent = Union[
     SessionCreated,
     SessionUpdated,
+    TranscriptionSessionUpdated,
     SessionHeartbeatAck,
     SessionClosed,
     SessionResumed,

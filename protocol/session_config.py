@@ -24,6 +24,9 @@ MAX_IDLE_TIMEOUT_S = 24 * 3600.0
 
 
 Eagerness = Literal["low", "medium", "high", "auto"]
+# GA's session kinds: a conversation, or OpenAI's transcription session
+# (audio in, turn detection and transcripts out, never a response).
+SessionType = Literal["realtime", "transcription"]
 
 
 class TurnDetection(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -212,7 +215,9 @@ class ExtraBody(OverlapThresholds, omit_defaults=True, forbid_unknown_fields=Tru
 
 
 class SessionUpdate(OverlapThresholds, omit_defaults=True):
-    type: str | UnsetType = UNSET  # GA clients send "realtime"
+    # GA clients send "realtime" or "transcription"; fixed once the session
+    # has heard or said anything (commands/session.py)
+    type: SessionType | UnsetType = UNSET
     model: str | UnsetType = UNSET
     modalities: list[Modality] | UnsetType = UNSET
     output_modalities: list[Modality] | UnsetType = UNSET

@@ -40,6 +40,7 @@ NOT_EVENTS = {
     "extra_body.auto_response",
     "audio.output.voice",
     "turn_detection.idle_timeout_ms",
+    "audio.input",  # a transcription session's fields (PROTOCOL.md, "Transcription sessions")
     # Server-Sent Events of the batch route POST /v1/audio/transcriptions (stream=true),
     # not WebSocket events
     "transcript.text.delta",

@@ -75,6 +75,10 @@ def with_default_turn_detection(
 
 class EffectiveConfig(msgspec.Struct):
     model: str
+    # GA's session.type: "transcription" hears and transcribes, never answers
+    # (``transcribes_only``); set by the opening record or an update before
+    # the session heard anything, so a refold keeps it.
+    session_type: str = "realtime"
     modalities: list[str] = msgspec.field(default_factory=lambda: ["audio", "text"])
     instructions: str = ""
     voice: str = "default"
@@ -236,6 +240,7 @@ def merge_config(
     return msgspec.structs.replace(
         config,
         model=_set(patch.model, config.model),
+        session_type=_set(patch.type, config.session_type),
         modalities=list(_set(patch.output_modalities, _set(patch.modalities, config.modalities))),
         instructions=_set(patch.instructions, config.instructions),
         voice=_set(voice, config.voice),
@@ -373,12 +378,21 @@ def _format(spec, rate, current: AudioFormat, param: str, supported) -> AudioFor
 # --- what the config says a session does ------------------------------------
 
 
+def transcribes_only(config: EffectiveConfig) -> bool:
+    """A transcription session (GA ``type: "transcription"``, beta
+    ``?intent=transcription``): turns are heard, committed and transcribed;
+    nothing ever answers them."""
+    return config.session_type == "transcription"
+
+
 def auto_responds(config: EffectiveConfig) -> bool:
     """Whether a client's commit that does not say starts an answer:
     ``extra_body.auto_response`` where the client set it; else on the OpenAI
     endpoint never (OpenAI: a commit asks for no answer, the client's
     ``response.create`` does), on the duplex wire always (its clients commit
-    and expect the answer)."""
+    and expect the answer). A transcription session never answers."""
+    if transcribes_only(config):
+        return False
     if config.auto_response is not None:
         return config.auto_response
     return not config.openai_semantics
@@ -387,7 +401,10 @@ def auto_responds(config: EffectiveConfig) -> bool:
 def vad_responds(config: EffectiveConfig, create_response: bool | None) -> bool:
     """Whether a turn the server's VAD ended is answered: the turn
     detection's ``create_response`` (OpenAI's default: true), else
-    ``extra_body.auto_response`` where the client set it."""
+    ``extra_body.auto_response`` where the client set it. A transcription
+    session never answers, whatever its turn detection says."""
+    if transcribes_only(config):
+        return False
     if create_response is not None:
         return create_response
     return config.auto_response is not False
@@ -396,5 +413,10 @@ def vad_responds(config: EffectiveConfig, create_response: bool | None) -> bool:
 def tells_transcripts(config: EffectiveConfig) -> bool:
     """Whether the client is told what recognition heard. OpenAI sends
     transcription events only while ``input_audio_transcription`` is set;
-    the duplex wire always tells (its clients show the user's words)."""
-    return config.input_audio_transcription is not None or not config.openai_semantics
+    the duplex wire always tells (its clients show the user's words), and a
+    transcription session is there to tell them."""
+    return (
+        config.input_audio_transcription is not None
+        or not config.openai_semantics
+        or transcribes_only(config)
+    )

@@ -17,6 +17,7 @@ from protocol.server_events import (
     SessionDuplex,
     SessionExtraBody,
     SessionObject,
+    TranscriptionSessionObject,
 )
 from protocol.session_config import ServerTurnDetection
 
@@ -45,21 +46,51 @@ def openai_format(fmt: AudioFormat) -> tuple[str | None, AudioFormatDescription 
     return fmt.name, AudioFormatDescription(ga_type(fmt.name), fmt.sample_rate_hz)
 
 
+# OpenAI's ``object`` of each session type.
+SESSION_OBJECT = {
+    "realtime": "realtime.session",
+    "transcription": "realtime.transcription_session",
+}
+
+
 def turn_state(state: SessionState) -> str:
     if state.closed_reason is not None:
         return "closed"
     return "speaking" if state.response is not None else "listening"
 
 
+def _detection(state: SessionState) -> ServerTurnDetection | None:
+    detection = state.config.turn_detection
+    return None if detection is None else ServerTurnDetection(**msgspec.structs.asdict(detection))
+
+
+def _duplex(state: SessionState) -> SessionDuplex:
+    in_fmt, out_fmt = state.config.input_format, state.config.output_format
+    return SessionDuplex(
+        input_format=AudioFormatDescription(in_fmt.name, in_fmt.sample_rate_hz),
+        output_format=AudioFormatDescription(out_fmt.name, out_fmt.sample_rate_hz),
+    )
+
+
+def transcription_session_object(state: SessionState) -> TranscriptionSessionObject:
+    """The beta ``transcription_session.updated``'s session."""
+    cfg = state.config
+    return TranscriptionSessionObject(
+        id=state.session_id,
+        input_audio_format=openai_format(cfg.input_format)[0],
+        input_audio_transcription=cfg.input_audio_transcription,
+        turn_detection=_detection(state),
+        input_audio_noise_reduction=cfg.input_audio_noise_reduction,
+        include=cfg.include,
+        duplex=_duplex(state),
+    )
+
+
 def session_object(state: SessionState, capabilities: Capabilities) -> SessionObject:
     cfg = state.config
     response = state.response or state.last_response
     in_fmt, out_fmt = cfg.input_format, cfg.output_format
-    detection = (
-        None
-        if cfg.turn_detection is None
-        else ServerTurnDetection(**msgspec.structs.asdict(cfg.turn_detection))
-    )
+    detection = _detection(state)
     in_name, in_ga = openai_format(in_fmt)
     out_name, out_ga = openai_format(out_fmt)
     return SessionObject(
@@ -104,10 +135,7 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
             return_stage_metrics=cfg.return_stage_metrics,
             duplex_events=cfg.sends_extensions,
         ),
-        duplex=SessionDuplex(
-            input_format=AudioFormatDescription(in_fmt.name, in_fmt.sample_rate_hz),
-            output_format=AudioFormatDescription(out_fmt.name, out_fmt.sample_rate_hz),
-        ),
+        duplex=_duplex(state),
         state="closed" if state.closed_reason is not None else "open",
         turn_state=turn_state(state),
         epoch=state.epoch,
@@ -118,4 +146,6 @@ def session_object(state: SessionState, capabilities: Capabilities) -> SessionOb
         capabilities=capabilities,
         input_audio_noise_reduction=cfg.input_audio_noise_reduction,
         **{name: getattr(cfg, name) for name in ECHOED_FIELDS},
+        type=cfg.session_type,
+        object=SESSION_OBJECT[cfg.session_type],
     )

@@ -12,7 +12,11 @@ from duplex_server.sessions.core.commands.shared import (
     _maybe_respond,
     next_user_item_id,
 )
-from duplex_server.sessions.core.config import auto_responds, tells_transcripts
+from duplex_server.sessions.core.config import (
+    auto_responds,
+    tells_transcripts,
+    transcribes_only,
+)
 from duplex_server.sessions.core.effects import Effects, KeepTurn
 from duplex_server.sessions.core.items import to_wire
 from duplex_server.sessions.core.records import (
@@ -99,6 +103,13 @@ def audio_commit(
             event_id=event.event_id,
         )
     asked = _asked(event, event.respond_named)
+    if asked and transcribes_only(state.config):
+        raise ProtocolError(
+            "unsupported_for_session_type",
+            "a transcription session creates no responses: commit without response_create",
+            param="response_create",
+            event_id=event.event_id,
+        )
     respond = asked if asked is not None else auto_responds(state.config)
     transcript = state.input.client_transcript or heard.text
     previous = state.items[-1].id if state.items else None

@@ -18,6 +18,7 @@ from duplex_server.sessions.core.config import (
     EffectiveConfig,
     check_response_tool_choice,
     response_output_format,
+    transcribes_only,
 )
 from duplex_server.sessions.core.effects import Effects
 from duplex_server.sessions.core.items import Item
@@ -113,6 +114,14 @@ def latest_input_answered(state: SessionState) -> bool:
 def response_create(batch: Batch, event: ce.ResponseCreate, facts: ModelFacts) -> Effects:
     model = facts.model
     state = batch.state
+    if transcribes_only(state.config):
+        raise ProtocolError(
+            "unsupported_for_session_type",
+            "a transcription session creates no responses: it hears and transcribes "
+            "(open a session of type 'realtime' for answers)",
+            param="type",
+            event_id=event.event_id,
+        )
     if event.response is not None:
         check_response_overrides(event.response, model, state.config, event.event_id)
     has_input = any(_is_input(it) for it in state.items)

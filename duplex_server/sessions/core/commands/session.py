@@ -14,10 +14,11 @@ from duplex_server.sessions.core.effects import Effects
 from duplex_server.sessions.core.gates import immutable_refusals, model_update
 from duplex_server.sessions.core.model_port import Listening, ModelPort
 from duplex_server.sessions.core.records import ConfigBody
-from duplex_server.sessions.core.snapshot import session_object
+from duplex_server.sessions.core.snapshot import session_object, transcription_session_object
+from duplex_server.sessions.core.state import SessionState
 from protocol import client_events as ce
 from protocol.errors import ProtocolError, error_body
-from protocol.server_events import Error, SessionUpdated
+from protocol.server_events import Error, SessionUpdated, TranscriptionSessionUpdated
 from protocol.session_config import InputTranscription, SessionUpdate
 
 
@@ -63,6 +64,30 @@ def check_transcription(
         )
 
 
+def _type_refusal(
+    state: SessionState,
+    patch: SessionUpdate,
+    event_id: str | None,
+    refusals: list[ProtocolError],
+) -> tuple[SessionUpdate, list[ProtocolError]]:
+    """A session's type may change only while it has heard and said nothing
+    (a socket opened at connect takes its first update's type, as a session
+    OpenAI opens for it would); later a change is refused alone."""
+    if not isinstance(patch.type, str) or patch.type == state.config.session_type:
+        return patch, refusals
+    pristine = not (state.input_started or state.items or state.response_count)
+    if pristine:
+        return patch, refusals
+    refusal = ProtocolError(
+        "session_type_update_unsupported",
+        f"this session is of type {state.config.session_type!r} and has begun: its type "
+        "cannot change (open a new session); the rest of the update was applied",
+        param="session.type",
+        event_id=event_id,
+    )
+    return msgspec.structs.replace(patch, type=UNSET), [*refusals, refusal]
+
+
 def session_update(batch: Batch, event: ce.SessionUpdateEvent, facts: ModelFacts) -> Effects:
     """Apply an update; a field the model fixed at open that it would change
     is refused on its own (an ``error`` naming it, before ``session.updated``)
@@ -71,6 +96,7 @@ def session_update(batch: Batch, event: ce.SessionUpdateEvent, facts: ModelFacts
     state = batch.state
     event = msgspec.structs.replace(event, session=model_update(event.session, facts.model_names))
     patch, refusals = immutable_refusals(state, event, model.capabilities)
+    patch, refusals = _type_refusal(state, patch, event.event_id, refusals)
     try:
         merge_config(state.config, patch, model.turn_detection_types)
     except ProtocolError as err:
@@ -80,5 +106,8 @@ def session_update(batch: Batch, event: ce.SessionUpdateEvent, facts: ModelFacts
     batch.fact(ConfigBody(patch=patch))
     for refusal in refusals:
         batch.emit(Error(error=error_body(refusal)))
-    batch.emit(SessionUpdated(session=session_object(state, batch.capabilities)))
+    if isinstance(event, ce.TranscriptionSessionUpdate):
+        batch.emit(TranscriptionSessionUpdated(session=transcription_session_object(state)))
+    else:
+        batch.emit(SessionUpdated(session=session_object(state, batch.capabilities)))
     return ()

@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from duplex_server.audio import AudioDecodeError, decode_to_pcm16
 from duplex_server.sessions.core.batch import Batch
+from duplex_server.sessions.core.config import transcribes_only
 from duplex_server.sessions.core.effects import Effects, StartAnswer, StopAnswer
 from duplex_server.sessions.core.model_port import ModelPort, history_view, session_view
 from duplex_server.sessions.core.responses import cancel_response, listen, start_response
@@ -65,8 +66,11 @@ def next_user_item_id(state: SessionState) -> str:
 
 
 def _maybe_respond(batch: Batch, model: ModelPort) -> Effects:
-    """The model's turn decision after new input: speak (superseding) or listen."""
+    """The model's turn decision after new input: speak (superseding) or
+    listen; neither in a transcription session (nothing answers there)."""
     state = batch.state
+    if transcribes_only(state.config):
+        return ()
     answering = model.answering  # None: a native duplex model takes the floor itself
     if (
         answering is None
@@ -93,5 +97,8 @@ def _stopping(aborted: str | None) -> Effects:
 
 
 def start_answer(batch: Batch) -> Effects:
-    """Start an answer now (the server's own reason: an idle timeout)."""
+    """Start an answer now (the server's own reason: an idle timeout); none
+    in a transcription session."""
+    if transcribes_only(batch.state.config):
+        return ()
     return _supersede_and_start(batch, None)
