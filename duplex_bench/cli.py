@@ -201,6 +201,34 @@ def parser(prog: str = "duplex-bench") -> argparse.ArgumentParser:
 
     p = _kind(
         kinds,
+        "turns",
+        "duplex_bench.turns",
+        "recorded speech cut with mid-sentence pauses, server_vad at 500 ms against "
+        "semantic_vad at each eagerness: turns ended early, ends missed, end-of-turn delay, "
+        "the end-of-turn model's decision time, and acknowledgements and interruptions "
+        "played over answers",
+    )
+    p.add_argument("--speakers", type=int, default=4, help="concurrent real-time sessions")
+    p.add_argument("--turns", type=int, default=24, help="labelled turns per detection")
+    p.add_argument("--seed", type=int, default=0, help="where the pauses are cut, how long")
+    p.add_argument("--eagerness", default="low,medium,high", help="semantic_vad's, comma-separated")
+    p.add_argument(
+        "--missed-after-s",
+        type=float,
+        default=3.0,
+        help="no decision this long after the true end of speech: the end was missed",
+    )
+    p.add_argument(
+        "--overlaps",
+        type=int,
+        default=5,
+        help="acknowledgements (of 5) and interruptions (of 4) played over answers (0: skip)",
+    )
+    p.add_argument("--chunk-ms", type=int, default=20, help="microphone chunk size")
+    _recorded_speech_options(p)
+
+    p = _kind(
+        kinds,
         "telephony",
         "duplex_bench.telephony",
         "simulated Twilio calls against WebSocket sessions on the same recorded speech and "
