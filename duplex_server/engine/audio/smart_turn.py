@@ -52,6 +52,10 @@ class TurnModelBusy(Exception):
     """The model's queue is full: this pause goes unjudged."""
 
 
+class TurnModelFailed(RuntimeError):
+    """The model raised on a batch (its cause chained): those pauses go unjudged."""
+
+
 def model_path() -> Path | None:
     """Where the installed pipecat-ai wheel keeps the model, or None."""
     try:
@@ -193,8 +197,10 @@ class SmartTurn:
             try:
                 windows = [window_of(r.pcm16, r.sample_rate_hz) for r in batch]
                 outcome: list[float] | BaseException = self.predict(windows)
-            except Exception as exc:  # the sessions hear of it, the thread goes on
-                outcome = exc
+            except Exception as exc:  # the thread serves every session: it must go on
+                failure = TurnModelFailed(f"Smart Turn failed on {len(batch)} pauses: {exc!r}")
+                failure.__cause__ = exc
+                outcome = failure
             done = time.perf_counter()
             for index, request in enumerate(batch):
                 self._latency.observe(done - request.queued_at)

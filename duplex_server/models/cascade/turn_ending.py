@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from duplex_server.engine.audio.smart_turn import SmartTurn
+from duplex_server.engine.audio.smart_turn import SmartTurn, TurnModelBusy, TurnModelFailed
 from duplex_server.sessions.core.model_port import TurnModelUnavailable
 
 
@@ -16,7 +16,7 @@ class SmartTurnEnding:
     async def probability(self, pcm16: bytes, sample_rate_hz: int) -> float:
         try:
             return await self.model.probability(pcm16, sample_rate_hz)
-        except Exception as exc:  # busy, or the model failed: this pause goes unjudged
+        except (TurnModelBusy, TurnModelFailed) as exc:  # this pause goes unjudged
             raise TurnModelUnavailable(str(exc) or type(exc).__name__) from exc
 
 
