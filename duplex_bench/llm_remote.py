@@ -218,6 +218,9 @@ def _targets(rows: list[dict], abort: dict) -> dict:
     abort_p99 = abort["abort_to_silence_ms"]["p99"]
     limit = round(token_ms + TARGET_ABORT_SLACK_MS, 3) if token_ms is not None else None
     return {
+        # a row whose machine was saturated (the remote on the same cores)
+        # measured that contention: its verdicts are not the session tier's
+        "judged": not (first["machine_saturated"] or last["machine_saturated"]),
         "ttft_overhead_ms_p50": first["ttft_overhead_ms_p50"],
         "ttft_overhead_at_most_10ms": first["ttft_overhead_ms_p50"] <= TARGET_TTFT_OVERHEAD_MS,
         "throughput_ratio": last["throughput_ratio"],

@@ -318,4 +318,5 @@ async def test_bench_llm_against_the_remote_reports_every_figure(tiers):
         "abort_p99_within_one_token_plus_5ms",
     ]
     assert all(isinstance(targets[name], bool) for name in verdicts)
+    assert isinstance(targets["judged"], bool)
     assert targets["abort_limit_ms"] > 5.0
