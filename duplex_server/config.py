@@ -210,6 +210,23 @@ class ServerConfig:
         "beside it) or 'vits:PATH' (a local VITS / MMS-TTS checkpoint directory; needs the ml "
         "extra)",
     )
+    backchannel_words: str = declare(
+        ActorSettings.backchannel_words,
+        group=MODELS,
+        help="duplex wire, server VAD: speech over the answer whose recognised words are all "
+        "among these (comma-separated, compared without case, hyphens or apostrophes; empty: "
+        "none) and that ends within --backchannel-max-ms is an acknowledgement: the answer goes "
+        "on",
+    )
+    backchannel_max_ms: float = declare(
+        ActorSettings.backchannel_max_ms,
+        group=MODELS,
+        minimum=0,
+        unit="milliseconds",
+        help="--backchannel-words: the longest acknowledgement; speech over the answer that "
+        "lasts longer cuts it (or is listened to) whatever its words, and none waits longer "
+        "for its words",
+    )
     # cascade: its recogniser and voice on another server, each an
     # OpenAI-compatible /v1 base (engine/audio/remote_speech.py)
     asr_url: str | None = declare(

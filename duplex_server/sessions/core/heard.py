@@ -47,11 +47,15 @@ class SpeechStart(msgspec.Struct, frozen=True):
 
 
 class OverlapResolved(msgspec.Struct, frozen=True):
-    """Speech over the answer lasted the barge-in threshold: what it leads to."""
+    """Speech over the answer lasted the barge-in threshold: what it leads to,
+    and why (``turns.OverlapReason``; empty: the action's usual reason), with
+    the words heard in it where they decided."""
 
     action: OverlapAction
     overlap_ms: float
     response_id: str
+    reason: str = ""
+    words: str | None = None
 
 
 class OverlapHinted(msgspec.Struct, frozen=True):
@@ -65,11 +69,14 @@ class OverlapHinted(msgspec.Struct, frozen=True):
 
 class RemarkDropped(msgspec.Struct, frozen=True):
     """A short remark over the answer ended: the answer goes on, the remark
-    is not a turn."""
+    is not a turn (``reason``: ``short_overlap`` when empty, or
+    ``backchannel_words`` with the ``words`` that made it one)."""
 
     at_ms: float
     overlap_ms: float
     response_id: str
+    reason: str = ""
+    words: str | None = None
 
 
 class TurnEnded(msgspec.Struct, frozen=True):
@@ -136,12 +143,22 @@ def speech_start(batch: Batch, command: SpeechStart, facts: ModelFacts) -> Effec
     speech_transition(batch, Transition("speech_started", command.at_ms))
     response = batch.state.response
     if response is not None and command.cut_answer:
-        return overlap_decision(batch, "barge_in", 0.0, response.id)
+        return overlap_decision(batch, "barge_in", 0.0, response.id, "speech_started")
     return ()
 
 
 def overlap_resolved(batch: Batch, command: OverlapResolved, facts: ModelFacts) -> Effects:
-    return overlap_decision(batch, command.action, command.overlap_ms, command.response_id)
+    response = batch.state.response
+    if command.action == "barge_in" and (response is None or response.id != command.response_id):
+        return ()  # the answer ended while its words were awaited: nothing to cut
+    return overlap_decision(
+        batch,
+        command.action,
+        command.overlap_ms,
+        command.response_id,
+        command.reason,
+        command.words,
+    )
 
 
 def overlap_hinted(batch: Batch, command: OverlapHinted, facts: ModelFacts) -> Effects:
@@ -152,7 +169,9 @@ def overlap_hinted(batch: Batch, command: OverlapHinted, facts: ModelFacts) -> E
 
 def remark_dropped(batch: Batch, command: RemarkDropped, facts: ModelFacts) -> Effects:
     speech_transition(batch, Transition("speech_stopped", command.at_ms))
-    return overlap_decision(batch, "drop", command.overlap_ms, command.response_id)
+    return overlap_decision(
+        batch, "drop", command.overlap_ms, command.response_id, command.reason, command.words
+    )
 
 
 def turn_ended(

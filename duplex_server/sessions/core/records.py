@@ -160,6 +160,7 @@ DecisionAction = Literal[
     "speech_stopped",
     "input_trimmed",
     "turn_judged",
+    "overlap.decision",
 ]
 ResponseStatus = Literal["completed", "cancelled", "failed", "incomplete"]
 
@@ -179,6 +180,13 @@ class DecisionBody(Body, tag="decision"):
     # turn_judged (semantic_vad): the end-of-turn model's probability that the
     # turn is finished; ``reason`` says what it decided ("finished" or not)
     probability: float | None = None
+    # overlap.decision: what speech over the answer ``response_id`` led to
+    # (``reason`` says why), how long it was when decided, and the words the
+    # recogniser heard in it where they decided; logged on every endpoint
+    # (the OpenAI one sends no event for it), so a refold reads the decision
+    overlap: Literal["drop", "listen", "barge_in"] | None = None
+    overlap_ms: float | None = None
+    words: str | None = None
 
 
 class OutBody(Body, tag="out"):

@@ -13,6 +13,7 @@ open (:func:`turn_finished`); the eagerness's longest wait ends it anyway.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,6 +28,19 @@ MIN_SPEECH_MS = 64.0
 # remark ("mm-hm") that the assistant talks through (the default of the
 # session's ``overlap_barge_in_ms``).
 BARGE_IN_MS = 400.0
+# Sustained speech over the assistant whose words, once the recogniser has
+# heard them, are all acknowledgements ("mm-hm", "okay", "yeah right") does
+# not cut the answer either, if it ends within this long (eSpeak's "mm-hm"
+# lasts 780 ms, "okay okay" 720 ms); longer, it is a barge-in whatever its
+# words. The server's ``--backchannel-max-ms`` sets it.
+BACKCHANNEL_MAX_MS = 1000.0
+# The acknowledgements (``--backchannel-words``): single words, compared
+# without case, hyphens or apostrophes ("Mm-hmm." is "mmhmm"); a phrase in
+# the list ("got it") adds each of its words.
+BACKCHANNEL_WORDS = (
+    "mm-hm,mm-hmm,mhm,hm,hmm,mm,uh-huh,uh,um,ah,oh,yeah,yep,yes,yup,ok,okay,right,"
+    "alright,sure,i see,got it,cool,nice,great,wow,true,exactly,indeed,totally"
+)
 
 
 @dataclass(frozen=True)
@@ -68,17 +82,26 @@ def turn_finished(probability: float, eagerness: Eagerness) -> bool:
 @dataclass(frozen=True)
 class Transition:
     # speech_sustained: the speech has lasted BARGE_IN_MS (once per utterance);
+    # speech_long: it has lasted the gate's long_ms (once, after sustained);
     # speech_paused (semantic_vad): a pause long enough to ask the end-of-turn
     # model, once per pause, the speech going on until the model ends it.
-    kind: Literal["speech_started", "speech_sustained", "speech_paused", "speech_stopped"]
+    kind: Literal[
+        "speech_started", "speech_sustained", "speech_long", "speech_paused", "speech_stopped"
+    ]
     at_ms: float  # start of the speech, end of the last speech window, or now
 
 
 class VadGate:
     def __init__(
-        self, settings: TurnDetection, window_ms: float, barge_in_ms: float = BARGE_IN_MS
+        self,
+        settings: TurnDetection,
+        window_ms: float,
+        barge_in_ms: float = BARGE_IN_MS,
+        long_ms: float | None = None,
     ) -> None:
         self.barge_in_ms = barge_in_ms
+        # speech_long: the speech has lasted this (once per utterance; None: never)
+        self.long_ms = long_ms
         self.threshold = float(settings.threshold)  # type: ignore[arg-type]  # merged: always set
         self.silence_ms = float(settings.silence_duration_ms)  # type: ignore[arg-type]  # merged: set
         # semantic_vad: the pause asks the model; only the longest wait stops.
@@ -94,6 +117,7 @@ class VadGate:
         self._run_start: float | None = None  # first window of a run of speech
         self._last_speech_end = 0.0
         self._sustained = False
+        self._long = False
 
     @property
     def last_speech_end_ms(self) -> float:
@@ -113,16 +137,20 @@ class VadGate:
             if end_ms - self._run_start < self.min_speech_ms:
                 return []
             self.speaking = True
-            self._sustained = False
+            self._sustained = self._long = False
             self._last_speech_end = end_ms
             return [Transition("speech_started", self._run_start)]
         if voiced:
             self._last_speech_end = end_ms
             self._paused = False
             assert self._run_start is not None
-            if not self._sustained and end_ms - self._run_start >= self.barge_in_ms:
+            lasted_ms = end_ms - self._run_start
+            if not self._sustained and lasted_ms >= self.barge_in_ms:
                 self._sustained = True
                 return [Transition("speech_sustained", end_ms)]
+            if self.long_ms is not None and not self._long and lasted_ms >= self.long_ms:
+                self._long = True
+                return [Transition("speech_long", end_ms)]
             return []
         silent_ms = end_ms - self._last_speech_end
         if silent_ms < self.silence_ms:
@@ -194,8 +222,88 @@ class HintedOverlap:
 @dataclass
 class Overlap:
     """Speech that began while the assistant was speaking, until it is resolved
-    (``barge_in`` or ``listen`` once sustained; a ``drop`` if it stops first)."""
+    (``barge_in`` or ``listen`` once sustained; a ``drop`` if it stops first).
+    ``held``: it was sustained, and the decision waits for its words (a
+    backchannel, :func:`overlap_verdict`); ``words``: the newest transcript
+    of it, once the recogniser has heard it."""
 
     started_ms: float
     response_id: str
     action: Literal["barge_in", "listen"] | None = None
+    held: bool = False
+    words: str | None = None
+    reason: str = ""  # a drop's, once its end settled it (backchannel_words)
+
+
+# Why an overlap was decided as it was: the ``reason`` of its logged
+# ``overlap.decision`` (and of the duplex wire's event).
+OverlapReason = Literal[
+    "short_overlap",  # drop: it ended before overlap_barge_in_ms
+    "backchannel_words",  # drop: sustained, but short and all acknowledgements
+    "speech_over_answer",  # barge_in: sustained, no words asked (no recogniser or list)
+    "not_a_backchannel",  # barge_in / listen: its words are not all acknowledgements
+    "too_long",  # barge_in / listen: longer than a backchannel, whatever its words
+    "unheard",  # barge_in / listen: it ended with its words still unknown
+    "speech_started",  # barge_in: OpenAI's endpoint cuts when speech starts
+    "listen_only",  # listen: the policy or interrupt_response keeps the answer going
+    "answer_ended",  # listen: the answer ended while the words were awaited
+]
+
+Verdict = Literal["hold", "backchannel", "speech"]
+
+
+@dataclass(frozen=True)
+class Backchannels:
+    """Which sustained speech over the answer is an acknowledgement: at most
+    ``max_ms`` long and every word of it in ``words`` (normalised by
+    :func:`normal_words`). No words: the rule is off (length alone decides)."""
+
+    words: frozenset[str]
+    max_ms: float = BACKCHANNEL_MAX_MS
+
+    @classmethod
+    def parse(cls, listed: str, max_ms: float = BACKCHANNEL_MAX_MS) -> Backchannels:
+        """From the comma-separated setting (``--backchannel-words``)."""
+        return cls(frozenset(normal_words(listed.replace(",", " "))), max_ms)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.words)
+
+    def all_backchannel(self, text: str) -> bool | None:
+        """Whether every word of ``text`` is an acknowledgement; None: no words."""
+        heard = normal_words(text)
+        if not heard:
+            return None
+        return all(word in self.words for word in heard)
+
+
+_NOT_A_WORD = re.compile(r"[^a-z0-9'\-]+")
+
+
+def normal_words(text: str) -> list[str]:
+    """``text``'s words, lower case, hyphens and apostrophes dropped
+    ("Mm-hmm, OK." is ``["mmhmm", "ok"]``)."""
+    words = (w.replace("-", "").replace("'", "") for w in _NOT_A_WORD.split(text.lower()))
+    return [w for w in words if w]
+
+
+def overlap_verdict(
+    rule: Backchannels, overlap_ms: float, words: str | None, ended: bool
+) -> tuple[Verdict, OverlapReason | None]:
+    """Sustained speech over the answer, ``overlap_ms`` long so far (or in
+    all, once ``ended``), its words ``words`` if heard: ``hold`` (wait for
+    its words or its end), ``backchannel`` (the answer goes on) or
+    ``speech`` (as today: a barge-in, or a listen under the policy). Words
+    that are not all acknowledgements decide at once; so does a length past
+    ``rule.max_ms``; speech that ends unheard is speech (the length decides)."""
+    heard = rule.all_backchannel(words) if words is not None else None
+    if heard is False:
+        return "speech", "not_a_backchannel"
+    if overlap_ms >= rule.max_ms:
+        return "speech", "too_long"
+    if not ended:
+        return "hold", None
+    if heard is None:
+        return "speech", "unheard"
+    return "backchannel", "backchannel_words"

@@ -40,6 +40,7 @@ from duplex_server.sessions.core.model_port import ModelPort
 from duplex_server.sessions.core.pipeline import Command, admit, apply
 from duplex_server.sessions.core.records import AudioBody, CallBody, CloseReason, Record
 from duplex_server.sessions.core.state import SessionState, initial_state
+from duplex_server.sessions.core.turns import Backchannels
 from duplex_server.sessions.log.store import LogError, SessionLog
 from duplex_server.sessions.log.tokens import new_resume_token
 from duplex_server.sessions.runtime import log_context
@@ -135,7 +136,11 @@ class SessionActor:
             settings.max_session_media_bytes,
             time.monotonic(),
         )
-        self.hearing = Hearing(model, post)
+        self.hearing = Hearing(
+            model,
+            post,
+            Backchannels.parse(settings.backchannel_words, settings.backchannel_max_ms),
+        )
         self._facts = ModelFacts(model, self.names)
         self._prepare = InputPreparation(self.hearing, self.input_budget, self.codecs, self._feed)
         self._out = Performer(self.writer, self.socket, self._feed, self.lease, self.lifecycle)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from duplex_server.sessions.core.model_names import ModelNames
+from duplex_server.sessions.core.turns import BACKCHANNEL_MAX_MS, BACKCHANNEL_WORDS
 from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
 
 
@@ -33,3 +34,8 @@ class ActorSettings:
     # The names the model answers to (None: its adapter's name, and OpenAI's
     # realtime names as aliases).
     model_names: ModelNames | None = None
+    # Sustained speech over the answer that is all these words (comma-
+    # separated; empty: none) and ends within backchannel_max_ms does not
+    # cut it (duplex wire; runtime/hearing.py).
+    backchannel_words: str = BACKCHANNEL_WORDS
+    backchannel_max_ms: float = BACKCHANNEL_MAX_MS

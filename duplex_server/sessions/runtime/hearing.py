@@ -4,7 +4,11 @@ This is the part of a session that listens. It turns the model's
 voice-activity scores into speech decisions, ends turns when the speech
 stops (under ``semantic_vad``, when the model's end-of-turn model says the
 turn is over at a pause), keeps partial transcripts flowing while the user speaks, and
-resolves speech over an answer by ``overlap_policy``. It never writes to the
+resolves speech over an answer by ``overlap_policy`` and, on the duplex
+wire, by its words: sustained speech that is short and all acknowledgements
+("mm-hm", "okay", the server's ``--backchannel-words``) is held until the
+recogniser has heard it, then dropped like a short remark
+(``turns.overlap_verdict``). It never writes to the
 session: each decision is a command (``core/heard.py``) the actor runs
 through the same pipeline as a client's event, so it is in the log first;
 the actor tells it which of them were recorded (:meth:`Hearing.recorded`).
@@ -17,6 +21,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from msgspec import UNSET
 
@@ -49,11 +54,15 @@ from duplex_server.sessions.core.records import AudioBody
 from duplex_server.sessions.core.state import SessionState
 from duplex_server.sessions.core.transcripts import reconcile, stable_prefix
 from duplex_server.sessions.core.turns import (
+    BACKCHANNEL_WORDS,
+    Backchannels,
     HintedOverlap,
     Overlap,
+    OverlapReason,
     Transition,
     VadGate,
     eagerness_of,
+    overlap_verdict,
     turn_finished,
 )
 from duplex_server.sessions.runtime import mailbox as mb
@@ -73,6 +82,11 @@ TRIM_SLACK_MS = 1000.0  # silence beyond the prefix padding before it is trimmed
 # while the VAD still waits out its hangover (silence_duration_ms): if the
 # speech does not resume, the transcript is ready when the turn ends.
 SPECULATE_AFTER_MS = 120.0
+# While speech over the answer is held for its words, its audio is decoded
+# again once this much more has come (one decode at a time), so an
+# interruption that opens with "okay, but..." is cut by its next words.
+HELD_DECODE_EVERY_MS = 100.0
+DEFAULT_BACKCHANNELS = Backchannels.parse(BACKCHANNEL_WORDS)
 
 
 @dataclass
@@ -93,9 +107,19 @@ class Hearing:
     """One session's ears. ``post`` queues a message on the session's
     mailbox (partial transcripts come back that way, off the actor)."""
 
-    def __init__(self, model: ModelPort, post: Callable[[mb.Partial], None]) -> None:
+    def __init__(
+        self,
+        model: ModelPort,
+        post: Callable[[mb.Partial], None],
+        backchannels: Backchannels = DEFAULT_BACKCHANNELS,
+    ) -> None:
         self._model = model
         self._post = post
+        self._backchannels = backchannels
+        # The decode of held speech over the answer in flight (or done, not yet
+        # read), and how much of the input buffer the last one started covered.
+        self._held_decode: asyncio.Task[str] | None = None
+        self._held_covered_ms = 0.0
         self._vad: VadTracker | None = None  # server VAD under the current settings
         self._overlap: Overlap | None = None  # user speech over the current answer
         self._hinted: HintedOverlap | None = None  # the same, without server VAD
@@ -156,8 +180,11 @@ class Hearing:
             if transition.kind == "speech_paused":
                 async for judged in self._judge(state_of, transition):
                     yield judged
-            elif (decided := self.decide(state_of(), transition)) is not None:
+                continue
+            for decided in self._decisions(state_of, transition):
                 yield decided
+        if (held := self.held_overlap(state_of())) is not None:
+            yield held
         if (hinted := self.overlap_hints(state_of(), audio)) is not None:
             yield hinted
         if (after := self.after_audio(state_of())) is not None:
@@ -182,13 +209,31 @@ class Hearing:
             detection,
             barge_in_ms,
         ):
-            self._vad = VadTracker(detection, listening.open_scorer(), origin_ms, barge_in_ms)
+            long_ms = self._backchannels.max_ms if self._backchannels.enabled else None
+            self._vad = VadTracker(
+                detection, listening.open_scorer(), origin_ms, barge_in_ms, long_ms
+            )
         async for transition in self._vad.hear(audio.pcm, audio.sample_rate_hz):
             yield transition
 
+    def _decisions(
+        self, state_of: Callable[[], SessionState], transition: Transition
+    ) -> list[HeardCommand]:
+        """What a transition leads to: at a stop, held speech over the answer
+        is settled first (a cut before the turn it becomes), then decided."""
+        decided = []
+        if transition.kind == "speech_stopped" and (
+            settled := self.settle_held(state_of(), transition)
+        ):
+            decided.append(settled)
+        if (then := self.decide(state_of(), transition)) is not None:
+            decided.append(then)
+        return decided
+
     def decide(self, state: SessionState, transition: Transition) -> HeardCommand | None:
         """What a speech transition leads to, given the session as it is now
-        (the transitions before it already applied)."""
+        (the transitions before it already applied; a stop after held speech
+        over the answer was settled first, :meth:`settle_held`)."""
         detection = state.config.turn_detection
         if detection is None:
             return None
@@ -203,6 +248,8 @@ class Hearing:
             return SpeechStart(transition.at_ms, cut_answer=cut)
         if transition.kind == "speech_sustained":
             return self._resolve_overlap(state, transition, detection)
+        if transition.kind == "speech_long":
+            return self._held_too_long(state, transition)
         if transition.kind == "speech_paused":
             return None  # semantic_vad: the end-of-turn model decides (_judge)
         return self._end_of_speech(state, transition, detection)
@@ -224,8 +271,8 @@ class Hearing:
             return
         if self._overlap is not None and self._overlap.action is None:
             # A remark over the answer, not a turn: it ends at its pause.
-            if (dropped := self.decide(state, tracker.stop())) is not None:
-                yield dropped
+            for decided in self._decisions(state_of, tracker.stop()):
+                yield decided
             return
         buffer = state.input
         try:
@@ -237,7 +284,7 @@ class Hearing:
         yield TurnJudged(pause.at_ms, round(probability, 4), finished)
         if not finished or tracker is not self._vad or not tracker.speaking:
             return
-        if (ended := self.decide(state_of(), tracker.stop())) is not None:
+        for ended in self._decisions(state_of, tracker.stop()):
             yield ended
 
     def overlap_hints(self, state: SessionState, audio: AudioBody) -> HeardCommand | None:
@@ -327,6 +374,8 @@ class Hearing:
         """The session is over: transcripts in flight are dropped."""
         if self._partial_task is not None:
             self._partial_task.cancel()
+        if self._held_decode is not None:
+            self._held_decode.cancel()
         if self._candidate is not None:
             self._candidate.task.cancel()
 
@@ -397,21 +446,126 @@ class Hearing:
     def _resolve_overlap(
         self, state: SessionState, transition: Transition, detection: TurnDetection
     ) -> HeardCommand | None:
-        """Speech over the answer lasted the barge-in threshold: act on the policy."""
+        """Speech over the answer lasted the barge-in threshold: act on the
+        policy, or, on the duplex wire with a recogniser, hold it for its
+        words (:meth:`held_overlap` decodes them)."""
         overlap = self._overlap
         if overlap is None or overlap.action is not None:
+            return None
+        listens = self._backchannels.enabled and self._model.listening is not None
+        if listens and not state.config.openai_semantics:
+            overlap.held = True
             return None
         overlap.action = "barge_in" if self._may_barge_in(state, detection) else "listen"
         overlap_ms = transition.at_ms - overlap.started_ms
         return OverlapResolved(overlap.action, overlap_ms, overlap.response_id)
 
+    def held_overlap(self, state: SessionState) -> HeardCommand | None:
+        """Held speech over the answer, after each chunk: decided as soon as
+        its words say it is not an acknowledgement (or the answer it was
+        over ended); while undecided, its audio is decoded again as it grows."""
+        overlap, listening = self._overlap, self._model.listening
+        if overlap is None or not overlap.held or overlap.action is not None or listening is None:
+            return None
+        self._read_held_words(overlap)
+        overlap_ms = self._vad.speech_end_ms - overlap.started_ms if self._vad else 0.0
+        decided = self._held_verdict(state, overlap, overlap_ms, ended=False)
+        if decided is not None:
+            return decided
+        self._decode_held(state, listening)
+        return None
+
+    def settle_held(self, state: SessionState, stop: Transition) -> HeardCommand | None:
+        """Held speech over the answer stopped: all acknowledgements, it is
+        dropped at the stop (:meth:`_end_of_speech`); else it cuts the
+        answer (or is listened to) before it becomes the turn."""
+        overlap = self._overlap
+        if overlap is None or not overlap.held or overlap.action is not None:
+            return None
+        self._read_held_words(overlap)
+        return self._held_verdict(state, overlap, stop.at_ms - overlap.started_ms, ended=True)
+
+    def _held_too_long(self, state: SessionState, transition: Transition) -> HeardCommand | None:
+        """Held speech lasted longer than an acknowledgement: the length decides."""
+        overlap = self._overlap
+        if overlap is None or not overlap.held or overlap.action is not None:
+            return None
+        self._read_held_words(overlap)
+        overlap_ms = transition.at_ms - overlap.started_ms
+        return self._held_verdict(state, overlap, overlap_ms, ended=False)
+
+    def _held_verdict(
+        self, state: SessionState, overlap: Overlap, overlap_ms: float, ended: bool
+    ) -> HeardCommand | None:
+        """The held overlap's verdict (``turns.overlap_verdict``) as a command;
+        None while it holds, or when it ended as a backchannel (the stop's
+        RemarkDropped says so)."""
+        response = state.response
+        if response is None or response.id != overlap.response_id:
+            verdict: str = "speech"
+            reason: OverlapReason | None = "answer_ended"
+            action: Literal["barge_in", "listen"] = "listen"
+        else:
+            verdict, reason = overlap_verdict(self._backchannels, overlap_ms, overlap.words, ended)
+            detection = state.config.turn_detection
+            action = "barge_in" if self._may_barge_in(state, detection) else "listen"
+        if verdict == "hold":
+            return None
+        overlap.held = False
+        self._drop_held_decode()
+        if verdict == "backchannel":
+            overlap.reason = reason or ""
+            return None
+        overlap.action = action
+        words = overlap.words if reason == "not_a_backchannel" else None
+        return OverlapResolved(action, overlap_ms, overlap.response_id, reason or "", words)
+
+    def _read_held_words(self, overlap: Overlap) -> None:
+        """The held speech's newest decode, if it has come back."""
+        task = self._held_decode
+        if task is None or not task.done():
+            return
+        self._held_decode = None
+        if not task.cancelled() and task.exception() is None:
+            overlap.words = task.result()
+
+    def _decode_held(self, state: SessionState, listening: Listening) -> None:
+        """Decode the held speech (all the buffer holds of it) off the actor,
+        one decode at a time, again once ``HELD_DECODE_EVERY_MS`` more came.
+        It does not wait for the recogniser to be idle (as partials do): the
+        answer's fate waits on it, and it is short."""
+        buffer = state.input
+        if self._held_decode is not None or not buffer.chunks:
+            return
+        if buffer.audio_ms < self._held_covered_ms:
+            self._held_covered_ms = 0.0  # a new utterance
+        if self._held_covered_ms and buffer.audio_ms - self._held_covered_ms < HELD_DECODE_EVERY_MS:
+            return
+        self._held_covered_ms = buffer.audio_ms
+        pcm, rate, hints = b"".join(buffer.chunks), buffer.sample_rate_hz, _hints(state)
+        task = asyncio.get_running_loop().create_task(
+            listening.transcribe(pcm, rate, partial=True, hints=hints)
+        )
+        task.add_done_callback(_retrieve)
+        self._held_decode = task
+
+    def _drop_held_decode(self) -> None:
+        if self._held_decode is not None:
+            self._held_decode.cancel()
+        self._held_decode, self._held_covered_ms = None, 0.0
+
     def _end_of_speech(
         self, state: SessionState, transition: Transition, detection: TurnDetection
     ) -> HeardCommand:
         overlap, self._overlap = self._overlap, None
+        if overlap is not None and overlap.held:
+            self._drop_held_decode()  # settle_held did not run (a direct caller)
         if overlap is not None and overlap.action is None:
             overlap_ms = transition.at_ms - overlap.started_ms
-            return RemarkDropped(transition.at_ms, overlap_ms, overlap.response_id)
+            words = overlap.words if overlap.reason == "backchannel_words" else None
+            return RemarkDropped(
+                transition.at_ms, overlap_ms, overlap.response_id, overlap.reason, words
+            )
         # Under listen_only the turn waits for the answer to end (then it is answered).
         deferred = overlap is not None and overlap.action == "listen"
         deferred = deferred and state.response is not None
@@ -441,12 +595,17 @@ class VadTracker:
     settings; new settings start a new tracker."""
 
     def __init__(
-        self, settings: TurnDetection, scorer: SpeechScorer, origin_ms: float, barge_in_ms: float
+        self,
+        settings: TurnDetection,
+        scorer: SpeechScorer,
+        origin_ms: float,
+        barge_in_ms: float,
+        long_ms: float | None = None,
     ) -> None:
         self.settings = settings
         self.barge_in_ms = barge_in_ms
         self._scorer = scorer
-        self._gate = VadGate(settings, scorer.window_ms, barge_in_ms)
+        self._gate = VadGate(settings, scorer.window_ms, barge_in_ms, long_ms)
         self._origin_ms = origin_ms  # input timeline position of the scorer's 0
         self.heard_until_ms = origin_ms  # the end of the last window scored
 

@@ -8,11 +8,17 @@ from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.commands.given import ModelFacts
 from duplex_server.sessions.core.commands.shared import _stopping
 from duplex_server.sessions.core.effects import Effects
-from duplex_server.sessions.core.records import AckBody, FenceReason, SignalBody, SignalName
+from duplex_server.sessions.core.records import (
+    AckBody,
+    DecisionBody,
+    FenceReason,
+    SignalBody,
+    SignalName,
+)
 from duplex_server.sessions.core.responses import cancel_response, played_through
 from duplex_server.sessions.core.snapshot import ledger
 from duplex_server.sessions.core.state import ACK_SLACK_MS, Response
-from duplex_server.sessions.core.turns import OverlapAction
+from duplex_server.sessions.core.turns import OverlapAction, OverlapReason
 from protocol import client_events as ce
 from protocol.errors import ProtocolError
 from protocol.server_events import (
@@ -39,18 +45,33 @@ def _stop_output(batch: Batch, signal: SignalName, reason: FenceReason) -> Effec
 
 
 def overlap_decision(
-    batch: Batch, action: OverlapAction, overlap_ms: float, response_id: str | None
+    batch: Batch,
+    action: OverlapAction,
+    overlap_ms: float,
+    response_id: str | None,
+    reason: str = "",
+    words: str | None = None,
 ) -> Effects:
-    """What speech over the assistant leads to, told to the client; a
-    barge-in also stops the answer (kept in history as far as it was played)."""
+    """What speech over the assistant leads to, logged (an ``overlap.decision``
+    record on every endpoint) and told to a client that takes extensions; a
+    barge-in also stops the answer (kept in history as far as it was played).
+    ``reason``: why (``turns.OverlapReason``; empty, the action's usual one)."""
+    reason = reason or _USUAL_REASON[action]
+    batch.fact(
+        DecisionBody(
+            action="overlap.decision",
+            response_id=response_id,
+            reason=reason,
+            overlap=action,
+            overlap_ms=round(overlap_ms, 3),
+            words=words,
+        ),
+        origin="server",
+    )
     batch.emit(
         OverlapDecision(
             action=action,
-            reason={
-                "drop": "short_overlap",
-                "listen": "listen_only",
-                "barge_in": "speech_over_answer",
-            }[action],
+            reason=reason,
             response_id=response_id,
             metadata=OverlapMetadata(overlap_ms=round(overlap_ms, 3)),
             policy=batch.state.config.overlap_policy,
@@ -62,6 +83,13 @@ def overlap_decision(
         batch.fact(SignalBody(signal="input.clear"))  # the remark is not a turn
         batch.emit(InputCleared(epoch=batch.state.epoch))
     return ()
+
+
+_USUAL_REASON: dict[OverlapAction, OverlapReason] = {
+    "drop": "short_overlap",
+    "listen": "listen_only",
+    "barge_in": "speech_over_answer",
+}
 
 
 def output_clear(batch: Batch, event: ce.OutputAudioClear, facts: ModelFacts) -> Effects:

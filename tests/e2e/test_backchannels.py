@@ -1,0 +1,150 @@
+"""Backchannels over the answer, end to end on real speech: eSpeak speech
+streamed in real time to the cascade (server VAD, PocketSphinx listening for
+the test phrases and two acknowledgements). "okay" lasts past the barge-in
+threshold, so only its words keep the answer playing; a sentence cuts it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from duplex_server.config import ServerConfig
+from duplex_server.sessions.core.records import DecisionBody
+from tests.conftest import RunningServer, free_port, running_server
+from tests.e2e.test_openai_semantics import openai_socket
+from tests.e2e.test_voice import (
+    answer_started,
+    first,
+    speech_bounds_ms,
+    stream_paced,
+    vad_session,
+)
+from tests.speech import PHRASES, silence, speak
+
+ACKS = ["okay", "yeah"]
+BARGE_IN_MS = 400.0  # the session's overlap_barge_in_ms (its default)
+
+
+@pytest.fixture
+async def ack_server(tmp_path, request) -> AsyncIterator[RunningServer]:
+    """``voice_server`` whose recogniser also knows the acknowledgements; a
+    ``server_config`` marker overrides settings."""
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("\n".join(PHRASES + ACKS))
+    marker = request.node.get_closest_marker("server_config")
+    config = ServerConfig(
+        port=free_port(),
+        store="memory",
+        model="cascade",
+        asr_phrases=str(phrases),
+        **(marker.kwargs if marker else {}),
+    )
+    async with running_server(config) as running:
+        yield running
+        await running.assert_replay_determinism()  # refold equals live
+
+
+async def overlap_records(server: RunningServer) -> list[DecisionBody]:
+    (session_id,) = server.manager.actors
+    records = await server.app.state.log.read(session_id)  # type: ignore[attr-defined]
+    return [
+        r.body
+        for r in records
+        if isinstance(r.body, DecisionBody) and r.body.action == "overlap.decision"
+    ]
+
+
+async def slow_answer(server: RunningServer):
+    """A duplex session whose answer lasts about 3 s (speed 0.6), playing."""
+    client = await vad_session(server)
+    await client.send({"type": "session.update", "session": {"speed": 0.6}})
+    await client.expect("session.updated")
+    response_id, _ = await answer_started(client)
+    return client, response_id
+
+
+def okay() -> bytes:
+    speech = speak("okay")
+    start, end = speech_bounds_ms(speech)
+    assert end - start > BARGE_IN_MS  # long enough to cut today: its words keep it out
+    return speech
+
+
+async def test_an_acknowledgement_leaves_the_answer_playing(ack_server):
+    client, response_id = await slow_answer(ack_server)
+    await stream_paced(client, okay() + silence(800), chunk_ms=20)
+    events = await client.recv_until("response.done", timeout=20)
+    decision = first(events, "overlap.decision")
+    assert (decision["action"], decision["reason"]) == ("drop", "backchannel_words")
+    assert decision["response_id"] == response_id
+    assert decision["metadata"]["overlap_ms"] >= BARGE_IN_MS
+    done = events[-1]
+    assert (done["response"]["id"], done["response"]["status"]) == (response_id, "completed")
+    assert not [e for e in events if e["type"] == "input_audio_buffer.committed"]
+    [record] = await overlap_records(ack_server)
+    assert (record.overlap, record.reason, record.words) == ("drop", "backchannel_words", "okay")
+    await client.close()
+
+
+async def test_a_sentence_over_the_answer_cuts_it(ack_server):
+    client, response_id = await slow_answer(ack_server)
+    await stream_paced(client, speak(PHRASES[3]) + silence(800), chunk_ms=20)
+    events = await client.recv_until("response.done", timeout=20)  # the cut one
+    events += await client.recv_until("response.done", timeout=20)  # the new turn's answer
+    decision = first(events, "overlap.decision")
+    assert decision["action"] == "barge_in" and decision["response_id"] == response_id
+    assert decision["reason"] in ("not_a_backchannel", "too_long")
+    # cut once its words are heard: past the barge-in threshold by at most the
+    # longest backchannel (the bound), usually by one decode
+    assert BARGE_IN_MS <= decision["metadata"]["overlap_ms"] < 1000
+    done = [e for e in events if e["type"] == "response.done"]
+    assert (done[0]["response"]["status"], done[0]["response"]["duplex"]["reason"]) == (
+        "cancelled",
+        "barge_in",
+    )
+    heard = [e for e in events if e["type"].endswith("input_audio_transcription.completed")]
+    assert heard[-1]["transcript"] == PHRASES[3]
+    assert done[1]["response"]["status"] == "completed"
+    [record] = await overlap_records(ack_server)
+    assert record.overlap == "barge_in" and record.reason == decision["reason"]
+    await client.close()
+
+
+@pytest.mark.server_config(backchannel_words="")
+async def test_without_the_list_the_length_decides(ack_server):
+    client, response_id = await slow_answer(ack_server)
+    await stream_paced(client, okay() + silence(800), chunk_ms=20)
+    events = await client.recv_until("response.done", timeout=20)
+    decision = first(events, "overlap.decision")
+    assert (decision["action"], decision["reason"]) == ("barge_in", "speech_over_answer")
+    assert events[-1]["response"]["status"] == "cancelled"
+    await client.close()
+
+
+async def test_the_openai_endpoint_cuts_at_speech_started_and_tells_only_openais_events(
+    ack_server,
+):
+    """OpenAI's server VAD interrupts the answer when speech starts, and its
+    clients stop playing then: an acknowledgement there is OpenAI's turn."""
+    client = await openai_socket(ack_server)
+    await client.send({"type": "session.update", "session": {"speed": 0.6}})
+    await client.expect("session.updated")
+    await stream_paced(client, silence(300) + speak(PHRASES[0]) + silence(800))
+    events = await client.recv_until("response.output_audio.delta", timeout=20)
+    response_id = events[-1]["response_id"]
+    await stream_paced(client, okay() + silence(800), chunk_ms=20)
+    events = await client.recv_until("response.done", timeout=20)
+    types = [e["type"] for e in events]
+    assert types.index("input_audio_buffer.speech_started") < types.index("response.done")
+    done = events[-1]
+    assert done["response"]["id"] == response_id
+    assert (done["response"]["status"], done["response"]["status_details"]["reason"]) == (
+        "cancelled",
+        "turn_detected",
+    )
+    events += await client.recv_until("response.done", timeout=20)  # "okay" is answered
+    assert not {"overlap.decision", "turn.event", "response.speak"} & {e["type"] for e in events}
+    [record] = await overlap_records(ack_server)
+    assert (record.overlap, record.reason, record.overlap_ms) == ("barge_in", "speech_started", 0)
+    await client.close()
