@@ -65,10 +65,35 @@ class AudioFormatObject(msgspec.Struct, omit_defaults=True):
 AudioFormatSpec = str | AudioFormatObject
 
 
-class InputTranscription(msgspec.Struct, omit_defaults=True):
+class InputTranscription(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    """OpenAI's transcription settings. ``keywords`` join the prompt (a
+    Whisper prompt is what guides its words); ``languages`` naming one
+    language is that ``language``; ``delay`` is refused by the server (its
+    transcripts come as the recogniser hears). A key not known here is
+    refused (``invalid_event``), never dropped."""
+
     model: str | UnsetType = UNSET
     language: str | UnsetType = UNSET
     prompt: str | UnsetType = UNSET
+    keywords: list[str] | UnsetType = UNSET
+    languages: list[str] | UnsetType = UNSET
+    delay: str | UnsetType = UNSET
+
+    def heard_language(self) -> str | None:
+        """The language the recogniser is told: ``language``, else the one
+        ``languages`` names (several: it listens for any)."""
+        if isinstance(self.language, str) and self.language:
+            return self.language
+        if isinstance(self.languages, list) and len(self.languages) == 1:
+            return self.languages[0]
+        return None
+
+    def heard_prompt(self) -> str | None:
+        """The prompt the recogniser is given: ``prompt`` and the ``keywords``."""
+        parts = [self.prompt] if isinstance(self.prompt, str) and self.prompt else []
+        if isinstance(self.keywords, list) and self.keywords:
+            parts.append(", ".join(self.keywords))
+        return " ".join(parts) or None
 
 
 Rate = Annotated[int, Meta(gt=0)]  # the served range: audio_formats.resolve_format

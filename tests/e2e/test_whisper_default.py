@@ -128,3 +128,54 @@ def test_asr_specs_resolve_as_documented(tmp_path):
         build_recogniser("whisper-ct2", ["open the door"])
     with pytest.raises(ValueError, match="not a CTranslate2 Whisper directory"):
         build_recogniser(f"whisper-ct2:{tmp_path}", None)
+
+
+async def test_openais_newer_transcription_fields_are_honoured_or_refused(whisper_server):
+    """Every field of the SDK's ``AudioTranscription``: ``keywords`` and a
+    one-language ``languages`` are taken (and echoed); ``delay``, a second
+    language on tiny.en and a key OpenAI does not define are refused by
+    name, the session serving on."""
+    client, _ = await whisper_server.open()
+
+    async def refused(setting: dict, param: str, code: str = "invalid_value") -> None:
+        update = {"input_audio_transcription": setting}
+        await client.send({"type": "session.update", "session": update})
+        error = await client.expect("error")
+        assert error["error"]["code"] == code, error
+        assert error["error"].get("param", "").startswith(param), error
+
+    await refused({"model": "whisper-1", "delay": "low"}, "session.input_audio_transcription.delay")
+    await refused(
+        {"model": "whisper-1", "languages": ["en", "fr"]},
+        "session.input_audio_transcription.languages",
+    )
+    await refused(
+        {"model": "whisper-1", "languages": ["de"]}, "session.input_audio_transcription.languages"
+    )
+    await refused({"model": "whisper-1", "diarize": True}, "session", code="invalid_event")
+    setting = {"model": "whisper-1", "languages": ["en"], "keywords": ["Aoife", "Siobhan"]}
+    await client.send({"type": "session.update", "session": {"input_audio_transcription": setting}})
+    updated = await client.expect("session.updated")
+    echoed = updated["session"]["input_audio_transcription"]
+    assert echoed["keywords"] == ["Aoife", "Siobhan"] and echoed["languages"] == ["en"]
+
+
+def test_every_field_of_the_sdks_transcription_settings_is_known():
+    """A field the openai SDK adds to its transcription settings must be
+    decided here (honoured or refused), not dropped: the struct knows each."""
+    from openai.types.realtime.audio_transcription import AudioTranscription
+
+    from protocol.session_config import InputTranscription
+
+    assert set(AudioTranscription.model_fields) <= set(InputTranscription.__struct_fields__)
+
+
+def test_keywords_join_the_prompt_and_one_language_is_the_language():
+    from protocol.session_config import InputTranscription
+
+    settings = InputTranscription(prompt="Names:", keywords=["Aoife", "Siobhan"], languages=["en"])
+    assert settings.heard_prompt() == "Names: Aoife, Siobhan"
+    assert settings.heard_language() == "en"
+    assert InputTranscription(languages=["en", "fr"]).heard_language() is None
+    assert InputTranscription(language="fr", languages=["en"]).heard_language() == "fr"
+    assert InputTranscription().heard_prompt() is None

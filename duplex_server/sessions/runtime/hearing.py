@@ -51,7 +51,7 @@ from duplex_server.sessions.core.model_port import (
     TurnModelUnavailable,
 )
 from duplex_server.sessions.core.records import AudioBody
-from duplex_server.sessions.core.state import SessionState
+from duplex_server.sessions.core.state import InputBuffer, SessionState
 from duplex_server.sessions.core.transcripts import reconcile, stable_prefix
 from duplex_server.sessions.core.turns import (
     BACKCHANNEL_WORDS,
@@ -276,7 +276,9 @@ class Hearing:
             return
         buffer = state.input
         try:
-            probability = await ending.probability(b"".join(buffer.chunks), buffer.sample_rate_hz)
+            probability = await ending.probability(
+                speech_until(buffer, pause.at_ms), buffer.sample_rate_hz
+            )
         except TurnModelUnavailable as exc:
             log.warning("end-of-turn model unavailable, the turn waits: %s", exc)
             return
@@ -578,9 +580,7 @@ def _hints(state: SessionState) -> TranscriptionHints:
     settings = state.config.input_audio_transcription
     if settings is None:
         return NO_HINTS
-    language = settings.language if isinstance(settings.language, str) else None
-    prompt = settings.prompt if isinstance(settings.prompt, str) else None
-    return TranscriptionHints(language or None, prompt or None)
+    return TranscriptionHints(settings.heard_language(), settings.heard_prompt())
 
 
 def _retrieve(task: asyncio.Task[str]) -> None:
@@ -635,3 +635,15 @@ def _utterance(state: SessionState) -> tuple[str, int]:
     """The utterance in the input buffer: the item it will become and its
     first audio record."""
     return next_user_item_id(state), state.input.first_seq
+
+
+def speech_until(buffer: InputBuffer, end_ms: float) -> bytes:
+    """The turn's audio up to ``end_ms`` on the input timeline (where its
+    speech last ended), without the pause after it: Smart Turn hears a
+    trailing pause as an end, whatever was said before it (measured on the
+    bench's recordings cut mid-sentence: 200 ms of the recording's own floor
+    after the cut made it call 78 % of the cuts finished, none of it 67 %)."""
+    pcm = b"".join(buffer.chunks)
+    start_ms = buffer.end_ms - buffer.audio_ms
+    cut = int((end_ms - start_ms) * buffer.sample_rate_hz / 1000) * 2
+    return pcm[:cut] if 0 < cut < len(pcm) else pcm

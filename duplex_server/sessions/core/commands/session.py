@@ -45,23 +45,33 @@ def check_session_patch(patch: SessionUpdate, model: ModelPort, event_id: str | 
 def check_transcription(
     settings: InputTranscription, param: str, listening: Listening, event_id: str | None
 ) -> None:
+    def refuse(field: str, why: str) -> ProtocolError:
+        return ProtocolError("invalid_value", why, param=f"{param}.{field}", event_id=event_id)
+
+    if isinstance(settings.delay, str):
+        raise refuse(
+            "delay",
+            "the server's recogniser takes no delay: its transcripts come as it hears "
+            "(partial transcripts while the user speaks, the whole one at the turn's end)",
+        )
     languages = listening.transcription_languages
-    language = settings.language if isinstance(settings.language, str) else ""
-    if language and languages is not None and language.lower() not in languages:
-        raise ProtocolError(
-            "invalid_value",
-            f"language {language!r} is not one the recogniser hears: "
-            + ", ".join(sorted(languages)),
-            param=f"{param}.language",
-            event_id=event_id,
-        )
-    if isinstance(settings.prompt, str) and settings.prompt and not listening.transcription_prompts:
-        raise ProtocolError(
-            "invalid_value",
-            "the recogniser takes no prompt (Whisper recognisers do: --asr whisper-ct2)",
-            param=f"{param}.prompt",
-            event_id=event_id,
-        )
+    named = [settings.language] if isinstance(settings.language, str) else []
+    if isinstance(settings.languages, list):
+        if len(settings.languages) > 1 and languages is not None and len(languages) == 1:
+            raise refuse("languages", f"the recogniser hears only {next(iter(languages))!r}")
+        named += settings.languages
+    for index, language in enumerate(named):
+        if language and languages is not None and language.lower() not in languages:
+            field = "language" if index == 0 and isinstance(settings.language, str) else "languages"
+            raise refuse(
+                field,
+                f"language {language!r} is not one the recogniser hears: "
+                + ", ".join(sorted(languages)),
+            )
+    for field in ("prompt", "keywords"):  # UNSET is falsy, as is an empty one
+        if getattr(settings, field) and not listening.transcription_prompts:
+            why = f"the recogniser takes no {field} (Whisper recognisers do: --asr whisper-ct2)"
+            raise refuse(field, why)
 
 
 def _type_refusal(
