@@ -8,7 +8,6 @@ LibriVox reading (duplex_bench/recorded_speech.py, ``scripts/fetch-speech``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
 
 import numpy as np
 import pytest
@@ -23,8 +22,8 @@ from duplex_server.sessions.core.turns import (
     turn_finished,
 )
 from protocol.session_config import TurnDetection
+from tests.test_vad_gate import WINDOW, feed
 
-WINDOW = 32.0
 SPEECH, QUIET = 0.9, 0.1
 RATE = recorded_speech.SAMPLE_RATE_HZ
 # "had he married a more amiable woman he might have been made still more
@@ -39,15 +38,6 @@ def semantic(eagerness: str = "auto", ask_ms: int | None = None) -> TurnDetectio
     return TurnDetection(
         type="semantic_vad", threshold=0.5, silence_duration_ms=ask, eagerness=eagerness
     )
-
-
-def feed(vad: VadGate, start_ms: float, probabilities: Iterable[float]) -> list[Transition]:
-    out: list[Transition] = []
-    end = start_ms
-    for probability in probabilities:
-        end += WINDOW
-        out.extend(vad.push(end, probability))
-    return out
 
 
 # -- the pure decision ---------------------------------------------------------

@@ -21,18 +21,18 @@ working on it), and nothing is asked again once its text or audio began.
 
 from __future__ import annotations
 
-import asyncio
-import io
 import json
 import logging
 import time
-import wave
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+from duplex_server.audio.containers import encode
+from duplex_server.engine.probe import SharedProbe
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,6 @@ RETRIED_ERRORS = (
     httpx.ReadError,
     httpx.WriteError,
 )
-PROBE_EVERY_S = 1.0  # /ready's probe answer is reused this long
 PROBE_TIMEOUT_S = 2.0
 MAX_ERROR_BYTES = 4096  # of a refusal's body, quoted in the error
 
@@ -98,8 +97,7 @@ class RemoteTier:
             limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
         )
         self._async: httpx.AsyncClient | None = None
-        self._probe: asyncio.Task[str | None] | None = None
-        self._probed_at = 0.0
+        self._probe = SharedProbe(self._probe_models)
         self.retried = 0  # tries made again (the wire test counts them)
 
     @contextmanager
@@ -159,12 +157,7 @@ class RemoteTier:
         second. Not whether it serves ``--asr-model`` / ``--tts-model``:
         speech servers list their models unevenly (OpenAI's aliases often
         not at all); a model it does not serve fails the turn by name."""
-        if self._probe is None or (
-            self._probe.done() and time.monotonic() - self._probed_at > PROBE_EVERY_S
-        ):
-            self._probed_at = time.monotonic()
-            self._probe = asyncio.ensure_future(self._probe_models())
-        return await asyncio.shield(self._probe)
+        return await self._probe()
 
     async def _probe_models(self) -> str | None:
         if self._async is None:  # made on the loop that uses it
@@ -220,7 +213,7 @@ class RemoteRecogniser:
         return fields
 
     def _heard(self, pcm16: bytes, language: str | None, prompt: str | None) -> str:
-        files = {"file": ("turn.wav", wav_file(pcm16, ASR_RATE_HZ), "audio/wav")}
+        files = {"file": ("turn.wav", encode(pcm16, "wav", ASR_RATE_HZ), "audio/wav")}
         with self.remote.answer(
             "/audio/transcriptions", data=self.form(language, prompt), files=files
         ) as response:
@@ -323,17 +316,6 @@ def pcm16_pieces(chunks: Iterable[bytes]) -> Iterator[bytes]:
             yield data[:cut]
     if held:
         log.warning("the voice's pcm ended mid-sample: its last byte dropped")
-
-
-def wav_file(pcm16: bytes, rate_hz: int) -> bytes:
-    """Mono pcm16 as a WAV file, what every transcription server reads."""
-    out = io.BytesIO()
-    with wave.open(out, "wb") as file:
-        file.setnchannels(1)
-        file.setsampwidth(2)
-        file.setframerate(rate_hz)
-        file.writeframes(pcm16)
-    return out.getvalue()
 
 
 def _refusal_text(response: httpx.Response) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -34,6 +33,7 @@ from duplex_server.engine.core import EngineRequest
 from duplex_server.engine.llm.context_window import drop_oldest_turns
 from duplex_server.engine.llm.interface import ChatPayload, RemoteOptions
 from duplex_server.engine.llm.tool_call_parser import Piece, checked_call
+from duplex_server.engine.probe import SharedProbe
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,6 @@ OWN_FIELDS = frozenset(
     {"model", "messages", "stream", "tools", "tool_choice", "temperature", "max_tokens"}
 )
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
-PROBE_EVERY_S = 1.0  # /ready's probe answer is reused this long
 MAX_ERROR_BYTES = 4096  # of a refusal's body, quoted in the error
 
 
@@ -141,8 +140,7 @@ class RemoteChatBackend:
         self.options = options
         self.base = options.url.rstrip("/")
         self._client: httpx.AsyncClient | None = None
-        self._probe: asyncio.Task[str | None] | None = None
-        self._probed_at = 0.0
+        self._probe = SharedProbe(self._probe_models)
         self._requests = metrics.LLM_REMOTE_REQUESTS
 
     def _http(self) -> httpx.AsyncClient:
@@ -254,12 +252,7 @@ class RemoteChatBackend:
     async def unreachable(self) -> str | None:
         """Why the remote cannot answer now (None: it can): ``GET /models``
         lists the model. One probe at a time, its answer reused a second."""
-        if self._probe is None or (
-            self._probe.done() and time.monotonic() - self._probed_at > PROBE_EVERY_S
-        ):
-            self._probed_at = time.monotonic()
-            self._probe = asyncio.ensure_future(self._probe_models())
-        return await asyncio.shield(self._probe)
+        return await self._probe()
 
     async def _probe_models(self) -> str | None:
         try:
