@@ -94,7 +94,9 @@ async def test_a_sentence_over_the_answer_cuts_it(ack_server):
     events += await client.recv_until("response.done", timeout=20)  # the new turn's answer
     decision = first(events, "overlap.decision")
     assert decision["action"] == "barge_in" and decision["response_id"] == response_id
-    assert decision["reason"] in ("not_a_backchannel", "too_long")
+    # its words not all acknowledgements, or a decode of its start with no
+    # word in it (the phrase grammar hears nothing of a phrase begun)
+    assert decision["reason"] in ("not_a_backchannel", "unheard", "too_long")
     # cut once its words are heard: past the barge-in threshold by at most the
     # longest backchannel (the bound), usually by one decode
     assert BARGE_IN_MS <= decision["metadata"]["overlap_ms"] < 1000

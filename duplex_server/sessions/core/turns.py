@@ -295,11 +295,16 @@ def overlap_verdict(
     all, once ``ended``), its words ``words`` if heard: ``hold`` (wait for
     its words or its end), ``backchannel`` (the answer goes on) or
     ``speech`` (as today: a barge-in, or a listen under the policy). Words
-    that are not all acknowledgements decide at once; so does a length past
-    ``rule.max_ms``; speech that ends unheard is speech (the length decides)."""
+    that are not all acknowledgements decide at once, and so does a decode
+    with no words in it; so does a length past ``rule.max_ms``; speech that
+    ends unheard is speech (the length decides)."""
     heard = rule.all_backchannel(words) if words is not None else None
     if heard is False:
         return "speech", "not_a_backchannel"
+    if words is not None and heard is None:
+        # decoded, and no word in it: the recogniser heard no acknowledgement
+        # (a phrase grammar hears nothing of a phrase begun) - speech, now
+        return "speech", "unheard"
     if overlap_ms >= rule.max_ms:
         return "speech", "too_long"
     if not ended:
