@@ -108,9 +108,26 @@ class SessionManager:
         live sessions at once; ``address``: the client's, which may hold
         ``address_quota`` (0: only the server's cap applies). A detached
         session waiting for its resume counts: closing sockets frees no slot."""
-        refused = self.admission_refusal(owner, owner_quota, address, address_quota)
-        if refused is not None:
-            raise refused[1]
+        if self.at_capacity:
+            metrics.ADMISSIONS_REFUSED.labels("capacity").inc()
+            raise ProtocolError(
+                "resource_exhausted",
+                f"server is at capacity ({self.settings.max_sessions} sessions); retry later",
+            )
+        held = sum(1 for actor in self.actors.values() if actor.state.owner == owner)
+        if owner_quota and held >= owner_quota:
+            metrics.ADMISSIONS_REFUSED.labels("key_quota").inc()
+            raise ProtocolError(
+                "resource_exhausted",
+                f"this key holds its quota of {owner_quota} live sessions; close one first",
+            )
+        from_address = sum(1 for actor in self.actors.values() if actor.address == address)
+        if address_quota and from_address >= address_quota:
+            metrics.ADMISSIONS_REFUSED.labels("address_quota").inc()
+            raise ProtocolError(
+                "resource_exhausted",
+                f"{address_quota} live sessions were opened from this address; close one first",
+            )
         session_id = new_session_id()
         actor = SessionActor(session_id, self.log, self.model, self.settings.actor, self._closed)
         actor.address = address
@@ -131,35 +148,6 @@ class SessionManager:
             self._call_ids[call.call_id] = session_id  # the sideband names it so
         metrics.SESSIONS_OPENED.labels(self.model.name).inc()
         return actor
-
-    def admission_refusal(
-        self, owner: str | None, owner_quota: int, address: str, address_quota: int
-    ) -> tuple[int, ProtocolError] | None:
-        """Why a new session of ``owner``'s from ``address`` would be refused
-        now (counted), with its HTTP status (503: the server is full; 429:
-        the caller's quota), or None. Asked before a socket's upgrade too, so
-        a client the server cannot take gets an HTTP answer, not a socket."""
-        if self.at_capacity:
-            metrics.ADMISSIONS_REFUSED.labels("capacity").inc()
-            return 503, ProtocolError(
-                "resource_exhausted",
-                f"server is at capacity ({self.settings.max_sessions} sessions); retry later",
-            )
-        held = sum(1 for actor in self.actors.values() if actor.state.owner == owner)
-        if owner_quota and held >= owner_quota:
-            metrics.ADMISSIONS_REFUSED.labels("key_quota").inc()
-            return 429, ProtocolError(
-                "resource_exhausted",
-                f"this key holds its quota of {owner_quota} live sessions; close one first",
-            )
-        from_address = sum(1 for actor in self.actors.values() if actor.address == address)
-        if address_quota and from_address >= address_quota:
-            metrics.ADMISSIONS_REFUSED.labels("address_quota").inc()
-            return 429, ProtocolError(
-                "resource_exhausted",
-                f"{address_quota} live sessions were opened from this address; close one first",
-            )
-        return None
 
     def live_by_model(self) -> dict[str, int]:
         """Live sessions by model, for ``duplex_sessions_live``: one model a server."""
