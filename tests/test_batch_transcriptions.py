@@ -40,10 +40,22 @@ def words(text: str) -> list[str]:
 
 def mp4(pcm16: bytes, rate: int) -> bytes:
     """AAC in an MP4 container (what phones record), written with PyAV."""
+    return recorded(pcm16, rate, "mp4", "aac")
+
+
+def mp3(pcm16: bytes, rate: int) -> bytes:
+    """An MP3 file as a recorder writes one (128 kb/s): the server's own
+X
+    return recorded(pcm16, rate, "mp3", "libmp3lame", bit_rate=128_000)
+
+
+def recorded(pcm16: bytes, rate: int, fmt: str, codec: str, bit_rate: int | None = None) -> bytes:
     out = io.BytesIO()
-    with av.open(out, "w", format="mp4") as container:
-        stream = container.add_stream("aac", rate=rate)
+    with av.open(out, "w", format=fmt) as container:
+        stream = container.add_stream(codec, rate=rate)
         stream.layout = "mono"  # type: ignore[union-attr]
+        if bit_rate:
+            stream.bit_rate = bit_rate  # type: ignore[union-attr]
         frame = av.AudioFrame.from_ndarray(
             np.frombuffer(pcm16, np.int16)[None], format="s16", layout="mono"
         )
@@ -66,7 +78,8 @@ async def server(tmp_path):
 @pytest.mark.parametrize("container", ["wav", "mp3", "flac", "opus", "mp4"])
 async def test_any_container_is_heard(server, container):
     pcm = two_phrases(24_000)  # a file as a phone or a browser records it; heard at 16 kHz
-    data = mp4(pcm, 24_000) if container == "mp4" else encode(pcm, container, 24_000)
+    made = {"mp4": mp4, "mp3": mp3}.get(container)
+    data = made(pcm, 24_000) if made else encode(pcm, container, 24_000)
     text = await client(server).audio.transcriptions.create(
         model="whisper-1", file=(f"speech.{container}", data)
     )
