@@ -279,7 +279,7 @@ async def session_grab(target: Target, stop: asyncio.Event) -> AttackReport:
             try:
                 ws = await held.enter_async_context(target.connect())
             except websockets.InvalidStatus as refused:
-                report.refused(f"http {refused.response.status_code}")
+                report.refused(_refusal_code(refused))
                 await asyncio.sleep(RECONNECT_PAUSE_S)
                 continue
             except TimeoutError:
@@ -301,6 +301,15 @@ async def session_grab(target: Target, stop: asyncio.Event) -> AttackReport:
         for ws in sessions:  # free the slots for whoever comes next from this address
             await ws.send(json.dumps({"type": "session.close"}))
     return report
+
+
+def _refusal_code(refused: websockets.InvalidStatus) -> str:
+    """The error code of an upgrade answered with an HTTP refusal in
+    OpenAI's shape (``resource_exhausted`` past a quota), else its status."""
+    try:
+        return str(json.loads(refused.response.body or b"")["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return f"http {refused.response.status_code}"
 
 
 async def silent_sockets(target: Target, stop: asyncio.Event) -> AttackReport:

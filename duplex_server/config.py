@@ -117,6 +117,14 @@ class ServerConfig:
         help="'uncommitted': compact a turn's input audio to metadata once the client "
         "acknowledged its commit (session.event_ack)",
     )
+    snapshot_every: int = declare(
+        ActorSettings.snapshot_every,
+        group=STORE,
+        minimum=0,
+        unit="records",
+        help="write a snapshot of a session's state after this many records, so a crash "
+        "recovery or resume refolds from it, not from the first record (0: never)",
+    )
     retention_s: float = declare(
         ManagerSettings.retention_s,
         group=STORE,

@@ -20,7 +20,7 @@ from starlette.websockets import WebSocket
 from duplex_server import metrics
 from duplex_server.auth import ANONYMOUS, Principal, authenticate, denial
 from duplex_server.config import ServerConfig
-from duplex_server.http_errors import protocol_refusal
+from duplex_server.http_errors import protocol_refusal, refusal
 from duplex_server.sessions.core.records import CallBody
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.actor import SessionActor
@@ -333,22 +333,26 @@ def intent_refusal(intent: str | None) -> ProtocolError | None:
 
 async def realtime_endpoint(websocket: WebSocket) -> None:
     """One socket; a client address holds at most ``max_connections_per_ip``
-    of them, and a browser page may open one only from an allowed Origin
-    (both refused before the upgrade: HTTP 403)."""
+    of them (more: HTTP 429 with Retry-After), and a browser page may open
+    one only from an allowed Origin (else HTTP 403), both before the upgrade."""
     app_state = websocket.app.state
     address = websocket.client.host if websocket.client else ""
     sockets: Counter[str] = app_state.sockets_per_address
     cap = app_state.config.max_connections_per_ip
     if cap and sockets[address] >= cap:
         metrics.ADMISSIONS_REFUSED.labels("address_sockets").inc()
-        await websocket.close(CloseCode.TRY_AGAIN_LATER, "too many connections from this address")
+        await websocket.send_denial_response(
+            refusal(429, "rate_limited", f"{cap} connections are open from this address")
+        )
         return
     origin = websocket.headers.get("origin")
     allowed = app_state.config.allowed_origins
     if allowed and origin is not None and origin not in allowed:
         metrics.ADMISSIONS_REFUSED.labels("origin").inc()
         # A page elsewhere must not drive a user's browser into this server.
-        await websocket.close(CloseCode.POLICY_VIOLATION, "origin not allowed")
+        await websocket.send_denial_response(
+            refusal(403, "origin_not_allowed", f"origin {origin!r} is not allowed")
+        )
         return
     sockets[address] += 1
     try:
@@ -377,6 +381,15 @@ async def _serve_socket(websocket: WebSocket) -> None:
         params.get("duplex"), False
     )
     binary = audio_transport_of(websocket, duplex and "call_id" not in params)
+    autostart = query_flag(params.get("autostart"), True) and "resume" not in params
+    if autostart and "call_id" not in params:
+        # A socket that would open a session the server cannot take is
+        # answered before its upgrade: 503 or 429 in OpenAI's error shape,
+        # with Retry-After (a resume or a sideband socket opens no session)
+        full = _admission_refusal(websocket, principal)
+        if full is not None:
+            await websocket.send_denial_response(protocol_refusal(*full))
+            return
     confirm = [(AUDIO_HEADER.encode(), b"binary")] if binary is True else None
     await websocket.accept(subprotocol=subprotocol, headers=confirm)
     intent = params.get("intent")
@@ -389,7 +402,6 @@ async def _serve_socket(websocket: WebSocket) -> None:
     if "call_id" in params:
         await serve_sideband(websocket, principal, params["call_id"])
         return
-    autostart = query_flag(params.get("autostart"), True) and "resume" not in params
     peer = Peer(
         principal,
         websocket.client.host if websocket.client else "",
@@ -415,3 +427,16 @@ async def _serve_socket(websocket: WebSocket) -> None:
     ):
         return
     await connection.run(app_state.config.handshake_timeout_s)
+
+
+def _admission_refusal(
+    websocket: WebSocket, principal: Principal
+) -> tuple[int, ProtocolError] | None:
+    """The manager's refusal of a new session for this caller, if any."""
+    config = websocket.app.state.config
+    return websocket.app.state.manager.admission_refusal(
+        None if principal.name == ANONYMOUS.name else principal.name,
+        principal.max_sessions or config.max_sessions_per_key,
+        websocket.client.host if websocket.client else "",
+        config.max_sessions_per_ip,
+    )

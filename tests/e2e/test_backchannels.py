@@ -5,6 +5,7 @@ threshold, so only its words keep the answer playing; a sentence cuts it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -20,6 +21,7 @@ from tests.e2e.test_voice import (
     stream_paced,
     vad_session,
 )
+from tests.e2e.test_whisper_default import whisper_server  # noqa: F401  # the fixture
 from tests.speech import PHRASES, silence, speak
 
 ACKS = ["okay", "yeah"]
@@ -110,6 +112,67 @@ async def test_a_sentence_over_the_answer_cuts_it(ack_server):
     assert done[1]["response"]["status"] == "completed"
     [record] = await overlap_records(ack_server)
     assert record.overlap == "barge_in" and record.reason == decision["reason"]
+    await client.close()
+
+
+# A held decode of "okay" by tiny.en takes about 50 ms on a CPU core; slowed
+# to this, the decode begun when it reached the barge-in threshold is still
+# running when its speech stops (the race that cut 1 run in 3 under load).
+SLOW_DECODE_S = 0.6
+
+
+def slow_decodes(server: RunningServer, by_s: float) -> None:
+    """Each decode of the server's recogniser takes ``by_s`` longer."""
+    asr = server.app.state.model.listening.asr  # type: ignore[attr-defined]
+    decode = asr.transcribe
+
+    def slowed(*args, **kwargs):  # on the recogniser's worker thread
+        time.sleep(by_s)
+        return decode(*args, **kwargs)
+
+    asr.transcribe = slowed
+
+
+@pytest.mark.parametrize("slowed_s", [0.0, SLOW_DECODE_S], ids=["as_is", "decode_in_flight"])
+async def test_an_acknowledgement_leaves_the_answer_playing_under_whisper(
+    whisper_server,  # noqa: F811  # the fixture, imported
+    slowed_s,
+):
+    """The default recogniser, open speech: the stop waits (bounded) for a
+    decode of "okay" still running, so the answer plays on whatever the
+    decode's timing."""
+    client, response_id = await slow_answer(whisper_server)
+    slow_decodes(whisper_server, slowed_s)
+    await stream_paced(client, okay() + silence(800), chunk_ms=20)
+    events = await client.recv_until("response.done", timeout=30)
+    decision = first(events, "overlap.decision")
+    assert (decision["action"], decision["reason"]) == ("drop", "backchannel_words"), decision
+    assert decision["response_id"] == response_id
+    done = events[-1]
+    assert (done["response"]["id"], done["response"]["status"]) == (response_id, "completed")
+    assert not [e for e in events if e["type"] == "input_audio_buffer.committed"]
+    [record] = await overlap_records(whisper_server)
+    assert (record.overlap, record.reason) == ("drop", "backchannel_words")
+    assert record.words is not None and "okay" in record.words.lower()
+    await client.close()
+
+
+async def test_its_words_cut_the_answer_without_more_audio(whisper_server):  # noqa: F811
+    """The decode's words come back through the session's mailbox: speech
+    the client stops streaming mid-sentence (no silence, so no stop), its
+    decode slowed past its last chunk, is cut by its words all the same."""
+    client, response_id = await slow_answer(whisper_server)
+    slow_decodes(whisper_server, 0.3)
+    speech = speak(PHRASES[1])
+    start, _ = speech_bounds_ms(speech)
+    head_ms = start + 600  # past the barge-in threshold, short of the longest backchannel
+    await stream_paced(client, speech[: int(head_ms * 24) * 2], chunk_ms=20)
+    events = await client.recv_until("response.done", timeout=20)
+    decision = first(events, "overlap.decision")
+    assert decision["action"] == "barge_in" and decision["response_id"] == response_id
+    assert decision["reason"] == "not_a_backchannel", decision
+    done = events[-1]
+    assert (done["response"]["id"], done["response"]["status"]) == (response_id, "cancelled")
     await client.close()
 
 

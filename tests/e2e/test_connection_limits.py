@@ -77,7 +77,10 @@ async def test_an_address_holds_a_bounded_number_of_websockets(server):
     second, _ = await server.open()
     with pytest.raises(websockets.InvalidStatus) as refused:
         await WsClient.connect(server.ws_url)
-    assert refused.value.response.status_code == 403
+    answer = refused.value.response
+    assert answer.status_code == 429 and answer.headers["Retry-After"] == "1"
+    error = json.loads(answer.body)["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limited")
     await first.close()
     await asyncio.sleep(0.2)
     third, _ = await server.open()  # a slot came free
@@ -104,9 +107,11 @@ async def test_an_address_holds_a_bounded_number_of_sessions(server):
     first, _ = await server.open()
     second, _ = await server.open()
     await second.close()  # detached, still resumable: it still counts
-    third = await WsClient.connect(server.ws_url)
-    error = await third.expect("error")
-    assert error["error"]["code"] == "resource_exhausted"
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        await WsClient.connect(server.ws_url)
+    answer = refused.value.response
+    assert answer.status_code == 429 and answer.headers["Retry-After"] == "1"
+    assert json.loads(answer.body)["error"]["code"] == "resource_exhausted"
     await first.send({"type": "session.close"})
     await first.recv_until("session.closed")
     await asyncio.sleep(0.2)
@@ -120,9 +125,11 @@ async def test_a_key_holds_a_bounded_number_of_sessions(server):
     headers = {"Authorization": "Bearer " + "k" * 20}
     first = await WsClient.connect(server.ws_url, additional_headers=headers)
     await first.expect("session.created")
-    second = await WsClient.connect(server.ws_url, additional_headers=headers)
-    error = await second.expect("error")
-    assert error["error"]["code"] == "resource_exhausted"
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        await WsClient.connect(server.ws_url, additional_headers=headers)
+    answer = refused.value.response
+    assert answer.status_code == 429 and answer.headers["Retry-After"] == "1"
+    assert "quota of 1" in json.loads(answer.body)["error"]["message"]
 
 
 async def test_a_closed_session_leaves_the_memory_store_at_once(server):

@@ -22,6 +22,8 @@ async def test_only_allowed_pages_open_websockets(server):
     with pytest.raises(websockets.InvalidStatus) as refused:
         await websockets.connect(server.ws_url, origin="https://evil.example")
     assert refused.value.response.status_code == 403
+    error = json.loads(refused.value.response.body)["error"]
+    assert error["code"] == "origin_not_allowed" and "evil.example" in error["message"]
     async with websockets.connect(server.ws_url, origin=APP) as ws:
         assert json.loads(await ws.recv())["type"] == "session.created"
     async with websockets.connect(server.ws_url) as ws:  # not a browser: no Origin

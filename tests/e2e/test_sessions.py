@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -175,18 +176,24 @@ async def test_close_mid_response_cancels_it(server):
 
 @pytest.mark.server_config(max_sessions=1)
 async def test_admission_limit(server):
+    """A full server answers the upgrade itself: 503 with Retry-After and
+    OpenAI's error body, no socket; a resume is still let through."""
     first, _ = await server.open()
-    second = await server.connect()
-    error = await second.expect("error")
-    assert error["error"] == {
-        "type": "rate_limit_error",
-        "code": "resource_exhausted",
-        "message": error["error"]["message"],
-        "event_id": None,
-        "param": None,
-    }
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        await server.connect()
+    answer = refused.value.response
+    assert answer.status_code == 503 and answer.headers["Retry-After"] == "1"
+    error = json.loads(answer.body)["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "resource_exhausted")
+    assert "capacity" in error["message"]
+    # a socket that opens no session at connect (it may resume) is upgraded;
+    # a session it then asks for is refused on the socket, as OpenAI's are
+    later = await WsClient.connect(server.ws_url + "&autostart=0")
+    await later.send({"type": "session.update", "session": {}})
+    error = await later.expect("error")
+    assert error["error"]["code"] == "resource_exhausted"
     with pytest.raises(websockets.ConnectionClosed) as closed:
-        await second.recv(timeout=5)
+        await later.recv(timeout=5)
     assert closed.value.rcvd.code == 1013
     await first.send({"type": "session.close"})
     await first.expect("session.closed")

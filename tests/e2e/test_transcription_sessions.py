@@ -24,6 +24,7 @@ from openai.types.realtime.realtime_transcription_session_create_response import
     RealtimeTranscriptionSessionCreateResponse,
 )
 
+from tests.e2e.test_whisper_default import whisper_server  # noqa: F401  # the fixture
 from tests.speech import PHRASES, silence, speak
 from tests.wsclient import WsClient
 
@@ -305,3 +306,43 @@ async def test_a_beta_transcription_session(voice_server):
         error = await connection.recv()
         assert error.type == "error"
         assert (error.error.code, error.error.param) == ("unsupported_for_session_type", "type")
+
+
+async def test_a_transcription_session_on_the_duplex_wire_tells_deltas_that_add_up(
+    whisper_server,  # noqa: F811  # the fixture, imported
+):
+    """On ``?duplex=1`` an ordinary session's partials are live captions the
+    final replaces; a transcription session's transcript is its product, so
+    there too its deltas only ever extend what was told and add up to the
+    completed transcript (the commit's closing delta tells the rest)."""
+    phrase = "can you recommend a good book to read on a long train journey"
+    client, created = await whisper_server.open("intent=transcription")
+    assert created["session"]["type"] == "transcription"
+    await client.send({"type": "session.update", "session": GA_SESSION})
+    await client.expect("session.updated")
+    pcm = silence(300) + speak(phrase, RATE) + silence(1200)
+    step = RATE * CHUNK_MS // 1000 * 2
+    loop = asyncio.get_running_loop()
+    next_at = loop.time()
+    for at in range(0, len(pcm), step):  # paced: partials are decoded while it is spoken
+        await client.append(pcm[at : at + step])
+        next_at += CHUNK_MS / 1000
+        await asyncio.sleep(max(0.0, next_at - loop.time()))
+    events = await client.recv_until("conversation.item.done", timeout=30)
+    kinds = [e["type"] for e in events]
+    assert not [kind for kind in kinds if kind.startswith("response.") or kind == "error"], kinds
+    committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+    deltas = [
+        e
+        for e in events
+        if e["type"] == "conversation.item.input_audio_transcription.delta"
+        and e["item_id"] == committed["item_id"]
+    ]
+    (completed,) = [
+        e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"
+    ]
+    # Whisper's partials of an open sentence run short of its final (and its
+    # punctuation): captions told as deltas would not add up (they did before).
+    assert deltas and completed["transcript"]
+    assert "".join(e["delta"] for e in deltas) == completed["transcript"]
+    await client.close()

@@ -410,6 +410,15 @@ def vad_responds(config: EffectiveConfig, create_response: bool | None) -> bool:
     return config.auto_response is not False
 
 
+def transcript_deltas_add_up(config: EffectiveConfig) -> bool:
+    """Whether partial transcripts are told as deltas that add up to the
+    completed transcript (OpenAI's rule), not as the duplex wire's live
+    captions that the final replaces: on the OpenAI endpoint, and for a
+    transcription session on either endpoint (the transcript is its product,
+    and its clients append the deltas)."""
+    return config.openai_semantics or transcribes_only(config)
+
+
 def tells_transcripts(config: EffectiveConfig) -> bool:
     """Whether the client is told what recognition heard. OpenAI sends
     transcription events only while ``input_audio_transcription`` is set;

@@ -260,6 +260,26 @@ class CallBody(Body, tag="call"):
         return self.carrier == WEBRTC_CARRIER
 
 
+SNAPSHOT_VERSION = 1
+
+
+class SnapshotBody(Body, tag="snapshot"):
+    """The session's folded state as of the record before this one, so a
+    refold starts here instead of at seq 1 (docs/DECISIONS.md, "Snapshots").
+
+    ``state`` is the msgpack of ``SessionState`` (``version`` says which
+    shape; a reader that does not know it folds the full log instead).
+    ``media_bytes``: media the records before it hold (the session's byte
+    budget). ``tail_from``: the oldest seq a restored actor still reads for
+    its caches (the journal's unacknowledged events, recent turns' audio).
+    """
+
+    state: bytes
+    version: int = SNAPSHOT_VERSION
+    media_bytes: int = 0
+    tail_from: int = 0
+
+
 # --- one-shot job sessions (the batch API) ------------------------------------
 
 # A job session's id starts with this: the realtime manager leaves such
@@ -335,6 +355,7 @@ AnyBody = Union[
     LeaseBody,
     CloseBody,
     CallBody,
+    SnapshotBody,
     JobBody,
     ProgressBody,
     ResultBody,

@@ -15,6 +15,7 @@ import msgspec
 from duplex_server.sessions.core.config import EffectiveConfig, merge_config
 from duplex_server.sessions.core.items import Item, Part, transcript_at
 from duplex_server.sessions.core.records import (
+    SNAPSHOT_VERSION,
     AckBody,
     AudioBody,
     CallBody,
@@ -29,6 +30,7 @@ from duplex_server.sessions.core.records import (
     OutBody,
     Record,
     SignalBody,
+    SnapshotBody,
     TextBody,
     UnitBody,
 )
@@ -455,6 +457,29 @@ def _close(state: SessionState, body: CloseBody, seq: int) -> None:
     state.lease.attached = False
 
 
+_snapshot_decoder = msgspec.msgpack.Decoder(SessionState)
+snapshot_encoder = msgspec.msgpack.Encoder()
+
+
+def encode_snapshot(state: SessionState) -> bytes:
+    return snapshot_encoder.encode(state)
+
+
+def decode_snapshot(body: SnapshotBody) -> SessionState:
+    return _snapshot_decoder.decode(body.state)
+
+
+def _snapshot(state: SessionState, body: SnapshotBody, seq: int) -> None:
+    """``state := the snapshot's``: it is the fold of every record before it,
+    so a full fold and a fold that starts here agree (tests/test_snapshots)."""
+    if body.version != SNAPSHOT_VERSION:
+        return  # an older shape: the records before it are in this fold anyway
+    saved = decode_snapshot(body)
+    for field in state.__struct_fields__:
+        setattr(state, field, getattr(saved, field))
+    state.last_seq = seq
+
+
 _APPLY: dict[type, Callable[[SessionState, Any, int], None]] = {
     ConfigBody: _config,
     AudioBody: _audio,
@@ -471,4 +496,5 @@ _APPLY: dict[type, Callable[[SessionState, Any, int], None]] = {
     LeaseBody: _lease,
     CallBody: _call,
     CloseBody: _close,
+    SnapshotBody: _snapshot,
 }

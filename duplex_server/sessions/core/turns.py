@@ -225,13 +225,15 @@ class Overlap:
     (``barge_in`` or ``listen`` once sustained; a ``drop`` if it stops first).
     ``held``: it was sustained, and the decision waits for its words (a
     backchannel, :func:`overlap_verdict`); ``words``: the newest transcript
-    of it, once the recogniser has heard it."""
+    of it, once the recogniser has heard it, of the input up to
+    ``heard_until_ms``."""
 
     started_ms: float
     response_id: str
     action: Literal["barge_in", "listen"] | None = None
     held: bool = False
     words: str | None = None
+    heard_until_ms: float = 0.0
     reason: str = ""  # a drop's, once its end settled it (backchannel_words)
 
 

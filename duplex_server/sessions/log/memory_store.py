@@ -30,6 +30,7 @@ class _Stream:
     # ack costs what it trims, not the length of the session.
     trim_index: int = 0
     compacted_upto: int = 0
+    snapshot_seq: int = 0  # the latest ``snapshot`` record's, 0 for none
 
 
 class MemoryLog(LocalLeases):
@@ -82,7 +83,13 @@ class MemoryLog(LocalLeases):
         while len(stream.event_ids) > self._window:
             stream.event_ids.popitem(last=False)
         stream.records.extend(records)
+        for record in records:
+            if record.kind == "snapshot":
+                stream.snapshot_seq = record.seq
         return seqs
+
+    async def latest_snapshot(self, session_id: str) -> int:
+        return self._stream(session_id).snapshot_seq
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
         records = self._stream(session_id).records

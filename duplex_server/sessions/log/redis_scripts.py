@@ -23,7 +23,8 @@ class LuaScript:
 
 
 # ARGV: fence, first_seq, count, ts_ms, closes (0/1), event id window,
-# retry (0/1: this batch was sent before and its reply was lost), then
+# retry (0/1: this batch was sent before and its reply was lost), the
+# batch's latest snapshot seq (0 = none: kept in meta's snapshot_seq), then
 # per record: event_id ('' = none), blob, payload field ('' = none), payload,
 # audio field ('' = none), audio.
 APPEND = LuaScript("""
@@ -39,13 +40,13 @@ if first ~= last + 1 then
   -- A retry of a batch that did land (the reply was lost) succeeds again.
   if ARGV[7] == '1' and first + count - 1 <= last then
     local entry = redis.call('XRANGE', log, first .. '-0', first .. '-0')
-    if entry[1] and entry[1][2][2] == ARGV[9] and entry[1][2][4] == ARGV[1] then
+    if entry[1] and entry[1][2][2] == ARGV[10] and entry[1][2][4] == ARGV[1] then
       return first + count - 1
     end
   end
   return redis.error_reply('SEQ ' .. last)
 end
-local base = 8
+local base = 9
 for i = 0, count - 1 do
   local event_id = ARGV[base + i * 6]
   if event_id ~= '' then
@@ -68,6 +69,7 @@ end
 if with_ids then redis.call('ZREMRANGEBYRANK', eids, 0, -(tonumber(ARGV[6]) + 1)) end
 redis.call('HSET', meta, 'last_seq', first + count - 1, 'last_ts_ms', ARGV[4])
 if ARGV[5] == '1' then redis.call('HSET', meta, 'closed', 1) end
+if ARGV[8] ~= '0' then redis.call('HSET', meta, 'snapshot_seq', ARGV[8]) end
 return first + count - 1
 """)
 

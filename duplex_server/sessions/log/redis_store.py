@@ -137,6 +137,7 @@ def _append_args(records: list[Record], fence: int, window: int) -> list[Any]:
         int(any(r.kind == "close" for r in records)),
         window,
         0,  # retry flag, set when the batch is sent again
+        max((r.seq for r in records if r.kind == "snapshot"), default=0),
     ]
     for row in encode_records(records, split_audio=True):
         args += [
@@ -377,6 +378,11 @@ class RedisLog:
         return replies
 
     # --- reads -------------------------------------------------------------
+
+    async def latest_snapshot(self, session_id: str) -> int:
+        meta = self._keys(session_id).meta
+        seq = await self._call(lambda: self._redis.hget(meta, "snapshot_seq"))
+        return int(seq or 0)
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
         keys = self._keys(session_id)

@@ -77,6 +77,8 @@ CREATE TABLE IF NOT EXISTS records (
 );
 CREATE INDEX IF NOT EXISTS records_event_id
     ON records (session_id, event_id) WHERE event_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS records_snapshot
+    ON records (session_id, seq) WHERE kind = 'snapshot';
 CREATE INDEX IF NOT EXISTS records_out
     ON records (session_id, server_event_seq) WHERE server_event_seq IS NOT NULL;
 """
@@ -363,6 +365,16 @@ class SqliteLog(LocalLeases):
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
         return await self._query(lambda conn: _select_records(conn, session_id, after_seq))
+
+    async def latest_snapshot(self, session_id: str) -> int:
+        def fetch(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
+                "SELECT MAX(seq) FROM records WHERE session_id = ? AND kind = 'snapshot'",
+                (session_id,),
+            ).fetchone()
+            return int(row[0] or 0)
+
+        return await self._query(fetch)
 
     async def read_open_sessions(self) -> dict[str, list[Record]]:
         """Every open session's records in one pass (what recovery needs)."""

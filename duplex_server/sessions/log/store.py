@@ -116,6 +116,11 @@ class SessionLog(Protocol):
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Record]: ...
 
+    async def latest_snapshot(self, session_id: str) -> int:
+        """The seq of the session's latest ``snapshot`` record (0: none),
+        found without reading records: a refold starts there."""
+        ...
+
     async def trim(self, session_id: str, upto_server_event_seq: int) -> int:
         """Drop payloads of outbound events up to the cursor; returns how many."""
         ...

@@ -358,6 +358,13 @@ class SessionActor:
                 await self._on_model(message)
             case mb.Partial():
                 await self._run_heard(self.hearing.partial(self.state, message))
+            case mb.OverlapHeard():
+                # A cut its words decide is timed from the chunk they were heard in.
+                self.writer.input_at = message.heard_at
+                try:
+                    await self._run_heard(self.hearing.overlap_heard(self.state, message))
+                finally:
+                    self.writer.input_at = None
             case mb.Resume():
                 if await self._changes.resume(message):
                     self.last_activity = time.monotonic()

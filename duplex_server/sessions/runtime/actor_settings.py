@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from duplex_server.sessions.core.model_names import ModelNames
 from duplex_server.sessions.core.turns import BACKCHANNEL_MAX_MS, BACKCHANNEL_WORDS
 from duplex_server.sessions.runtime.journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
+from duplex_server.sessions.runtime.log_writer import DEFAULT_SNAPSHOT_EVERY
 
 
 @dataclass
@@ -39,3 +40,6 @@ class ActorSettings:
     # cut it (duplex wire; runtime/hearing.py).
     backchannel_words: str = BACKCHANNEL_WORDS
     backchannel_max_ms: float = BACKCHANNEL_MAX_MS
+    # A ``snapshot`` record (the folded state) follows this many records, so
+    # a restore refolds at most about this many (0: no snapshots).
+    snapshot_every: int = DEFAULT_SNAPSHOT_EVERY

@@ -27,7 +27,11 @@ from msgspec import UNSET
 
 from duplex_server.audio import pcm16_rms
 from duplex_server.sessions.core.commands import HeardTurn, next_user_item_id
-from duplex_server.sessions.core.config import SERVED_BY_SERVER_VAD, tells_transcripts
+from duplex_server.sessions.core.config import (
+    SERVED_BY_SERVER_VAD,
+    tells_transcripts,
+    transcript_deltas_add_up,
+)
 from duplex_server.sessions.core.heard import (
     DeferredTurnDue,
     HeardCommand,
@@ -85,8 +89,20 @@ SPECULATE_AFTER_MS = 120.0
 # While speech over the answer is held for its words, its audio is decoded
 # again once this much more has come (one decode at a time), so an
 # interruption that opens with "okay, but..." is cut by its next words.
+# Each decode's words come back through the mailbox; at the stop, speech not
+# yet heard to its end waits for them (Hearing._hear_to_the_end).
 HELD_DECODE_EVERY_MS = 100.0
 DEFAULT_BACKCHANNELS = Backchannels.parse(BACKCHANNEL_WORDS)
+
+
+@dataclass
+class _HeldDecode:
+    """A decode of held speech over the answer: the input buffer's audio up
+    to ``until_ms`` (input timeline), started at ``started_s`` (perf clock)."""
+
+    task: asyncio.Task[str]
+    until_ms: float
+    started_s: float
 
 
 @dataclass
@@ -105,21 +121,25 @@ class _Candidate:
 
 class Hearing:
     """One session's ears. ``post`` queues a message on the session's
-    mailbox (partial transcripts come back that way, off the actor)."""
+    mailbox (partial transcripts and held speech's words come back that
+    way, off the actor)."""
 
     def __init__(
         self,
         model: ModelPort,
-        post: Callable[[mb.Partial], None],
+        post: Callable[[mb.HeardMessage], None],
         backchannels: Backchannels = DEFAULT_BACKCHANNELS,
     ) -> None:
         self._model = model
         self._post = post
         self._backchannels = backchannels
-        # The decode of held speech over the answer in flight (or done, not yet
-        # read), and how much of the input buffer the last one started covered.
-        self._held_decode: asyncio.Task[str] | None = None
+        # The newest decode of held speech over the answer (in flight or done),
+        # how much of the input buffer the last one started covered, and the
+        # longest one took (start to words, queueing included): the stop's
+        # wait for words is at most that long.
+        self._held_decode: _HeldDecode | None = None
         self._held_covered_ms = 0.0
+        self._held_decode_s: float | None = None
         self._vad: VadTracker | None = None  # server VAD under the current settings
         self._overlap: Overlap | None = None  # user speech over the current answer
         self._hinted: HintedOverlap | None = None  # the same, without server VAD
@@ -159,7 +179,7 @@ class Hearing:
             return HeardTurn(error=ProtocolError("engine_error", str(exc)))
         told = self._told(state)
         waited_ms = (time.perf_counter() - started) * 1000
-        if not state.config.openai_semantics:
+        if not transcript_deltas_add_up(state.config):
             return HeardTurn(text, wait_ms=waited_ms)  # captions: the final replaces them
         return HeardTurn(reconcile(told, text), wait_ms=waited_ms, told=told)
 
@@ -181,7 +201,7 @@ class Hearing:
                 async for judged in self._judge(state_of, transition):
                     yield judged
                 continue
-            for decided in self._decisions(state_of, transition):
+            async for decided in self._decisions(state_of, transition):
                 yield decided
         if (held := self.held_overlap(state_of())) is not None:
             yield held
@@ -216,19 +236,17 @@ class Hearing:
         async for transition in self._vad.hear(audio.pcm, audio.sample_rate_hz):
             yield transition
 
-    def _decisions(
+    async def _decisions(
         self, state_of: Callable[[], SessionState], transition: Transition
-    ) -> list[HeardCommand]:
+    ) -> AsyncGenerator[HeardCommand]:
         """What a transition leads to: at a stop, held speech over the answer
         is settled first (a cut before the turn it becomes), then decided."""
-        decided = []
         if transition.kind == "speech_stopped" and (
-            settled := self.settle_held(state_of(), transition)
+            settled := await self.settle_held(state_of(), transition)
         ):
-            decided.append(settled)
+            yield settled
         if (then := self.decide(state_of(), transition)) is not None:
-            decided.append(then)
-        return decided
+            yield then
 
     def decide(self, state: SessionState, transition: Transition) -> HeardCommand | None:
         """What a speech transition leads to, given the session as it is now
@@ -271,7 +289,7 @@ class Hearing:
             return
         if self._overlap is not None and self._overlap.action is None:
             # A remark over the answer, not a turn: it ends at its pause.
-            for decided in self._decisions(state_of, tracker.stop()):
+            async for decided in self._decisions(state_of, tracker.stop()):
                 yield decided
             return
         buffer = state.input
@@ -286,7 +304,7 @@ class Hearing:
         yield TurnJudged(pause.at_ms, round(probability, 4), finished)
         if not finished or tracker is not self._vad or not tracker.speaking:
             return
-        for ended in self._decisions(state_of, tracker.stop()):
+        async for ended in self._decisions(state_of, tracker.stop()):
             yield ended
 
     def overlap_hints(self, state: SessionState, audio: AudioBody) -> HeardCommand | None:
@@ -337,10 +355,11 @@ class Hearing:
 
     def partial(self, state: SessionState, message: mb.Partial) -> HeardCommand | None:
         """A partial transcript came back: tell the client what was heard, as
-        an extension of what it was told before. On the OpenAI endpoint only
-        the words this decode and the one before agree on (core/transcripts.py:
-        the deltas must add up to the final transcript); the duplex wire's
-        partials are live captions the final replaces, so they run ahead."""
+        an extension of what it was told before. On the OpenAI endpoint and
+        in a transcription session only the words this decode and the one
+        before agree on (core/transcripts.py: the deltas must add up to the
+        final transcript); the duplex wire's partials are live captions the
+        final replaces, so they run ahead."""
         current = next_user_item_id(state)
         if not state.user_speaking or message.item_id != current:
             return None
@@ -352,8 +371,8 @@ class Hearing:
         if not tells_transcripts(state.config):
             return None
         told = self._partial_text
-        openai = state.config.openai_semantics
-        stable = stable_prefix(previous, message.text) if openai else message.text
+        adds_up = transcript_deltas_add_up(state.config)
+        stable = stable_prefix(previous, message.text) if adds_up else message.text
         if len(stable) <= len(told) or not stable.startswith(told):
             return None
         return PartialHeard(current, stable[len(told) :])
@@ -377,7 +396,7 @@ class Hearing:
         if self._partial_task is not None:
             self._partial_task.cancel()
         if self._held_decode is not None:
-            self._held_decode.cancel()
+            self._held_decode.task.cancel()
         if self._candidate is not None:
             self._candidate.task.cancel()
 
@@ -463,13 +482,13 @@ class Hearing:
         return OverlapResolved(overlap.action, overlap_ms, overlap.response_id)
 
     def held_overlap(self, state: SessionState) -> HeardCommand | None:
-        """Held speech over the answer, after each chunk: decided as soon as
-        its words say it is not an acknowledgement (or the answer it was
-        over ended); while undecided, its audio is decoded again as it grows."""
+        """Held speech over the answer, after each chunk and each decode of
+        it: decided as soon as its words say it is not an acknowledgement (or
+        the answer it was over ended); while undecided, its audio is decoded
+        again as it grows."""
         overlap, listening = self._overlap, self._model.listening
         if overlap is None or not overlap.held or overlap.action is not None or listening is None:
             return None
-        self._read_held_words(overlap)
         overlap_ms = self._vad.speech_end_ms - overlap.started_ms if self._vad else 0.0
         decided = self._held_verdict(state, overlap, overlap_ms, ended=False)
         if decided is not None:
@@ -477,22 +496,70 @@ class Hearing:
         self._decode_held(state, listening)
         return None
 
-    def settle_held(self, state: SessionState, stop: Transition) -> HeardCommand | None:
+    def overlap_heard(self, state: SessionState, message: mb.OverlapHeard) -> HeardCommand | None:
+        """A decode of held speech came back (through the mailbox, so its
+        words decide whether or not the client streams on): take its words
+        and decide, as after a chunk."""
+        overlap = self._overlap
+        if overlap is None or (overlap.response_id, overlap.started_ms) != (
+            message.response_id,
+            message.started_ms,
+        ):
+            return None  # an overlap already settled
+        _take_words(overlap, message.text, message.until_ms)
+        return self.held_overlap(state)
+
+    async def settle_held(self, state: SessionState, stop: Transition) -> HeardCommand | None:
         """Held speech over the answer stopped: all acknowledgements, it is
         dropped at the stop (:meth:`_end_of_speech`); else it cuts the
-        answer (or is listened to) before it becomes the turn."""
+        answer (or is listened to) before it becomes the turn. Its words
+        not yet heard to its end, it waits for them first (bounded)."""
         overlap = self._overlap
         if overlap is None or not overlap.held or overlap.action is not None:
             return None
-        self._read_held_words(overlap)
-        return self._held_verdict(state, overlap, stop.at_ms - overlap.started_ms, ended=True)
+        overlap_ms = stop.at_ms - overlap.started_ms
+        await self._hear_to_the_end(state, overlap, stop.at_ms, overlap_ms)
+        return self._held_verdict(state, overlap, overlap_ms, ended=True)
+
+    async def _hear_to_the_end(
+        self, state: SessionState, overlap: Overlap, end_ms: float, overlap_ms: float
+    ) -> None:
+        """At the stop, held speech whose words were not heard to its end
+        (``end_ms``) waits for the decode in flight, or for one started now
+        on all of it: for at most one decode's time (the longest a decode of
+        this session's took, start to words) and only while the speech plus
+        the wait stay within ``--backchannel-max-ms`` (longer, it is no
+        acknowledgement whatever its words). Only this session's actor
+        waits; the decode runs on the recogniser's stage, as before. Without
+        the wait, a decode still running at the stop left "okay" unheard,
+        and it cut the answer."""
+        listening = self._model.listening
+        budget_s = (self._backchannels.max_ms - overlap_ms) / 1000
+        if listening is None or budget_s <= 0:
+            return
+        decode = self._held_decode
+        if decode is not None and decode.task.done():
+            _take_decoded(overlap, decode)  # its message may still wait in the mailbox
+            decode = None
+        if overlap.heard_until_ms >= end_ms:
+            return
+        if self._backchannels.all_backchannel(overlap.words or "") is False:
+            return  # heard enough: not an acknowledgement
+        if decode is None:
+            self._held_covered_ms = 0.0  # whatever came since the last one
+            self._decode_held(state, listening)
+            decode = self._held_decode
+            if decode is None:
+                return
+        wait_s = budget_s if self._held_decode_s is None else min(budget_s, self._held_decode_s)
+        await asyncio.wait({decode.task}, timeout=wait_s)  # not cancelled on a timeout
+        _take_decoded(overlap, decode)
 
     def _held_too_long(self, state: SessionState, transition: Transition) -> HeardCommand | None:
         """Held speech lasted longer than an acknowledgement: the length decides."""
         overlap = self._overlap
         if overlap is None or not overlap.held or overlap.action is not None:
             return None
-        self._read_held_words(overlap)
         overlap_ms = transition.at_ms - overlap.started_ms
         return self._held_verdict(state, overlap, overlap_ms, ended=False)
 
@@ -522,22 +589,15 @@ class Hearing:
         words = overlap.words if reason == "not_a_backchannel" else None
         return OverlapResolved(action, overlap_ms, overlap.response_id, reason or "", words)
 
-    def _read_held_words(self, overlap: Overlap) -> None:
-        """The held speech's newest decode, if it has come back."""
-        task = self._held_decode
-        if task is None or not task.done():
-            return
-        self._held_decode = None
-        if not task.cancelled() and task.exception() is None:
-            overlap.words = task.result()
-
     def _decode_held(self, state: SessionState, listening: Listening) -> None:
         """Decode the held speech (all the buffer holds of it) off the actor,
-        one decode at a time, again once ``HELD_DECODE_EVERY_MS`` more came.
+        one decode at a time, again once ``HELD_DECODE_EVERY_MS`` more came;
+        its words come back through the mailbox (:meth:`overlap_heard`).
         It does not wait for the recogniser to be idle (as partials do): the
         answer's fate waits on it, and it is short."""
-        buffer = state.input
-        if self._held_decode is not None or not buffer.chunks:
+        buffer, overlap = state.input, self._overlap
+        running = self._held_decode is not None and not self._held_decode.task.done()
+        if running or not buffer.chunks or overlap is None:
             return
         if buffer.audio_ms < self._held_covered_ms:
             self._held_covered_ms = 0.0  # a new utterance
@@ -548,12 +608,25 @@ class Hearing:
         task = asyncio.get_running_loop().create_task(
             listening.transcribe(pcm, rate, partial=True, hints=hints)
         )
-        task.add_done_callback(_retrieve)
-        self._held_decode = task
+        decode = _HeldDecode(task, buffer.end_ms, time.perf_counter())
+        response_id, started_ms = overlap.response_id, overlap.started_ms
+
+        def heard(task: asyncio.Task[str]) -> None:
+            if task.cancelled() or task.exception() is not None:
+                return  # a failure was logged by the stage; the length decides
+            took_s = time.perf_counter() - decode.started_s
+            self._held_decode_s = max(self._held_decode_s or 0.0, took_s)
+            words = task.result()
+            self._post(
+                mb.OverlapHeard(response_id, started_ms, words, decode.until_ms, decode.started_s)
+            )
+
+        task.add_done_callback(heard)
+        self._held_decode = decode
 
     def _drop_held_decode(self) -> None:
         if self._held_decode is not None:
-            self._held_decode.cancel()
+            self._held_decode.task.cancel()
         self._held_decode, self._held_covered_ms = None, 0.0
 
     def _end_of_speech(
@@ -581,6 +654,20 @@ def _hints(state: SessionState) -> TranscriptionHints:
     if settings is None:
         return NO_HINTS
     return TranscriptionHints(settings.heard_language(), settings.heard_prompt())
+
+
+def _take_words(overlap: Overlap, text: str, until_ms: float) -> None:
+    """A decode of held speech up to ``until_ms``: its words, unless a decode
+    of more of it was taken already."""
+    if until_ms >= overlap.heard_until_ms:
+        overlap.words, overlap.heard_until_ms = text, until_ms
+
+
+def _take_decoded(overlap: Overlap, decode: _HeldDecode) -> None:
+    """The words of a decode that has come back (a failed one has none)."""
+    task = decode.task
+    if task.done() and not task.cancelled() and task.exception() is None:
+        _take_words(overlap, task.result(), decode.until_ms)
 
 
 def _retrieve(task: asyncio.Task[str]) -> None:

@@ -16,19 +16,26 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from duplex_server import metrics
 from duplex_server.sessions.core.batch import Batch
 from duplex_server.sessions.core.pipeline import duplicate_event
-from duplex_server.sessions.core.records import Record
-from duplex_server.sessions.core.state import SessionState, fold
+from duplex_server.sessions.core.records import OutBody, Record, SnapshotBody
+from duplex_server.sessions.core.state import SessionState, apply, encode_snapshot
 from duplex_server.sessions.log.store import DuplicateEvent, LogError, SessionLog, StaleFence
 from duplex_server.sessions.runtime.answer_timing import AnswerTiming
 from duplex_server.sessions.runtime.journal import Journal
 from duplex_server.sessions.runtime.lease import SessionLease
-from duplex_server.sessions.runtime.recovery import journal_entries
+from duplex_server.sessions.runtime.recovery import (
+    fold_tail,
+    journal_entries,
+    media_bytes,
+    read_tail,
+    tail_from,
+)
 from duplex_server.sessions.runtime.retention import AudioRetention
 from protocol.capabilities import Capabilities
 from protocol.errors import ProtocolError
@@ -57,6 +64,10 @@ class StoreDown:
 
 
 Refusal = Duplicate | Deposed | StoreDown
+
+
+# A snapshot record follows this many records (actor_settings.snapshot_every).
+DEFAULT_SNAPSHOT_EVERY = 2000
 
 
 def _now_ms() -> int:
@@ -90,6 +101,13 @@ class LogWriter:
         # Arrival of the client frame whose batch is being committed, for
         # the answer timing (None for what no frame brought).
         self.input_at: float | None = None
+        # Snapshots (0: none). Set by the manager from its settings.
+        self.snapshot_every = DEFAULT_SNAPSHOT_EVERY
+        self._since_snapshot = 0
+        self._media_bytes = 0  # held by the log so far (the snapshot's count)
+        # (server_event_seq, seq) of journaled out records: where the
+        # journal's oldest entry lies in the log, for a snapshot's tail_from.
+        self._out_seqs: deque[tuple[int, int]] = deque()
 
     def new_batch(self, event_id: str | None = None) -> Batch:
         return Batch(self.state, self._capabilities, _now_ms(), event_id)
@@ -121,7 +139,40 @@ class LogWriter:
         evicted = self._journal.add(batch.outbound)
         if evicted is not None:
             await self._tidy(self._store.trim(self._session_id, evicted))
+        self._noted(batch.records)
+        if self.snapshot_every and self._since_snapshot >= self.snapshot_every:
+            await self._snapshot()
         return None
+
+    def _noted(self, records: list[Record]) -> None:
+        self._since_snapshot += len(records)
+        self._media_bytes += media_bytes(records)
+        for record in records:
+            if isinstance(record.body, OutBody) and not record.body.trimmed:
+                self._out_seqs.append((record.body.server_event_seq, record.seq))
+        while self._out_seqs and self._out_seqs[0][0] <= self._journal.dropped_upto:
+            self._out_seqs.popleft()
+
+    async def _snapshot(self) -> None:
+        """Append the state as it stands, through the fenced path every batch
+        takes (a deposed writer's snapshot is refused as its batches are).
+        A refusal is not the session's failure: the next batch meets it."""
+        state = self.state
+        journal_seq = self._out_seqs[0][1] if self._out_seqs else None
+        body = SnapshotBody(
+            state=encode_snapshot(state),
+            media_bytes=self._media_bytes,
+            tail_from=tail_from(state, journal_seq),
+        )
+        record = Record(state.epoch, _now_ms(), "server", body, seq=state.last_seq + 1)
+        try:
+            await self._store.append(self._session_id, [record], self._lease.fence)
+        except (LogError, OSError) as exc:
+            log.warning("session %s: snapshot not written: %s", self._session_id, exc)
+            self._since_snapshot = 0  # try again an interval later
+            return
+        apply(state, record)
+        self._since_snapshot = 0
 
     async def trim(self, upto: int) -> None:
         """The client acknowledged every event up to ``upto``: the journal and
@@ -142,19 +193,27 @@ class LogWriter:
 
     async def refold(self) -> None:
         """The state as the log has it (a handler's refusal left records half built)."""
-        self.state = fold(await self._store.read(self._session_id), self._initial())
+        self.state = fold_tail(await read_tail(self._store, self._session_id), self._initial())
 
     def restore(self, records: list[Record]) -> None:
-        """The state and the journal of a session another process wrote."""
-        self.state = fold(records, self._initial())
+        """The state and the journal of a session another process wrote;
+        ``records`` are the whole log or a tail read (``read_tail``)."""
+        self.state = fold_tail(records, self._initial())
         self._journal.restore(journal_entries(records), self.state.server_event_seq)
+        self._media_bytes = media_bytes(records)
+        self._since_snapshot = 0
+        self._out_seqs = deque(
+            (r.body.server_event_seq, r.seq)
+            for r in records
+            if isinstance(r.body, OutBody) and not r.body.trimmed
+        )
 
     async def heal(self) -> bool:
         """Refold from the log once the store answers again; False while it
         does not. A batch whose reply was lost may have landed: the journal
         is rebuilt from the log, so its events go out now."""
         try:
-            records = await self._store.read(self._session_id)
+            records = await read_tail(self._store, self._session_id)
         except (LogError, OSError) as exc:
             log.warning("session %s: log still unavailable: %s", self._session_id, exc)
             return False

@@ -96,6 +96,22 @@ class Partial:
     text: str
 
 
+@dataclass
+class OverlapHeard:
+    """The recogniser finished a decode of speech over the answer held for
+    its words (``response_id``'s, begun at ``started_ms``): the words may
+    decide it now, whether or not the client streams on."""
+
+    response_id: str
+    started_ms: float
+    text: str
+    until_ms: float  # the decode heard the input up to here (input timeline)
+    heard_at: float  # perf clock: the decode began, on the chunk that ended its audio
+
+
+# What hearing posts from its transcripts in flight (runtime/hearing.py).
+HeardMessage = Partial | OverlapHeard
+
 # What a socket sends, counted against the mailbox bound until applied.
 SocketMessage = Client | Reject | Heartbeat
 SOCKET_MESSAGES = (Client, Reject, Heartbeat)
@@ -106,9 +122,19 @@ ModelMessage = Chunks | StreamEnd | UnitOutputs | ModelFailed
 # Orders about the session itself: attachments and the lifecycle.
 ControlMessage = Resume | Detach | End | Suspend | LeaseLost
 
-Message = SocketMessage | ModelMessage | ControlMessage | Partial
+Message = SocketMessage | ModelMessage | ControlMessage | HeardMessage
 
 # What cannot be applied without recording it: refused, not applied, while
 # the log is down (the union for the type checker, the tuple for isinstance).
-NeedsLog = Client | Reject | Chunks | StreamEnd | Resume | Partial | UnitOutputs | ModelFailed
-NEEDS_LOG = (Client, Reject, Chunks, StreamEnd, Resume, Partial, UnitOutputs, ModelFailed)
+NeedsLog = Client | Reject | Resume | ModelMessage | HeardMessage
+NEEDS_LOG = (
+    Client,
+    Reject,
+    Resume,
+    Chunks,
+    StreamEnd,
+    UnitOutputs,
+    ModelFailed,
+    Partial,
+    OverlapHeard,
+)

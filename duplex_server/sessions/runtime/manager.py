@@ -22,7 +22,7 @@ from duplex_server.sessions.core.model_names import ModelNames, opening_model
 from duplex_server.sessions.core.model_port import ModelPort, ProbedModel
 from duplex_server.sessions.core.records import CallBody, Record, is_job_session
 from duplex_server.sessions.core.server_inputs import token_refusal
-from duplex_server.sessions.core.state import fold, initial_state
+from duplex_server.sessions.core.state import initial_state
 from duplex_server.sessions.log.store import LeaseHeld, LogError, SessionLog, UnknownSession
 from duplex_server.sessions.log.tokens import new_session_id
 from duplex_server.sessions.runtime import mailbox as mb
@@ -31,6 +31,7 @@ from duplex_server.sessions.runtime.actor_settings import ActorSettings
 from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.lease import SessionMoved
 from duplex_server.sessions.runtime.mailbox import OwnerCheck, anyone, not_yours
+from duplex_server.sessions.runtime.recovery import fold_tail, read_tail
 from protocol.client_events import SessionResume
 from protocol.errors import ProtocolError
 from protocol.session_config import SessionUpdate
@@ -108,28 +109,11 @@ class SessionManager:
         live sessions at once; ``address``: the client's, which may hold
         ``address_quota`` (0: only the server's cap applies). A detached
         session waiting for its resume counts: closing sockets frees no slot."""
-        if self.at_capacity:
-            metrics.ADMISSIONS_REFUSED.labels("capacity").inc()
-            raise ProtocolError(
-                "resource_exhausted",
-                f"server is at capacity ({self.settings.max_sessions} sessions); retry later",
-            )
-        held = sum(1 for actor in self.actors.values() if actor.state.owner == owner)
-        if owner_quota and held >= owner_quota:
-            metrics.ADMISSIONS_REFUSED.labels("key_quota").inc()
-            raise ProtocolError(
-                "resource_exhausted",
-                f"this key holds its quota of {owner_quota} live sessions; close one first",
-            )
-        from_address = sum(1 for actor in self.actors.values() if actor.address == address)
-        if address_quota and from_address >= address_quota:
-            metrics.ADMISSIONS_REFUSED.labels("address_quota").inc()
-            raise ProtocolError(
-                "resource_exhausted",
-                f"{address_quota} live sessions were opened from this address; close one first",
-            )
+        refused = self.admission_refusal(owner, owner_quota, address, address_quota)
+        if refused is not None:
+            raise refused[1]
         session_id = new_session_id()
-        actor = SessionActor(session_id, self.log, self.model, self.settings.actor, self._closed)
+        actor = self._actor(session_id)
         actor.address = address
         self.actors[session_id] = actor
         try:
@@ -148,6 +132,35 @@ class SessionManager:
             self._call_ids[call.call_id] = session_id  # the sideband names it so
         metrics.SESSIONS_OPENED.labels(self.model.name).inc()
         return actor
+
+    def admission_refusal(
+        self, owner: str | None, owner_quota: int, address: str, address_quota: int
+    ) -> tuple[int, ProtocolError] | None:
+        """Why a new session of ``owner``'s from ``address`` would be refused
+        now (counted), with its HTTP status (503: the server is full; 429:
+        the caller's quota), or None. Asked before a socket's upgrade too, so
+        a client the server cannot take gets an HTTP answer, not a socket."""
+        if self.at_capacity:
+            metrics.ADMISSIONS_REFUSED.labels("capacity").inc()
+            return 503, ProtocolError(
+                "resource_exhausted",
+                f"server is at capacity ({self.settings.max_sessions} sessions); retry later",
+            )
+        held = sum(1 for actor in self.actors.values() if actor.state.owner == owner)
+        if owner_quota and held >= owner_quota:
+            metrics.ADMISSIONS_REFUSED.labels("key_quota").inc()
+            return 429, ProtocolError(
+                "resource_exhausted",
+                f"this key holds its quota of {owner_quota} live sessions; close one first",
+            )
+        from_address = sum(1 for actor in self.actors.values() if actor.address == address)
+        if address_quota and from_address >= address_quota:
+            metrics.ADMISSIONS_REFUSED.labels("address_quota").inc()
+            return 429, ProtocolError(
+                "resource_exhausted",
+                f"{address_quota} live sessions were opened from this address; close one first",
+            )
+        return None
 
     def live_by_model(self) -> dict[str, int]:
         """Live sessions by model, for ``duplex_sessions_live``: one model a server."""
@@ -241,18 +254,29 @@ class SessionManager:
             return sum(await asyncio.gather(*(shared(sid) for sid in mine)))
         # Job sessions (the batch API) are the job runner's to finish, never
         # realtime sessions waiting for a client.
-        logs = {
-            sid: records
-            for sid, records in (await self.log.read_open_sessions()).items()
-            if not is_job_session(sid)
-        }
+        open_ids = [
+            row.session_id
+            for row in await self.log.sessions(open_only=True)
+            if not is_job_session(row.session_id)
+        ]
 
-        async def one(session_id: str, records: list[Record]) -> bool:
+        async def one(session_id: str) -> bool:
             async with gate:
                 fence = await self.log.acquire_lease(session_id, self.settings.owner)
+                records = await self._read_tail(session_id)
                 return await self._restore(session_id, fence, records, now_ms)
 
-        return sum(await asyncio.gather(*(one(sid, recs) for sid, recs in logs.items())))
+        return sum(await asyncio.gather(*(one(sid) for sid in open_ids)))
+
+    def _actor(self, session_id: str) -> SessionActor:
+        actor = SessionActor(session_id, self.log, self.model, self.settings.actor, self._closed)
+        actor.writer.snapshot_every = self.settings.actor.snapshot_every
+        return actor
+
+    async def _read_tail(self, session_id: str) -> list[Record]:
+        """What a restore refolds: from the latest snapshot on (recovery.py)."""
+        units = getattr(self.model, "resume_units", 0)
+        return await read_tail(self.log, session_id, units if isinstance(units, int) else 0)
 
     async def recover_or_defer(self) -> None:
         """Recover at startup; if the store does not answer, serve degraded and
@@ -274,7 +298,7 @@ class SessionManager:
             fence = await self.log.acquire_lease(session_id, self.settings.owner)
         except LeaseHeld:
             return False  # another replica took it meanwhile
-        records = await self.log.read(session_id)
+        records = await self._read_tail(session_id)
         return await self._restore(session_id, fence, records, now_ms)
 
     async def _restore(
@@ -288,7 +312,7 @@ class SessionManager:
     ) -> bool:
         """A live actor for a session whose lease this replica just took."""
         last_ts_ms = records[-1].ts_ms if records else now_ms
-        actor = SessionActor(session_id, self.log, self.model, self.settings.actor, self._closed)
+        actor = self._actor(session_id)
         downtime_s = max(0.0, (now_ms - last_ts_ms) / 1000.0)
         self.actors[session_id] = actor
         grace_s = self.settings.disconnect_grace_s
@@ -323,7 +347,7 @@ class SessionManager:
         session_id = request.session_id
         self._check_resumable(request, await self._read_for_resume(request), may_use)
         fence = await self._acquire_waiting(request)
-        records = await self.log.read(session_id)
+        records = await self._read_tail(session_id)
         now_ms = int(time.time() * 1000)
         if not await self._restore(session_id, fence, records, now_ms, keep_lease=True):
             raise ProtocolError(
@@ -337,7 +361,7 @@ class SessionManager:
 
     async def _read_for_resume(self, request: SessionResume) -> list[Record]:
         try:
-            return await self.log.read(request.session_id)
+            return await self._read_tail(request.session_id)
         except UnknownSession:
             raise ProtocolError(
                 "invalid_session_resume",
@@ -353,7 +377,7 @@ class SessionManager:
     def _check_resumable(
         self, request: SessionResume, records: list[Record], may_use: OwnerCheck
     ) -> None:
-        state = fold(
+        state = fold_tail(
             records,
             initial_state(request.session_id, self.model.name, self.model.turn_detection_types),
         )

@@ -123,7 +123,9 @@ class Performer:
                 pass  # a superseded socket's frame
             case mb.Resume():
                 message.done.set_exception(ProtocolError("storage_unavailable", reason))
-            case mb.Chunks() | mb.StreamEnd() | mb.Partial() | mb.UnitOutputs() | mb.ModelFailed():
+            case mb.Chunks() | mb.StreamEnd() | mb.UnitOutputs() | mb.ModelFailed():
+                pass
+            case mb.Partial() | mb.OverlapHeard():
                 pass
             case _:
                 assert_never(message)

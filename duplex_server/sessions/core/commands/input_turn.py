@@ -16,6 +16,7 @@ from duplex_server.sessions.core.config import (
     auto_responds,
     tells_transcripts,
     transcribes_only,
+    transcript_deltas_add_up,
 )
 from duplex_server.sessions.core.effects import Effects, KeepTurn
 from duplex_server.sessions.core.items import to_wire
@@ -147,7 +148,7 @@ def audio_commit(
     if recorded and tells_transcripts(state.config):
         told = heard.told if recorded.startswith(heard.told) else ""
         rest = recorded[len(told) :]
-        if rest and state.config.openai_semantics:
+        if rest and transcript_deltas_add_up(state.config):
             batch.emit(InputTranscriptionDelta(item_id=item_id, delta=rest))
         batch.emit(
             InputTranscriptionCompleted(
