@@ -11,7 +11,7 @@ their request into a msgspec Struct, hand it to the :class:`JobRunner` as a
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TypeVar
 
 import msgspec
@@ -51,8 +51,11 @@ def idempotency_key(request: Request) -> str | None:
     return request.headers.get(IDEMPOTENCY_HEADER)
 
 
-async def read_json(request: Request, struct: type[S]) -> S:
-    """The JSON body as ``struct``; 400 naming the field for a wrong one."""
+async def read_json(
+    request: Request, struct: type[S], refused: Mapping[str, str] | None = None
+) -> S:
+    """The JSON body as ``struct``; 400 naming the field for a wrong one
+    (``refused``: see :func:`decode_struct`)."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media not in ("application/json", ""):
         raise JobError(400, "invalid_request_body", f"send JSON, not {media}")
@@ -62,22 +65,38 @@ async def read_json(request: Request, struct: type[S]) -> S:
         raise JobError(
             413, "payload_too_large", f"the JSON body is over {MAX_JSON_BODY_BYTES} bytes"
         ) from None
-    return decode_struct(body, struct)
+    return decode_struct(body, struct, refused)
 
 
-def decode_struct(body: bytes, struct: type[S]) -> S:
+def decode_struct(body: bytes, struct: type[S], refused: Mapping[str, str] | None = None) -> S:
+    """``refused``: parameters OpenAI defines that this route cannot honour,
+    each with why. One of those is ``unsupported_value`` naming it, never
+    ``unknown_parameter``: that code is for a name OpenAI does not define."""
     try:
         return msgspec.json.decode(body, type=struct)
     except msgspec.ValidationError as exc:
-        raise _validation_error(str(exc)) from None
+        raise _validation_error(str(exc), refused or {}) from None
     except msgspec.DecodeError as exc:
         raise JobError(400, "invalid_json", f"the body is not JSON ({exc})") from None
 
 
-def _validation_error(text: str) -> JobError:
+def unsupported(param: str, why: str) -> JobError:
+    """A parameter OpenAI defines, refused here, and why."""
+    return JobError(400, "unsupported_value", f"{param} is not supported here: {why}", param)
+
+
+def form_name(name: str) -> str:
+    """A multipart field's parameter: the openai SDK sends a list as
+    ``include[]`` and an object as ``chunking_strategy[type]``."""
+    return name.split("[", 1)[0]
+
+
+def _validation_error(text: str, refused: Mapping[str, str]) -> JobError:
     """msgspec says ``... - at `$.field` `` or ``Object contains unknown field `x` ``."""
     if text.startswith("Object contains unknown field"):
         field = text.split("`")[1]
+        if field in refused:
+            return unsupported(field, refused[field])
         return JobError(400, "unknown_parameter", f"unrecognized request argument: {field}", field)
     if text.startswith("Object missing required field"):
         field = text.split("`")[1]

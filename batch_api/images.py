@@ -7,7 +7,13 @@ and the uploads are its records, the diffusion engine paints at batch
 priority with per-step progress, the response body is its stored result,
 so an ``Idempotency-Key`` retry gets the same bytes and a job cut off by a
 crash runs again after the restart. The seed, when the client sets none,
-comes from the job's id: a rerun paints the same pictures."""
+comes from the job's id: a rerun paints the same pictures.
+
+Every parameter of OpenAI's images API is a field of :class:`ImageRequest`
+(``quality`` picks the denoising steps, ``stream`` answers OpenAI's
+``*.completed`` events, one per picture) or a row of :data:`REFUSED`,
+answered ``unsupported_value`` with why. ``partial_images`` above 0 is
+refused too: the engine reports steps, not the pictures between them."""
 
 from __future__ import annotations
 
@@ -22,16 +28,20 @@ import numpy as np
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from batch_api.http import (
     answer,
     decode_struct,
     error_response,
+    form_name,
     idempotency_key,
+    job_headers,
     principal_name,
     read_json,
+    streamed,
+    unsupported,
 )
 from duplex_server.config import ServerConfig
 from duplex_server.engine.diffusion import (
@@ -45,7 +55,7 @@ from duplex_server.engine.diffusion import (
 )
 from duplex_server.engine.diffusion.jobs import Pixels
 from duplex_server.http_body import BodyTooLarge, limited_stream
-from duplex_server.jobs.run import JobError, JobInput, JobKind, JobRequest
+from duplex_server.jobs.run import JobError, JobInput, JobKind, JobRequest, JobRun
 from duplex_server.jobs.runner import JobRunner
 
 ROUTE_GENERATIONS = "/v1/images/generations"
@@ -60,7 +70,6 @@ MAX_UPLOAD_PIXELS = 4096 * 4096  # a decoded upload (a small file can claim a hu
 MAX_PROMPT_CHARS = 4_000
 MAX_IMAGES = 4  # n
 MAX_STEPS = 200
-DEFAULT_STEPS = 30
 MAX_GUIDANCE = 50.0
 MAX_FORM_FIELDS = 16
 MAX_FIELD_BYTES = 64 * 1024  # a form field that is not a file (a prompt)
@@ -71,20 +80,44 @@ class Undecodable(ValueError):
 
 
 class ImageRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """Both routes' fields (an edit's pictures travel as uploads)."""
+    """Both routes' fields (an edit's pictures travel as uploads). OpenAI's
+    fields this server cannot honour are in :data:`REFUSED`, not here."""
 
     prompt: str
     model: str | None = None
     n: int = 1
     size: str = "auto"
+    quality: str = "auto"  # -> denoising steps (QUALITY_STEPS)
+    background: str = "auto"  # a diffusion pipeline paints every pixel: auto is opaque
+    moderation: str = "auto"  # no content filter runs here: auto and low are the same
     response_format: str = "b64_json"
     output_format: str = "png"
     output_compression: int | None = None
+    stream: bool = False
+    partial_images: int | None = None
     seed: int | None = None
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
     negative_prompt: str | None = None
     user: str | None = None  # OpenAI's end-user id: kept in the job's record, nothing else
+    safety_identifier: str | None = None  # the same, its newer name
+
+
+# OpenAI's image parameters this server refuses whenever they are sent, and why.
+REFUSED = {
+    "style": "vivid/natural was DALL-E 3's; describe the style in the prompt",
+    "complexity": "the diffusion pipeline has no complexity setting; use quality",
+    "frame_count": "GIF output is not made here (output_format png, jpeg or webp)",
+    "frame_duration_ms": "GIF output is not made here (output_format png, jpeg or webp)",
+    "svg": "SVG output is not made here (output_format png, jpeg or webp)",
+    "input_fidelity": "the edit pipeline has no input fidelity control",
+    "markup": "the edit pipeline takes a mask, not a markup picture",
+}
+UPLOADS = ("image", "mask")  # an edit's files: the job's uploads, not request fields
+# quality -> denoising steps (num_inference_steps, when given, wins over auto)
+QUALITY_STEPS = {"low": 10, "medium": 20, "high": 30, "xhigh": 50, "max": 80, "auto": 30}
+BACKGROUNDS = ("auto", "opaque")
+MODERATIONS = ("auto", "low")
 
 
 def _invalid(param: str, message: str, code: str = "invalid_value") -> JobError:
@@ -133,6 +166,7 @@ def validate(req: ImageRequest, info: PipelineInfo) -> ImageRequest:
             raise _invalid("output_compression", "output_compression must be 0 to 100")
     if req.num_inference_steps is not None and not 1 <= req.num_inference_steps <= MAX_STEPS:
         raise _invalid("num_inference_steps", f"num_inference_steps must be 1 to {MAX_STEPS}")
+    _check_openai_options(req)
     if req.guidance_scale is not None and not 0.0 <= req.guidance_scale <= MAX_GUIDANCE:
         raise _invalid("guidance_scale", f"guidance_scale must be 0 to {MAX_GUIDANCE}")
     if req.negative_prompt is not None:
@@ -146,6 +180,47 @@ def validate(req: ImageRequest, info: PipelineInfo) -> ImageRequest:
         raise _invalid("seed", "seed must be 0 to 2**63 - 1")
     width, height = parse_size(req.size, info)
     return msgspec.structs.replace(req, size=f"{width}x{height}")
+
+
+def _check_openai_options(req: ImageRequest) -> None:
+    """quality, background, moderation, stream and partial_images."""
+    if req.quality in ("standard", "hd"):
+        raise _invalid(
+            "quality",
+            f"quality {req.quality!r} was DALL-E's; one of {', '.join(QUALITY_STEPS)}",
+            "unsupported_value",
+        )
+    if req.quality not in QUALITY_STEPS:
+        raise _invalid("quality", f"quality {req.quality!r}: one of {', '.join(QUALITY_STEPS)}")
+    if req.quality != "auto" and req.num_inference_steps is not None:
+        raise _invalid(
+            "quality", "quality sets the denoising steps: send it or num_inference_steps, not both"
+        )
+    if req.background == "transparent":
+        raise _invalid(
+            "background",
+            "a diffusion pipeline paints every pixel: no transparent background (auto or opaque)",
+            "unsupported_value",
+        )
+    if req.background not in BACKGROUNDS:
+        raise _invalid("background", f"background {req.background!r}: auto or opaque")
+    if req.moderation not in MODERATIONS:
+        raise _invalid("moderation", f"moderation {req.moderation!r}: auto or low")
+    if req.partial_images is not None:
+        if not 0 <= req.partial_images <= 3:
+            raise _invalid("partial_images", "partial_images must be 0 to 3")
+        if req.partial_images > 0:
+            raise _invalid(
+                "partial_images",
+                "the diffusion engine reports its steps, not pictures between them: "
+                "partial_images 0 (each picture in one event when done)",
+                "unsupported_value",
+            )
+
+
+def steps_of(req: ImageRequest) -> int:
+    """The denoising steps the job runs: num_inference_steps, else quality's."""
+    return req.num_inference_steps or QUALITY_STEPS[req.quality]
 
 
 def job_seed(job_id: str) -> int:
@@ -218,8 +293,8 @@ class ImagesApi:
         registers the job kinds, so jobs a crash left can run again."""
         engine = load_diffusion(config.image_model, video=False) if config.image_model else None
         api = cls(engine, runner, config.max_upload_bytes)
-        for route in (ROUTE_GENERATIONS, ROUTE_EDITS):
-            runner.register(JobKind(route, api._produce, lambda _: "application/json"))
+        for route, produce in ((ROUTE_GENERATIONS, api._generated), (ROUTE_EDITS, api._edited)):
+            runner.register(JobKind(route, produce, content_type))
         return api
 
     def shutdown(self) -> None:
@@ -250,7 +325,7 @@ class ImagesApi:
         try:
             principal = principal_name(request)
             info = await self._info()
-            req = validate(await read_json(request, ImageRequest), info)
+            req = validate(await read_json(request, ImageRequest, REFUSED), info)
             run = await self.runner.submit(
                 JobRequest(
                     ROUTE_GENERATIONS,
@@ -261,7 +336,7 @@ class ImagesApi:
             )
         except JobError as exc:
             return error_response(exc)
-        return await answer(run)
+        return await _respond(run, req.stream)
 
     async def edits(self, request: Request) -> Response:
         try:
@@ -272,7 +347,7 @@ class ImagesApi:
                     "image", f"{info.pipeline} cannot edit pictures", "unsupported_value"
                 )
             fields, files = await self._form(request)
-            req = validate(decode_struct(msgspec.json.encode(fields), ImageRequest), info)
+            req = validate(decode_struct(msgspec.json.encode(fields), ImageRequest, REFUSED), info)
             image = files.get("image")
             if image is None:
                 raise JobError(400, "missing_required_parameter", "an edit needs image", "image")
@@ -292,7 +367,7 @@ class ImagesApi:
             )
         except JobError as exc:
             return error_response(exc)
-        return await answer(run)
+        return await _respond(run, req.stream)
 
     async def _form(self, request: Request) -> tuple[dict[str, object], dict[str, bytes]]:
         """The multipart body's fields (numbers as numbers) and files, read
@@ -303,7 +378,7 @@ class ImagesApi:
         parser = MultiPartParser(
             request.headers,
             limited_stream(request, self.max_upload_bytes),
-            max_files=2,
+            max_files=3,  # image, mask, and a markup to refuse by name
             max_fields=MAX_FORM_FIELDS,
             max_part_size=MAX_FIELD_BYTES,
         )
@@ -321,8 +396,14 @@ class ImagesApi:
         fields: dict[str, object] = {}
         files: dict[str, bytes] = {}
         for name, value in form.multi_items():
-            key = name.removesuffix("[]")
+            key = form_name(name)
+            if key in REFUSED:
+                raise unsupported(key, REFUSED[key])
             if isinstance(value, UploadFile):
+                if key not in UPLOADS:
+                    raise JobError(
+                        400, "unknown_parameter", f"unrecognized request argument: {key}", key
+                    )
                 if key in files:
                     raise _invalid(key, f"one {key} file per edit", "unsupported_value")
                 files[key] = await value.read()
@@ -333,7 +414,15 @@ class ImagesApi:
         await form.close()
         return fields, files
 
-    async def _produce(self, given: JobInput) -> AsyncIterator[bytes]:
+    def _generated(self, given: JobInput) -> AsyncIterator[bytes]:
+        return self._produce(given, "image_generation")
+
+    def _edited(self, given: JobInput) -> AsyncIterator[bytes]:
+        return self._produce(given, "image_edit")
+
+    async def _produce(self, given: JobInput, events: str) -> AsyncIterator[bytes]:
+        """The response body, or with ``stream`` its SSE events (``events``:
+        their type's prefix, OpenAI's ``image_generation`` or ``image_edit``)."""
         req = msgspec.json.decode(given.params, type=ImageRequest)
         info = await self._info()  # again: the server may have restarted with another model
         width, height = parse_size(req.size, info)
@@ -346,7 +435,7 @@ class ImagesApi:
             prompt=req.prompt,
             width=width,
             height=height,
-            steps=req.num_inference_steps or DEFAULT_STEPS,
+            steps=steps_of(req),
             seed=req.seed if req.seed is not None else job_seed(given.job_id),
             n=req.n,
             negative_prompt=req.negative_prompt,
@@ -362,32 +451,78 @@ class ImagesApi:
             elif isinstance(chunk, Images):
                 pictures = chunk.images
         given.metadata.update(seed=job.seed, steps=job.steps)
-        yield await given.offload(response_body, pictures, req)
+        if not req.stream:
+            yield await given.offload(response_body, pictures, req)
+            return
+        for picture in pictures:
+            yield await given.offload(completed_event, picture, req, events)
+
+
+def content_type(params: bytes) -> str:
+    req = msgspec.json.decode(params, type=ImageRequest)
+    return "text/event-stream" if req.stream else "application/json"
+
+
+async def _respond(run: JobRun, stream: bool) -> Response:
+    """The whole body, or (``stream``) its events as each picture is done."""
+    if not stream:
+        return await answer(run)
+    await run.started()
+    if run.outcome is not None and (run.outcome.error is not None or run.outcome.replayed):
+        return await answer(run)
+    return StreamingResponse(
+        streamed(run, sse=True), media_type="text/event-stream", headers=job_headers(run)
+    )
+
+
+def _b64(picture: Pixels, req: ImageRequest) -> str:
+    import base64
+
+    return base64.b64encode(
+        encode_image(picture, req.output_format, req.output_compression)
+    ).decode()
 
 
 def response_body(pictures: list[Pixels], req: ImageRequest) -> bytes:
     """OpenAI's images response: each picture encoded, base64 in ``b64_json``."""
-    import base64
-
-    data = [
-        {
-            "b64_json": base64.b64encode(
-                encode_image(p, req.output_format, req.output_compression)
-            ).decode()
-        }
-        for p in pictures
-    ]
     return msgspec.json.encode(
         {
             "created": int(time.time()),
-            "data": data,
+            "data": [{"b64_json": _b64(p, req)} for p in pictures],
+            "background": "opaque",
             "output_format": req.output_format,
+            "quality": req.quality,
             "size": req.size,
         }
     )
 
 
-_NUMBERS = {"n": int, "seed": int, "num_inference_steps": int, "output_compression": int}
+def completed_event(picture: Pixels, req: ImageRequest, events: str) -> bytes:
+    """OpenAI's ``image_generation.completed`` (``image_edit.completed``)
+    SSE event for one picture. Its usage counts the prompt's words (no
+    tokenizer runs here) and no image tokens."""
+    words = len(req.prompt.split())
+    event: dict[str, object] = {
+        "type": f"{events}.completed",
+        "b64_json": _b64(picture, req),
+        "background": "opaque",
+        "created_at": int(time.time()),
+        "output_format": req.output_format,
+        "quality": req.quality,
+        "size": req.size,
+        "usage": {
+            "input_tokens": words,
+            "input_tokens_details": {"image_tokens": 0, "text_tokens": words},
+            "output_tokens": 0,
+            "total_tokens": words,
+        },
+    }
+    if req.safety_identifier or req.user:
+        event["safety_identifier"] = req.safety_identifier or req.user
+    return b"data: " + msgspec.json.encode(event) + b"\n\n"
+
+
+_NUMBERS = {"n", "seed", "num_inference_steps", "output_compression", "partial_images"}
 
 
 def _form_value(name: str, value: str) -> object:
@@ -398,6 +533,8 @@ def _form_value(name: str, value: str) -> object:
             return int(value)
         except ValueError:
             return value
+    if name == "stream":
+        return {"true": True, "false": False}.get(value.lower(), value)
     if name == "guidance_scale":
         try:
             return float(value)

@@ -13,6 +13,10 @@ and the cues of ``srt`` / ``vtt``. ``stream=true`` answers Server-Sent
 Events as OpenAI does: a ``transcript.text.delta`` per stretch as it is
 heard (the deltas add up to the text), then ``transcript.text.done``; the
 job's body is those events, so a retry under its key replays them.
+``chunking_strategy`` ``auto`` or an untuned ``server_vad`` is that cutting
+at pauses; ``languages`` naming one is ``language``; OpenAI's parameters no
+recogniser here can honour (:data:`REFUSED`: ``include``, ``keywords``,
+``known_speaker_*``) are refused ``unsupported_value`` with why.
 """
 
 from __future__ import annotations
@@ -49,8 +53,16 @@ CONTENT_TYPES = {
 LANGUAGE_NAMES = {"en": "english", "de": "german", "fr": "french", "es": "spanish",
                   "it": "italian", "nl": "dutch", "pt": "portuguese", "ru": "russian",
                   "zh": "chinese", "ja": "japanese", "ko": "korean"}  # fmt: skip
-SINGLE_FIELDS = ("model", "language", "prompt", "response_format", "temperature", "stream")
-LIST_FIELDS = ("timestamp_granularities[]", "timestamp_granularities", "include[]", "include")
+# OpenAI's transcription parameters this server refuses whenever they are sent, and why.
+REFUSED = {
+    "include": "the recogniser answers text, not token log probabilities",
+    "keywords": "the recogniser takes no keyword list (a prompt, where it takes one)",
+    "known_speaker_names": "the recogniser does not tell speakers apart",
+    "known_speaker_references": "the recogniser does not tell speakers apart",
+}
+UPLOADS = ("file",)  # the job's upload, not a request field
+# chunking_strategy's server_vad tuning: the pause detector's own are fixed
+VAD_TUNING = ("threshold", "prefix_padding_ms", "silence_duration_ms")
 
 
 class TranscriptionRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -62,6 +74,9 @@ class TranscriptionRequest(msgspec.Struct, forbid_unknown_fields=True):
     prompt: str | None = None
     response_format: str = "json"
     timestamp_granularities: list[str] = msgspec.field(default_factory=list)
+    languages: list[str] = msgspec.field(default_factory=list)
+    temperature: float = 0.0
+    chunking_strategy: str = "auto"  # auto or server_vad: the recording cut at its pauses
     stream: bool = False
 
 
@@ -101,31 +116,62 @@ async def read_form(request: Request, limit: int) -> tuple[TranscriptionRequest,
 
 def _fields(form: FormData, filename: str) -> TranscriptionRequest:
     fields: dict[str, object] = {"filename": filename}
+    vad: dict[str, str] = {}
     for name, value in form.multi_items():
         if name == "file":
             continue
+        param = http.form_name(name)
+        if param in REFUSED:
+            raise http.unsupported(param, REFUSED[param])
         if not isinstance(value, str):
             raise _invalid(name, f"{name} must be a text field", "invalid_type")
-        if name in ("timestamp_granularities[]", "timestamp_granularities"):
-            granularities = fields.setdefault("timestamp_granularities", [])
-            assert isinstance(granularities, list)
-            granularities.append(value)
-        elif name in ("temperature",):
-            _temperature(value)
-        elif name in ("stream",):
-            fields["stream"] = _flag(name, value)
-        elif name in ("include[]", "include"):
-            raise _invalid("include", f"include {value!r} is not served", "unsupported_value")
-        elif name in ("chunking_strategy",):
-            if value != "auto":
-                raise _invalid(
-                    name, "only chunking_strategy auto (cut at pauses)", "unsupported_value"
-                )
+        if param in ("timestamp_granularities", "languages"):
+            listed = fields.setdefault(param, [])
+            assert isinstance(listed, list)
+            listed.append(value)
+        elif param == "chunking_strategy" and name != param:
+            vad[name[len(param) :].strip("[]")] = value  # chunking_strategy[type]=server_vad
+        elif name == "chunking_strategy" and value.lstrip().startswith("{"):
+            vad.update(_json_object(name, value))  # the object as JSON text, as curl sends it
+        elif name == "temperature":
+            fields[name] = _temperature(value)
+        elif name == "stream":
+            fields[name] = _flag(name, value)
         elif name in fields:
             raise _invalid(name, f"{name} given twice")
         else:
             fields[name] = value
-    return http.decode_struct(json.dumps(fields).encode(), TranscriptionRequest)
+    if vad:
+        fields["chunking_strategy"] = _vad(vad)
+    return http.decode_struct(json.dumps(fields).encode(), TranscriptionRequest, REFUSED)
+
+
+def _json_object(name: str, value: str) -> dict[str, str]:
+    try:
+        given = json.loads(value)
+    except ValueError:
+        raise _invalid(name, f"{name} is not JSON", "invalid_type") from None
+    if not isinstance(given, dict):
+        raise _invalid(name, f"{name} is auto or an object", "invalid_type")
+    return {str(key): str(item) for key, item in given.items()}
+
+
+def _vad(given: dict[str, str]) -> str:
+    """A ``server_vad`` chunking strategy, as the SDK sends one (its keys
+    as ``chunking_strategy[key]``): served when it tunes nothing, since the
+    recording is cut at its pauses by a detector whose settings are fixed."""
+    if given.get("type") != "server_vad":
+        raise _invalid("chunking_strategy", "chunking_strategy is auto or a server_vad object")
+    tuned = sorted(key for key in given if key != "type")
+    unknown = [key for key in tuned if key not in VAD_TUNING]
+    if unknown:
+        raise _invalid("chunking_strategy", f"server_vad has no {', '.join(unknown)}")
+    if tuned:
+        raise http.unsupported(
+            "chunking_strategy",
+            f"the pause detector's settings are fixed; send server_vad without {', '.join(tuned)}",
+        )
+    return "server_vad"
 
 
 def _flag(name: str, value: str) -> bool:
@@ -137,7 +183,7 @@ def _flag(name: str, value: str) -> bool:
     raise _invalid(name, f"{name} is true or false, not {value!r}", "invalid_type")
 
 
-def _temperature(value: str) -> None:
+def _temperature(value: str) -> float:
     try:
         temperature = float(value)
     except ValueError:
@@ -148,10 +194,20 @@ def _temperature(value: str) -> None:
             "the recogniser decodes greedily: temperature 0 only",
             "unsupported_value",
         )
+    return temperature
 
 
 def validate(req: TranscriptionRequest, audio: BatchAudio) -> BatchTranscriber:
     asr = _transcriber(audio, req.model)
+    if req.response_format == "diarized_json":
+        raise _invalid(
+            "response_format",
+            "the recogniser does not tell speakers apart: no diarized_json",
+            "unsupported_value",
+        )
+    if req.chunking_strategy not in ("auto", "server_vad"):
+        raise _invalid("chunking_strategy", "chunking_strategy is auto or a server_vad object")
+    _check_languages(req, asr)
     if req.response_format not in RESPONSE_FORMATS:
         raise _invalid(
             "response_format",
@@ -177,18 +233,39 @@ def validate(req: TranscriptionRequest, audio: BatchAudio) -> BatchTranscriber:
             f"{' or '.join(STREAM_FORMATS)}, not {req.response_format!r}",
             "unsupported_value",
         )
-    if req.language is not None:
-        if asr.languages is not None and req.language not in asr.languages:
+    language = language_of(req)
+    if language is not None:
+        param = "language" if req.language is not None else "languages"
+        if asr.languages is not None and language not in asr.languages:
             raise _invalid(
-                "language",
-                f"{asr.name} hears {', '.join(sorted(asr.languages))}, not {req.language!r}",
+                param,
+                f"{asr.name} hears {', '.join(sorted(asr.languages))}, not {language!r}",
                 "unsupported_value",
             )
-        if len(req.language) not in (2, 3) or not req.language.isalpha():
-            raise _invalid("language", "language is an ISO-639-1 code such as 'en'")
+        if len(language) not in (2, 3) or not language.isalpha():
+            raise _invalid(param, "language is an ISO-639-1 code such as 'en'")
     if req.prompt and not asr.takes_prompt:
         raise _invalid("prompt", f"{asr.name} takes no prompt", "unsupported_value")
     return asr
+
+
+def _check_languages(req: TranscriptionRequest, asr: BatchTranscriber) -> None:
+    """``languages`` (the ones the audio may be in): honoured as ``language``
+    when it names one; the recogniser detects no language among several."""
+    if not req.languages:
+        return
+    if len(req.languages) > 1:
+        raise _invalid(
+            "languages",
+            f"{asr.name} hears one language per request: send one (or language)",
+            "unsupported_value",
+        )
+    if req.language is not None and req.language != req.languages[0]:
+        raise _invalid("languages", "languages and language name different languages")
+
+
+def language_of(req: TranscriptionRequest) -> str | None:
+    return req.language or (req.languages[0] if req.languages else None)
 
 
 def _transcriber(audio: BatchAudio, model: str) -> BatchTranscriber:
@@ -237,7 +314,7 @@ def kind(audio: BatchAudio) -> JobKind:
                 yield event
             return
         words = "word" in req.timestamp_granularities
-        segments = await asr.segments(pcm, RATE_HZ, req.language, req.prompt, words)
+        segments = await asr.segments(pcm, RATE_HZ, language_of(req), req.prompt, words)
         given.metadata["segments"] = len(segments)
         yield render(req, asr, segments, duration)
 
@@ -252,7 +329,7 @@ async def stream_events(
     ``transcript.text.done`` with the whole text. No ``usage``: OpenAI's is
     tokens billed, and this recogniser bills nothing and counts no tokens."""
     texts: list[str] = []
-    async for segment in asr.heard(pcm, RATE_HZ, req.language, req.prompt):
+    async for segment in asr.heard(pcm, RATE_HZ, language_of(req), req.prompt):
         delta = segment.text if not texts else " " + segment.text
         texts.append(segment.text)
         yield _sse({"type": "transcript.text.delta", "delta": delta})
@@ -278,7 +355,7 @@ def render(
     usage = {"type": "duration", "seconds": round(duration, 3)}
     if fmt == "json":
         return json.dumps({"text": text, "usage": usage}).encode()
-    language = req.language or (
+    language = language_of(req) or (
         next(iter(asr.languages)) if asr.languages and len(asr.languages) == 1 else None
     )
     verbose: dict[str, object] = {

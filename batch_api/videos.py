@@ -31,6 +31,7 @@ from batch_api.http import (
     error_response,
     idempotency_key,
     principal_name,
+    unsupported,
 )
 from batch_api.images import MAX_PROMPT_CHARS, MAX_STEPS, job_seed
 from batch_api.video_media import VARIANTS, encode_mp4, previews
@@ -106,6 +107,10 @@ class VideoRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     guidance_scale: float | None = None
     fps: int | None = None
     num_frames: int | None = None
+
+
+# OpenAI's video parameters this server refuses whenever they are sent, and why.
+REFUSED = {"input_reference": "this text-to-video pipeline takes no reference image"}
 
 
 class VideoError(msgspec.Struct):
@@ -277,7 +282,7 @@ class VideosApi:
                 body = await read_limited(request, MAX_JSON_BODY_BYTES)
             except BodyTooLarge:
                 raise JobError(413, "payload_too_large", "the JSON body is too large") from None
-            return decode_struct(body, VideoRequest)
+            return decode_struct(body, VideoRequest, REFUSED)
         parser = MultiPartParser(
             request.headers,
             limited_stream(request, self.max_upload_bytes),
@@ -296,11 +301,11 @@ class VideosApi:
         fields: dict[str, object] = {}
         try:
             for name, value in form.multi_items():
-                if name == "input_reference" or isinstance(value, UploadFile):
-                    raise _invalid(
-                        name,
-                        "this text-to-video pipeline takes no reference image",
-                        "unsupported_value",
+                if name in REFUSED:
+                    raise unsupported(name, REFUSED[name])
+                if isinstance(value, UploadFile):
+                    raise JobError(
+                        400, "unknown_parameter", f"unrecognized request argument: {name}", name
                     )
                 number = name in ("seed", "num_inference_steps", "fps", "num_frames")
                 fields[name] = int(value) if number and value.lstrip("-").isdigit() else value
@@ -308,7 +313,7 @@ class VideosApi:
                     fields[name] = _float_or_text(value)
         finally:
             await form.close()
-        return decode_struct(msgspec.json.encode(fields), VideoRequest)
+        return decode_struct(msgspec.json.encode(fields), VideoRequest, REFUSED)
 
     # --- running ---------------------------------------------------------------
 

@@ -102,7 +102,10 @@ async def models(request: Request) -> Response:
     """The served model under each name it answers to: the served names, then
     OpenAI's realtime names it takes as aliases (``root`` names the model
     behind each, as vLLM's list does; an alias's ``parent`` is the served
-    name it stands for, a served name's is null, so a picker lists those)."""
+    name it stands for, a served name's is null, so a picker lists those).
+    A served name's ``aliases`` are the alias entries that stand for it.
+    Each entry is an ``openai.types.Model`` (``id``, ``object``, ``created``,
+    ``owned_by``) with those extras."""
     model = request.app.state.model
     names = request.app.state.model_names
     served = set(names.served)
@@ -117,6 +120,7 @@ async def models(request: Request) -> Response:
                     "owned_by": "duplex-server",
                     "root": model.name,
                     "parent": None if name in served else names.default,
+                    "aliases": list(names.aliases) if name == names.default else [],
                     "capabilities": model.capabilities,
                 }
                 for name in names.listed()

@@ -45,6 +45,16 @@ NOT_EVENTS = {
     # not WebSocket events
     "transcript.text.delta",
     "transcript.text.done",
+    # the batch image routes' Server-Sent Events (stream=true) and the openai SDK
+    # calls PROTOCOL.md's batch section names, not WebSocket events
+    "image_generation.completed",
+    "image_edit.completed",
+    "images.generate",
+    "images.edit",
+    "audio.speech.create",
+    "audio.transcriptions.create",
+    "videos.create",
+    "openai.types",
 }
 _TOKEN = re.compile(r"`([^`]*)`")
 _NAME = re.compile(r"^(\.?[a-z_]+(?:\.[a-z_]+)*(?:/\.?[a-z_]+)*)")

@@ -55,8 +55,14 @@ class ModelNames:
 
     def listed(self) -> list[str]:
         """Every name ``/v1/models`` lists, served names first."""
-        aliases = OPENAI_REALTIME_LISTED if self.openai_aliases else ()
-        return [*self.served, *(name for name in aliases if name not in self.served)]
+        return [*self.served, *self.aliases]
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """The names listed for the model besides its served ones (OpenAI's
+        realtime names; a dated one of their families answers too)."""
+        listed = OPENAI_REALTIME_LISTED if self.openai_aliases else ()
+        return tuple(name for name in listed if name not in self.served)
 
 
 def _is_openai_realtime(name: str) -> bool:
