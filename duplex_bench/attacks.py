@@ -369,6 +369,66 @@ async def _idle_connections(
     return report
 
 
+UPGRADE = (
+    b"GET /v1/realtime?autostart=0 HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+    b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    b"Sec-WebSocket-Version: 13\r\n\r\n"
+)
+HEAD_LIMIT = 16_384
+
+
+async def connection_flood(target: Target, stop: asyncio.Event) -> AttackReport:
+    """WebSocket upgrades opened as fast as one address can (no session: the
+    flood is of connections): past the address's connection rate each must
+    be answered ``429`` with ``Retry-After``, never closed without a byte
+    (clients then say "did not receive a valid HTTP response" and cannot
+    tell when to come back). Upgrades inside the rate get ``101``."""
+    report = AttackReport("connection_flood")
+    started = time.monotonic()
+    while not stop.is_set():
+        report.attempts += 1
+        try:
+            reader, writer = await target.open_tcp()
+        except OSError as exc:
+            report.refused(f"connect {exc.errno}")
+            continue
+        try:
+            writer.write(UPGRADE)
+            head = await asyncio.wait_for(_response_head(reader), ANSWER_TIMEOUT_S)
+        except (OSError, asyncio.IncompleteReadError):
+            head = b""
+        finally:
+            writer.close()
+        _judge_answer(report, head)
+    elapsed = time.monotonic() - started
+    report.facts["attempts_per_s"] = round(report.attempts / elapsed, 1) if elapsed else 0.0
+    return report
+
+
+async def _response_head(reader: asyncio.StreamReader) -> bytes:
+    """The status line and headers of the server's answer (empty: closed first)."""
+    try:
+        return await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as cut:
+        return cut.partial
+    except asyncio.LimitOverrunError:
+        return await reader.read(HEAD_LIMIT)
+
+
+def _judge_answer(report: AttackReport, head: bytes) -> None:
+    lines = head.decode("latin-1").split("\r\n")
+    status = lines[0].split(" ")[1] if lines[0].startswith("HTTP/1.1 ") else ""
+    headers = {line.split(":", 1)[0].strip().lower() for line in lines[1:] if ":" in line}
+    if status == "101":
+        report.facts["upgraded"] = report.facts.get("upgraded", 0) + 1
+    elif status == "429" and "retry-after" in headers:
+        report.refused("http 429")
+    elif not head:
+        report.broke("an upgrade was closed without an answer")
+    else:
+        report.broke(f"an upgrade was answered {lines[0]!r} without Retry-After")
+
+
 async def deep_nesting(target: Target, stop: asyncio.Event) -> AttackReport:
     """A 5.9 KB frame nested 975 deep (it once raised an uncaught
     RecursionError and dropped the socket): ``invalid_json``, socket kept."""
@@ -459,6 +519,7 @@ ATTACKS: dict[str, Attack] = {
     "deep_nesting": deep_nesting,
     "oversized_frames": oversized_frames,
     "resume_guessing": resume_guessing,
+    "connection_flood": connection_flood,
 }
 
 

@@ -181,6 +181,15 @@ async def test_half_sent_requests_are_closed_at_the_header_deadline(abused):
     assert report.facts["open_at_stop"] == 0
 
 
+async def test_connections_past_the_rate_are_answered_429_with_retry_after(abused):
+    report = await under_attack(abused, attacks.connection_flood)
+    # Far past 20 a second from one address (2 s of burst): most are refused,
+    # each with an answer a client can act on; none closed without one.
+    assert report.refusals["http 429"] > CAPS["max_connection_rate_per_ip"] * 2
+    assert set(report.refusals) == {"http 429"}
+    assert report.facts["upgraded"] > 0  # the rate's own share still gets through
+
+
 async def test_deeply_nested_frames_get_invalid_json_and_keep_the_socket(abused):
     report = await under_attack(abused, attacks.deep_nesting)
     assert report.refusals == {"invalid_json": report.attempts}
