@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ from duplex_server.settings import (
     WEBRTC,
     declare,
 )
+from duplex_server.tracing import open_tracing
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 
 # Longer and a streamed answer stops reading as streamed (a second is a sentence).
@@ -711,6 +713,22 @@ class ServerConfig:
         help="'text' for a terminal; 'json': one object a line (ts, level, logger, message, "
         "session_id, response_id) for a log pipeline",
     )
+    otlp_traces_endpoint: str | None = declare(
+        None,
+        group=LOGGING,
+        metavar="URL",
+        help="export a trace per session (turns, VAD, ASR, LLM, TTS, tool calls) over OTLP/HTTP "
+        "to this URL, e.g. http://collector:4318/v1/traces; the SDK's OTEL_* variables apply "
+        "(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT too, when this is unset); needs the otel extra "
+        "(docs/operations/tracing.md)",
+    )
+    otlp_store_append_threshold_ms: float = declare(
+        5.0,
+        group=LOGGING,
+        minimum=0,
+        unit="milliseconds",
+        help="traces: a store append that took at least this long is a span of its own",
+    )
 
 
 def _same_named(config: ServerConfig, runtime: type) -> dict[str, Any]:
@@ -719,13 +737,22 @@ def _same_named(config: ServerConfig, runtime: type) -> dict[str, Any]:
     return {name: value for name, value in vars(config).items() if name in names}
 
 
-def manager_settings(config: ServerConfig, model_names: ModelNames) -> ManagerSettings:
-    """The session runtime's settings: its fields of the same name, plus the
-    two that the server spells differently (its owner is this replica; the
-    lease's lifetime is given in milliseconds)."""
+def manager_settings(
+    config: ServerConfig, model_names: ModelNames, environ: Mapping[str, str] = os.environ
+) -> ManagerSettings:
+    """The session runtime's settings: its fields of the same name, plus
+    those the server spells differently (its owner is this replica; the
+    lease's lifetime is given in milliseconds) and the trace exporter, if
+    one is asked for (ValueError, refusing the start, without its package)."""
     actor = ActorSettings(
         owner=config.replica_id, model_names=model_names, **_same_named(config, ActorSettings)
     )
+    tracing = open_tracing(
+        config.otlp_traces_endpoint, environ, config.otlp_store_append_threshold_ms
+    )
     return ManagerSettings(
-        actor=actor, lease_ttl_s=config.lease_ttl_ms / 1000, **_same_named(config, ManagerSettings)
+        actor=actor,
+        lease_ttl_s=config.lease_ttl_ms / 1000,
+        tracing=tracing,
+        **_same_named(config, ManagerSettings),
     )

@@ -65,6 +65,7 @@ from duplex_server.sessions.runtime.retention import AudioRetention
 from duplex_server.sessions.runtime.socket_changes import SocketChanges
 from duplex_server.sessions.runtime.socket_slot import SocketSlot
 from duplex_server.sessions.runtime.turn_feed import RECENT_TURNS
+from duplex_server.tracing import SessionTracer
 from protocol.client_events import ClientEvent, InputAudioAppend, InputAudioCommit, SessionResume
 from protocol.errors import ProtocolError
 from protocol.session_config import SessionUpdate
@@ -80,6 +81,7 @@ class SessionActor:
         model: ModelPort,
         settings: ActorSettings,
         on_closed: Callable[[str, str], None],
+        tracer: SessionTracer | None = None,
     ) -> None:
         self.session_id = session_id
         self._log = log_backend
@@ -103,6 +105,7 @@ class SessionActor:
             self.journal,
             AudioRetention(log_backend, session_id, settings.retain_audio),
             self.timing,
+            tracer,
         )
         self.socket = SocketSlot(session_id, self.journal, self.writer, model.capabilities)
         self._mailbox: asyncio.Queue[mb.Message] = asyncio.Queue()
@@ -337,10 +340,11 @@ class SessionActor:
             try:
                 await self._feed.close()
             finally:
+                exit_reason = self.lifecycle.exit_reason(self.state.closed_reason, failed)
+                if self.writer.tracer is not None:
+                    self.writer.tracer.closed(exit_reason)
                 self.closed.set()
-                self._on_closed(
-                    self.session_id, self.lifecycle.exit_reason(self.state.closed_reason, failed)
-                )
+                self._on_closed(self.session_id, exit_reason)
 
     async def _dispatch(self, message: mb.Message) -> None:
         # Every message heals a state a storage failure left wrong, not only

@@ -37,6 +37,7 @@ from duplex_server.sessions.runtime.recovery import (
     tail_from,
 )
 from duplex_server.sessions.runtime.retention import AudioRetention
+from duplex_server.tracing import SessionTracer
 from protocol.capabilities import Capabilities
 from protocol.errors import ProtocolError
 
@@ -85,6 +86,7 @@ class LogWriter:
         journal: Journal,
         retention: AudioRetention,
         timing: AnswerTiming,
+        tracer: SessionTracer | None = None,
     ) -> None:
         self._store = store
         self._session_id = session_id
@@ -94,6 +96,9 @@ class LogWriter:
         self._journal = journal
         self._retention = retention
         self._timing = timing
+        # The session's trace (duplex_server/tracing.py); None when tracing is
+        # off, so the hook below costs one test per append.
+        self.tracer = tracer
         self.state: SessionState = initial()
         # The store refused an append: the state may not match the log, and
         # nothing is served until a refold from the log succeeds.
@@ -135,6 +140,8 @@ class LogWriter:
         landed = time.perf_counter()
         metrics.STORE_APPEND_LATENCY.observe(landed - started)
         self._timing.landed(self.state, batch.records, self.input_at, landed)
+        if self.tracer is not None:
+            self.tracer.landed(self.state, batch.records, landed - started)
         self._retention.note(batch)
         evicted = self._journal.add(batch.outbound)
         if evicted is not None:

@@ -32,6 +32,7 @@ from duplex_server.sessions.runtime.attachment import Attachment
 from duplex_server.sessions.runtime.lease import SessionMoved
 from duplex_server.sessions.runtime.mailbox import OwnerCheck, anyone, not_yours
 from duplex_server.sessions.runtime.recovery import fold_tail, read_tail
+from duplex_server.tracing import Tracing
 from protocol.client_events import SessionResume
 from protocol.errors import ProtocolError
 from protocol.session_config import SessionUpdate
@@ -70,6 +71,9 @@ class ManagerSettings:
     ended_sessions_kept: int = 10_000
     # Shared stores: how long a lease lives unrenewed (renewed every third of it).
     lease_ttl_s: float = 5.0
+    # Session traces to an OTLP collector (duplex_server/tracing.py); None: off,
+    # and actors get no tracer at all.
+    tracing: Tracing | None = None
 
     @property
     def owner(self) -> str:
@@ -269,7 +273,11 @@ class SessionManager:
         return sum(await asyncio.gather(*(one(sid) for sid in open_ids)))
 
     def _actor(self, session_id: str) -> SessionActor:
-        actor = SessionActor(session_id, self.log, self.model, self.settings.actor, self._closed)
+        tracing = self.settings.tracing
+        tracer = None if tracing is None else tracing.session(session_id, self.model.name)
+        actor = SessionActor(
+            session_id, self.log, self.model, self.settings.actor, self._closed, tracer
+        )
         actor.writer.snapshot_every = self.settings.actor.snapshot_every
         return actor
 
@@ -576,3 +584,6 @@ class SessionManager:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(actor.closed.wait(), timeout=3.0)
         await asyncio.gather(*self._deletions)
+        if self.settings.tracing is not None:
+            # What the exporter still queues goes out now (it blocks on the collector).
+            await asyncio.to_thread(self.settings.tracing.shutdown)
