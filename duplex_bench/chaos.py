@@ -30,6 +30,7 @@ from duplex_bench.chaos_audit import Findings, audit
 from duplex_bench.chaos_client import ChaosClient
 from duplex_bench.chaos_faults import Deployment, ReplicaDeployment, SqliteDeployment
 from duplex_bench.generator import GeneratorCpu, validity
+from duplex_bench.progress import bar
 from duplex_bench.sessions import quantiles
 
 DEPLOYMENTS: dict[str, Callable[[Path, random.Random], Deployment]] = {
@@ -90,17 +91,26 @@ async def _drive(deployment: Deployment, args: argparse.Namespace, rng: random.R
     tasks = [asyncio.create_task(client.run(stop)) for client in clients]
     cpu = GeneratorCpu()
     cpu.start()
-    await asyncio.sleep(args.warmup_s)
     faults = []
-    for kind in fault_plan((*deployment.kinds, "socket_drop"), args.faults, rng):
-        await asyncio.sleep(rng.uniform(args.min_gap_s, args.max_gap_s))
-        hold_s = rng.uniform(args.min_hold_s, args.max_hold_s)
-        began = time.monotonic() - zero
-        await _inject(deployment, clients, kind, hold_s, rng)
-        faults.append(
-            {"kind": kind, "t_s": round(began, 2), "healed_s": round(time.monotonic() - zero, 2)}
-        )
-    await asyncio.sleep(args.settle_s)
+    with bar(args, f"chaos {deployment.name}", args.faults, "fault") as shown:
+        shown.set_postfix_str("warming up")
+        await asyncio.sleep(args.warmup_s)
+        for kind in fault_plan((*deployment.kinds, "socket_drop"), args.faults, rng):
+            await asyncio.sleep(rng.uniform(args.min_gap_s, args.max_gap_s))
+            hold_s = rng.uniform(args.min_hold_s, args.max_hold_s)
+            began = time.monotonic() - zero
+            shown.set_postfix_str(kind)
+            await _inject(deployment, clients, kind, hold_s, rng)
+            faults.append(
+                {
+                    "kind": kind,
+                    "t_s": round(began, 2),
+                    "healed_s": round(time.monotonic() - zero, 2),
+                }
+            )
+            shown.update()
+        shown.set_postfix_str("settling")
+        await asyncio.sleep(args.settle_s)
     stop.set()
     _, stuck = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
     for task in stuck:

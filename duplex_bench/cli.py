@@ -17,6 +17,11 @@ def _kind(
     parser = kinds.add_parser(
         name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (it is drawn only where stderr is a terminal)",
+    )
     parser.set_defaults(run=lambda args: _run(module, args))
     return parser
 

@@ -33,6 +33,7 @@ import psutil
 import websockets
 
 from duplex_bench.generator import GeneratorCpu, validity
+from duplex_bench.progress import bar
 from duplex_bench.server_process import ServerProcess
 from duplex_bench.sessions import BenchClient, Measures, append_frame, quantiles
 from duplex_server.surface import REDIS_SCHEMES, connect_redis
@@ -150,37 +151,43 @@ async def _sample_forever(
     began = time.monotonic()
     generator = GeneratorCpu()
     generator.start()
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), args.sample_s)
-        served += tally.served
-        failed += tally.failed
-        latencies = tally.commit_to_first_audio
-        tally.served = tally.failed = 0
-        tally.commit_to_first_audio = []
-        heartbeats, streams.heartbeat_rtt = streams.heartbeat_rtt, []
-        streams.commit_to_audio.clear()  # the churners' figure is the headline
-        sample = {
-            "t_s": round(time.monotonic() - began, 1),
-            "sessions_served": served,
-            "sessions_failed": failed,
-            "rss_mib": round(server.memory_info().rss / 2**20, 2),
-            "open_fds": server.num_fds(),
-            "store_bytes": await store.bytes(),
-            "commit_to_first_audio_ms": quantiles(latencies),
-            "stream_heartbeat_rtt_ms": quantiles(heartbeats),
-            **generator.report(),
-        }
-        samples.append(sample)
-        if args.samples_file:
-            with open(args.samples_file, "a") as out:
-                out.write(json.dumps(sample) + "\n")
-        generator.start()
-        done = (args.sessions and served >= args.sessions) or (
-            args.seconds and time.monotonic() - began >= args.seconds
-        )
-        if done:
-            stop.set()
+    shown = bar(args, "soak", args.sessions or None, "session")
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), args.sample_s)
+            shown.update(tally.served)
+            served += tally.served
+            failed += tally.failed
+            latencies = tally.commit_to_first_audio
+            tally.served = tally.failed = 0
+            tally.commit_to_first_audio = []
+            heartbeats, streams.heartbeat_rtt = streams.heartbeat_rtt, []
+            streams.commit_to_audio.clear()  # the churners' figure is the headline
+            sample = {
+                "t_s": round(time.monotonic() - began, 1),
+                "sessions_served": served,
+                "sessions_failed": failed,
+                "rss_mib": round(server.memory_info().rss / 2**20, 2),
+                "open_fds": server.num_fds(),
+                "store_bytes": await store.bytes(),
+                "commit_to_first_audio_ms": quantiles(latencies),
+                "stream_heartbeat_rtt_ms": quantiles(heartbeats),
+                **generator.report(),
+            }
+            samples.append(sample)
+            shown.set_postfix(rss_mib=sample["rss_mib"], failed=failed, refresh=False)
+            if args.samples_file:
+                with open(args.samples_file, "a") as out:
+                    out.write(json.dumps(sample) + "\n")
+            generator.start()
+            done = (args.sessions and served >= args.sessions) or (
+                args.seconds and time.monotonic() - began >= args.seconds
+            )
+            if done:
+                stop.set()
+    finally:
+        shown.close()
     return samples
 
 
@@ -206,9 +213,11 @@ async def live_phase(server: ServerProcess, args: argparse.Namespace) -> dict | 
         ]
         tasks = [asyncio.create_task(c.run(i * 0.02)) for i, c in enumerate(clients)]
         peak = rss_before
-        while loop.time() < deadline:
-            await asyncio.sleep(1.0)
-            peak = max(peak, process.memory_info().rss)
+        with bar(args, "live sessions", args.live_s, "s") as shown:
+            while loop.time() < deadline:
+                await asyncio.sleep(1.0)
+                peak = max(peak, process.memory_info().rss)
+                shown.update(min(loop.time(), deadline) - (deadline - args.live_s) - shown.n)
         store_after = await store.bytes()
         await asyncio.gather(*tasks)
     finally:

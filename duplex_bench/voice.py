@@ -98,8 +98,8 @@ def _stage_sums(text: str) -> dict[str, tuple[float, float]]:
     sums = {}
     for stage in STAGES:
         labels = {"stage": stage}
-        total = sample_value(text, "duplex_stage_realtime_factor_sum", labels) or 0.0
-        count = sample_value(text, "duplex_stage_realtime_factor_count", labels) or 0.0
+        total = sample_value(text, "duplex_stage_realtime_ratio_sum", labels) or 0.0
+        count = sample_value(text, "duplex_stage_realtime_ratio_count", labels) or 0.0
         sums[stage] = (total, count)
     return sums
 

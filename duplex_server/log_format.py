@@ -6,8 +6,11 @@ A JSON line has ``ts`` (UTC, ISO 8601, milliseconds), ``level``, ``logger``,
 logged while serving a session (the session actor binds them, see
 ``sessions.runtime.log_context``), ``null`` elsewhere, so that a pipeline
 can filter one session's or one answer's lines. A traceback goes into
-``exception``. Every line of the process takes this shape, uvicorn's
-included.
+``exception``. The fields a call passed in ``extra=`` follow, each under its
+own name (``log.info("job ended", extra={"job_id": ..., "seconds": ...})``),
+a value JSON cannot hold as its ``str``; a name the line has already (``ts``,
+``level``, ...) keeps the line's value. Every line of the process takes this
+shape, uvicorn's included.
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(levelname)s:     %(name)s: %(message)s"
 # Loggers that uvicorn gives handlers of their own; everything else reaches the root's.
 _LOGGERS = (None, "uvicorn", "uvicorn.error", "uvicorn.access")
+# What every record has: anything else on one came from ``extra=``.
+_RECORD_FIELDS = frozenset(
+    [*vars(logging.LogRecord("", 0, "", 0, "", (), None)), "message", "asctime", "taskName"]
+)
+# ``extra=`` fields that are not the caller's facts: uvicorn's coloured copy of the message.
+_NOT_EXTRA = frozenset(["color_message", "session_id", "response_id"])
 
 
 class SessionFields(logging.Filter):
@@ -48,7 +57,10 @@ class JsonLines(logging.Formatter):
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
             line["exception"] = record.exc_text
-        return json.dumps(line, ensure_ascii=False)
+        for name, value in vars(record).items():
+            if name not in _RECORD_FIELDS and name not in _NOT_EXTRA and name not in line:
+                line[name] = value
+        return json.dumps(line, ensure_ascii=False, default=str)
 
 
 def configure(level: str) -> None:

@@ -7,8 +7,9 @@ metrics object around. This module is a leaf: it imports nothing of the
 server, so every layer may import it.
 
 A scrape is served from a registry built per app (:func:`app_registry`):
-the shared series, the process, GC and platform collectors, and the
-app's own gauges, read when scraped (live sessions by model). Two apps in
+the shared series, the process, GC and platform collectors, the app's own
+gauges, read when scraped (live sessions by model), and whatever libraries
+registered in ``prometheus_client``'s global registry (vLLM's ``vllm:*``). Two apps in
 one process (the tests) share the counters and keep their own gauges.
 docs/decisions/metrics.md lists the series and how each is measured; the Grafana
 dashboard in deploy/grafana-dashboard.json plots them.
@@ -26,6 +27,7 @@ from prometheus_client import (
     GC_COLLECTOR,
     PLATFORM_COLLECTOR,
     PROCESS_COLLECTOR,
+    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -65,7 +67,7 @@ LATENCY_BUCKETS_S = (
     10.0,
 )
 # Processing time over audio time: under 1 keeps up with a live voice.
-REALTIME_FACTOR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
+REALTIME_RATIO_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # A ``_created`` twin of every counter and histogram doubles the exposition
@@ -189,11 +191,11 @@ STAGE_LATENCY = Histogram(
     buckets=LATENCY_BUCKETS_S,
     registry=None,
 )
-STAGE_REALTIME_FACTOR = Histogram(
-    "duplex_stage_realtime_factor",
+STAGE_REALTIME_RATIO = Histogram(
+    "duplex_stage_realtime_ratio",
     "a stage call's time over the audio it heard or made",
     ["stage"],
-    buckets=REALTIME_FACTOR_BUCKETS,
+    buckets=REALTIME_RATIO_BUCKETS,
     registry=None,
 )
 ENGINE_QUEUE_DEPTH = Gauge(
@@ -241,8 +243,35 @@ LLM_REMOTE_REQUESTS = Counter(
     registry=None,
 )
 
+# --- batch jobs --------------------------------------------------------------
+
+# A batch job runs for a fraction of a second (a short speech) to minutes (a video).
+JOB_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+BATCH_JOBS = Counter(
+    "duplex_batch_jobs",
+    "batch jobs ended, by route and outcome (completed, the error code it failed with, "
+    "replayed: answered from the log without running)",
+    ["route", "outcome"],
+    registry=None,
+)
+BATCH_JOB_SECONDS = Histogram(
+    "duplex_batch_job_seconds",
+    "one batch job's run in this process, from its start to its result recorded, by route",
+    ["route"],
+    buckets=JOB_BUCKETS_S,
+    registry=None,
+)
+BATCH_QUEUE_DEPTH = Gauge(
+    "duplex_batch_queue_depth",
+    "batch jobs admitted in this process and not finished (running, or waiting for the engine)",
+    registry=None,
+)
+
 SHARED = (
     BUILD,
+    BATCH_JOBS,
+    BATCH_JOB_SECONDS,
+    BATCH_QUEUE_DEPTH,
     RTC_FRAME_LATENESS,
     RTC_UNDERRUNS,
     RTC_CALLS,
@@ -259,7 +288,7 @@ SHARED = (
     BARGE_IN_TO_SILENCE,
     AUDIO_UNDERRUNS,
     STAGE_LATENCY,
-    STAGE_REALTIME_FACTOR,
+    STAGE_REALTIME_RATIO,
     ENGINE_QUEUE_DEPTH,
     MODEL_TICK,
     MODEL_TICK_OVERRUNS,
@@ -285,11 +314,34 @@ class LiveSessions(Collector):
         yield family
 
 
+STANDARD = (PROCESS_COLLECTOR, GC_COLLECTOR, PLATFORM_COLLECTOR)
+
+
+class GlobalRegistry(Collector):
+    """What libraries in this process register in ``prometheus_client``'s
+    global registry, read when scraped: vLLM's stat loggers (the ``vllm:*``
+    series of an in-process ``AsyncLLM``) register there, and there only. The
+    standard collectors, which are there too, are left out: the app registry
+    has them itself."""
+
+    def describe(self) -> Iterator[Metric]:
+        # Nothing to describe: what it holds changes as libraries load (vLLM
+        # registers its series when its engine starts, after the app was built).
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        own = {family.name for collector in STANDARD for family in collector.collect()}
+        for family in REGISTRY.collect():
+            if family.name not in own:
+                yield family
+
+
 def app_registry(live_by_model: Callable[[], dict[str, int]]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
-    for collector in (PROCESS_COLLECTOR, GC_COLLECTOR, PLATFORM_COLLECTOR, *SHARED):
+    for collector in (*STANDARD, *SHARED):
         registry.register(collector)
     registry.register(LiveSessions(live_by_model))
+    registry.register(GlobalRegistry())
     return registry
 
 
@@ -301,7 +353,7 @@ def observe_stage(stage: str, seconds: float, audio_s: float) -> None:
     """One stage call: its latency, and its real-time factor when it had audio."""
     STAGE_LATENCY.labels(stage).observe(seconds)
     if audio_s > 0:
-        STAGE_REALTIME_FACTOR.labels(stage).observe(seconds / audio_s)
+        STAGE_REALTIME_RATIO.labels(stage).observe(seconds / audio_s)
 
 
 # --- reading an exposition (benches) -------------------------------------------

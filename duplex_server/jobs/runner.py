@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from duplex_server import metrics
 from duplex_server.jobs.blobs import BlobMissing, BlobStore
 from duplex_server.jobs.index import JobIndex, Page
 from duplex_server.jobs.journal import JobWriter, StoredJob, keyed_job_id, new_job_id
@@ -128,8 +129,7 @@ class JobRunner:
                 return running
         self._admit(request.principal)
         run = JobRun(job_id, digest, request.principal)
-        self.runs[job_id] = run  # claimed here before the first await
-        self._per_key[request.principal] += 1
+        self._claim(run)  # before the first await
         try:
             opened = await self._open(job_id, request, digest)
         except BaseException:
@@ -208,6 +208,7 @@ class JobRunner:
             )
         run = JobRun(stored.job_id, stored.job.request_digest, stored.owner or "")
         run.finish(await self._replay(stored))
+        metrics.BATCH_JOBS.labels(stored.job.route, "replayed").inc()
         return run
 
     async def _replay(self, stored: StoredJob) -> Outcome:
@@ -225,9 +226,15 @@ class JobRunner:
             content_type = stored.result.output.content_type
         return outcome_of(stored, body, content_type, replayed=True)
 
+    def _claim(self, run: JobRun) -> None:
+        self.runs[run.job_id] = run
+        self._per_key[run.principal] += 1
+        metrics.BATCH_QUEUE_DEPTH.inc()
+
     def _forget(self, run: JobRun) -> None:
         if self.runs.get(run.job_id) is run:
             del self.runs[run.job_id]
+            metrics.BATCH_QUEUE_DEPTH.dec()
             self._per_key[run.principal] -= 1
             if self._per_key[run.principal] <= 0:
                 del self._per_key[run.principal]
@@ -254,13 +261,19 @@ class JobRunner:
         given = JobInput(run.job_id, job.params, uploads, progress, self.offload)
         self.executions += 1
         refs: list[r.BlobRef] = []
+        started = time.monotonic()
+        outcome = "cancelled"  # deleted, or the server shut down: it runs again at the next start
         try:
             result = await self._produce(run, kind, given, content_type)
             refs = [*([result.output] if result.output else []), *result.assets.values()]
             await writer.append(result, r.CloseBody("job_finished"))
+            outcome = (
+                result.status if result.status == "completed" else result.error_code or "failed"
+            )
         except LogError as exc:
             # Left open in the log: the next start runs it again.
             log.error("job %s: result not recorded: %s", run.job_id, exc)
+            outcome = "storage_unavailable"
             error = JobError(
                 503, "storage_unavailable", f"the job's result was not recorded: {exc}"
             )
@@ -270,6 +283,8 @@ class JobRunner:
             for ref in refs:
                 self._unlogged[ref.digest] -= 1
             self._forget(run)
+            metrics.BATCH_JOBS.labels(job.route, outcome).inc()
+            metrics.BATCH_JOB_SECONDS.labels(job.route).observe(time.monotonic() - started)
         stored = StoredJob(run.job_id, run.principal, job, result, 100, True, writer.last_seq, 0)
         run.finish(outcome_of(stored, b"".join(run.chunks), content_type, replayed=False))
 
@@ -336,8 +351,7 @@ class JobRunner:
                 await writer.append(_failure(error, None), r.CloseBody("job_finished"))
                 continue
             run = JobRun(stored.job_id, stored.job.request_digest, stored.owner or "")
-            self.runs[run.job_id] = run
-            self._per_key[run.principal] += 1
+            self._claim(run)
             self._start(run, writer, stored.job, uploads)
             resumed += 1
         if resumed:

@@ -123,7 +123,16 @@ async def _text(server) -> str:
 async def test_the_grafana_dashboard_plots_only_series_the_server_exports(server):
     dashboard = json.loads((REPO / "deploy" / "grafana-dashboard.json").read_text())
     exprs = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
-    queried = {name for expr in exprs for name in re.findall(r"\b(?:duplex|process)_\w+", expr)}
+    names = [re.findall(r"\b(?:duplex|process)_\w+", expr) for expr in exprs]
+    assert all(names), [expr for expr, found in zip(exprs, names, strict=True) if not found]
+    queried = {name for found in names for name in found}
+    assert {
+        "duplex_llm_ttft_seconds_bucket",
+        "duplex_llm_tpot_seconds_bucket",
+        "duplex_llm_inter_token_seconds_bucket",
+        "duplex_model_tick_seconds_bucket",
+        "duplex_batch_jobs_total",
+    } <= queried
     families = await scrape(server.http_url)
     exported = {sample for family in families.values() for sample, _ in family} | set(families)
     suffixes = ("_bucket", "_count", "_sum", "_total")

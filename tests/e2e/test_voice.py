@@ -109,11 +109,11 @@ async def test_the_voice_path_is_measured(voice_server):
     await spoken_turn(voice_server, PHRASES[1])
     after = await scrape(voice_server.http_url)
     for stage in ("vad", "asr", "tts"):
-        for family in ("duplex_stage_seconds", "duplex_stage_realtime_factor"):
+        for family in ("duplex_stage_seconds", "duplex_stage_realtime_ratio"):
             assert grew(before, after, family, f"{family}_count", stage=stage) >= 1, (family, stage)
     stopped = "duplex_speech_stopped_to_first_audio_seconds"
     assert grew(before, after, stopped, f"{stopped}_count") == 1
-    rtf = "duplex_stage_realtime_factor"
+    rtf = "duplex_stage_realtime_ratio"
     assert grew(before, after, rtf, f"{rtf}_sum", stage="asr") > 0
 
 

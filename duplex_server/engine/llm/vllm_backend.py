@@ -80,7 +80,9 @@ def engine_arguments(options: LLMOptions) -> dict[str, Any]:
         "enforce_eager": options.enforce_eager,
         "tensor_parallel_size": options.tensor_parallel_size,
         "pipeline_parallel_size": options.pipeline_parallel_size,
-        "disable_log_stats": True,
+        # Its stat loggers on: the Prometheus one records the ``vllm:*`` series
+        # (TTFT, TPOT, queue, KV cache) that /metrics serves beside ours.
+        "disable_log_stats": False,
         "seed": 0,
         **passed_engine_args(options.engine_args),
     }

@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 
+from duplex_server import progress
 from duplex_server.audio import resample_pcm16
 from duplex_server.engine import EngineCore, EngineRequest
 from duplex_server.engine.audio.remote_speech import RemoteSpeechOptions
@@ -318,9 +319,10 @@ def build_cascade(
     ``--llm-url`` on another server) instead of the parrot; ``asr_remote`` /
     ``tts_remote``: the recogniser / voice on another server (``--asr-url``,
     ``--tts-url``) instead of ``asr`` / ``tts``."""
-    stages = CascadeStages(
-        build_recogniser(asr, phrases, asr_remote), build_synthesiser(tts, tts_remote, VOICES)
-    )
+    with progress.loads("loading the cascade", 3) as loading:
+        recogniser = loading.load("recogniser", build_recogniser, asr, phrases, asr_remote)
+        voice = loading.load("voice", build_synthesiser, tts, tts_remote, VOICES)
+        stages = loading.load("voice activity", CascadeStages, recogniser, voice)
     responder: Responder = Parrot()
     if llm is not None:
         from duplex_server.models.cascade.llm_responder import LLMResponder
@@ -329,6 +331,10 @@ def build_cascade(
             engine = build_remote_llm_engine(llm)
         else:
             engine = build_llm_engine(llm, max_concurrency)
+            state = engine.state
+            progress.watch(
+                f"loading the LLM {llm.path}", lambda: state.loaded or state.load_error is not None
+            )
         responder = LLMResponder(engine)
     backend = CascadeBackend(stages, responder)
     return CascadeModel(stages, EngineCore(backend, max_concurrency=max_concurrency), responder)
