@@ -46,6 +46,7 @@ from duplex_server.engine.diffusion import (
     load_diffusion,
 )
 from duplex_server.http_body import BodyTooLarge, limited_stream, read_limited
+from duplex_server.http_errors import refusal
 from duplex_server.jobs.blobs import stream_file
 from duplex_server.jobs.journal import StoredJob
 from duplex_server.jobs.run import JobError, JobInput, JobKind, JobRequest
@@ -509,7 +510,9 @@ def _ranged(path: Path, media_type: str, range_header: str | None) -> Response:
     try:
         span = byte_range(range_header, size)
     except RangeNotSatisfiable:
-        return Response(status_code=416, headers={"Content-Range": f"bytes */{size}"})
+        refused = refusal(416, "range_not_satisfiable", f"the range names no byte of {size}")
+        refused.headers["Content-Range"] = f"bytes */{size}"
+        return refused
     first, last = span if span is not None else (0, size - 1)
     headers = {"Accept-Ranges": "bytes", "Content-Length": str(last + 1 - first)}
     status = 200

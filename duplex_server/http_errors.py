@@ -8,7 +8,9 @@ back. Before, five routes each built the envelope themselves, and none sent
 from __future__ import annotations
 
 import msgspec
-from starlette.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from protocol.errors import (
     AUTHENTICATION,
@@ -53,6 +55,22 @@ def refusal(
 def protocol_refusal(status: int, err: ProtocolError) -> JSONResponse:
     """A :class:`ProtocolError` as an HTTP answer (its class and param kept)."""
     return _response(status, error_body(err), RETRY_AFTER_S)
+
+
+# Starlette's own refusals (a path no route serves, a method its route lacks,
+# a form its parser cannot read) get the shape every other refusal has.
+STARLETTE_CODES = {400: "invalid_request_body", 404: "not_found", 405: "method_not_allowed"}
+
+
+async def starlette_refusal(request: Request, exc: Exception) -> Response:
+    """The app's handler of Starlette's ``HTTPException``: its status and
+    headers (``Allow`` on a 405) kept, its plain text made OpenAI's shape."""
+    assert isinstance(exc, HTTPException)  # registered for HTTPException only
+    answer = refusal(
+        exc.status_code, STARLETTE_CODES.get(exc.status_code, "invalid_request"), exc.detail
+    )
+    answer.headers.update(exc.headers or {})
+    return answer
 
 
 def _response(status: int, body: ErrorBody, retry_after_s: int) -> JSONResponse:

@@ -90,6 +90,7 @@ async def test_a_200_mb_blob_streams_whole_and_by_range_in_flat_memory(store):
     assert tail.status_code == 206 and len(tail.content) == 10
     assert tail.headers["content-range"] == f"bytes {SIZE - 10}-{SIZE - 1}/{SIZE}"
     assert beyond.status_code == 416 and beyond.headers["content-range"] == f"bytes */{SIZE}"
+    assert beyond.json()["error"]["code"] == "range_not_satisfiable"  # OpenAI's shape
 
 
 def test_a_blob_is_checked_once_while_its_file_is_unchanged(store):

@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.types import Message
 
@@ -81,8 +82,11 @@ async def _form(request: Request, body: bytes) -> tuple[str, str | None]:
         return {"type": "http.request", "body": body, "more_body": False}
 
     whole = Request(request.scope, replay)
-    async with whole.form(max_files=2, max_fields=8) as form:
-        fields = {name: await _field(value) for name, value in form.multi_items()}
+    try:
+        async with whole.form(max_files=2, max_fields=8) as form:
+            fields = {name: await _field(value) for name, value in form.multi_items()}
+    except HTTPException as unreadable:  # Starlette's parser: no boundary, too many parts
+        raise ProtocolError("invalid_offer", f"unreadable form: {unreadable.detail}") from None
     unknown = set(fields) - {"sdp", "session"}
     if unknown:
         raise ProtocolError(
