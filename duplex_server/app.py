@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -16,13 +17,14 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from batch_api import BatchApi
-from duplex_server import http_routes, metrics
+from duplex_server import http_errors, http_routes, metrics, openapi
 from duplex_server.auth import EphemeralKeys, KeyRing
 from duplex_server.client_secrets import client_secrets
 from duplex_server.config import ServerConfig, manager_settings
 from duplex_server.engine.audio.remote_speech import RemoteSpeechOptions
 from duplex_server.engine.llm import LLMOptions, RemoteOptions
 from duplex_server.engine.llm.remote import parse_request_args
+from duplex_server.jobs.blobs import BlobStore
 from duplex_server.models import build_model, close_model
 from duplex_server.realtime import realtime_endpoint
 from duplex_server.sessions.core.model_names import ModelNames
@@ -54,6 +56,7 @@ def open_store(config: ServerConfig) -> SessionLog:
             lease_ttl_ms=config.lease_ttl_ms,
             retry_window_ms=config.store_retry_ms,
             prefix=config.redis_prefix,
+            media=BlobStore(config.media_dir) if config.media_dir else None,
         )
     if spec.startswith("sqlite:"):
         path = spec.removeprefix("sqlite:")
@@ -196,12 +199,14 @@ def create_app(config: ServerConfig) -> Starlette:
         await log.close()
 
     app = Starlette(
+        exception_handlers={HTTPException: http_errors.starlette_refusal},
         routes=[
             Route("/", http_routes.voice_page),
             Mount("/static", StaticFiles(directory=http_routes.WEB_DIR), name="static"),
             Route("/health", http_routes.health),
             Route("/ready", http_routes.ready),
             Route("/version", http_routes.version),
+            Route("/openapi.json", openapi.openapi_json),
             Route("/v1/models", http_routes.models),
             Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
             Route(CALLS_PATH, create_call, methods=["POST"]),

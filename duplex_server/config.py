@@ -127,6 +127,13 @@ class ServerConfig:
         help="write a snapshot of a session's state after this many records, so a crash "
         "recovery or resume refolds from it, not from the first record (0: never)",
     )
+    media_dir: str | None = declare(
+        None,
+        group=STORE,
+        help="redis: move each session's audio and event payloads out of Redis into "
+        "segment files here, a few seconds at a time (Redis keeps references; every "
+        "replica must see the folder: one host, or a shared mount)",
+    )
     retention_s: float = declare(
         ManagerSettings.retention_s,
         group=STORE,

@@ -3,8 +3,9 @@
 A stored record is split in two: the record itself (msgpack, without its
 bulk bytes) and the bulk that retention may drop later without touching the
 record: an outbound event's wire payload (trimmed once acknowledged) and,
-where the backend asks for it, input audio samples (compacted once their turn
-is acknowledged). Dropping bulk never changes what the fold sees.
+where the backend asks for it, audio samples: the input (compacted once its
+turn is acknowledged) and the units a native duplex model heard. Dropping
+bulk never changes what the fold sees.
 
 A beta event that directly follows its GA twin carries the same content in
 another spelling; it is stored without payload and rebuilt byte-exactly on
@@ -23,6 +24,7 @@ from duplex_server.sessions.core.records import (
     ItemBody,
     OutBody,
     Record,
+    UnitBody,
     server_event_id,
 )
 from protocol.server_events import BETA_TWIN
@@ -48,7 +50,7 @@ class StoredRecord(NamedTuple):
 
 def _split_audio(record: Record) -> tuple[Record, bytes | None]:
     body = record.body
-    if isinstance(body, AudioBody) and body.pcm:
+    if isinstance(body, (AudioBody, UnitBody)) and body.pcm:
         return msgspec.structs.replace(record, body=msgspec.structs.replace(body, pcm=b"")), (
             body.pcm
         )
@@ -109,7 +111,7 @@ def _twin_payload(ga_payload: bytes, body: OutBody, session_id: str) -> bytes:
 
 def _join_audio(record: Record, audio: bytes) -> None:
     body = record.body
-    if isinstance(body, AudioBody):
+    if isinstance(body, (AudioBody, UnitBody)):
         record.body = msgspec.structs.replace(body, pcm=audio)
     elif isinstance(body, ItemBody):
         record.body = msgspec.structs.replace(body, audio=_audio_list.decode(audio))

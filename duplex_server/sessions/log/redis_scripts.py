@@ -118,7 +118,8 @@ return 0
 """)
 
 # Drop bulk fields <prefix><n> for n in (mark, upto], where meta[mark_field]
-# remembers how far an earlier call went (retention walks forward only).
+# remembers how far an earlier call went (retention walks forward only), and
+# the sealed references <PREFIX><n> that stand for such values (sessions/log/media.py).
 # KEYS: meta, bulk. ARGV: mark field, field prefix, upto. Returns fields dropped.
 DROP_BULK = LuaScript("""
 local meta, bulk = KEYS[1], KEYS[2]
@@ -127,9 +128,11 @@ local upto = tonumber(ARGV[3])
 if upto <= done then return 0 end
 local dropped = 0
 local fields = {}
+local sealed = string.upper(ARGV[2])
 for n = done + 1, upto do
   fields[#fields + 1] = ARGV[2] .. n
-  if #fields == 1000 then
+  fields[#fields + 1] = sealed .. n
+  if #fields >= 1000 then
     dropped = dropped + redis.call('HDEL', bulk, unpack(fields))
     fields = {}
   end
@@ -139,4 +142,19 @@ redis.call('HSET', meta, ARGV[1], upto)
 return dropped
 """)
 
-ALL = (APPEND, ACQUIRE, RENEW, RELEASE, DROP_BULK)
+# A segment is durable: each bulk value <prefix><n> still present is swapped
+# for its reference <PREFIX><n>. A value dropped meanwhile (trimmed, compacted)
+# stays dropped. KEYS: bulk. ARGV: field, reference, field, reference, ...
+SWAP_BULK = LuaScript("""
+local bulk = KEYS[1]
+local swapped = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('HDEL', bulk, ARGV[i]) == 1 then
+    redis.call('HSET', bulk, string.upper(ARGV[i]), ARGV[i + 1])
+    swapped = swapped + 1
+  end
+end
+return swapped
+""")
+
+ALL = (APPEND, ACQUIRE, RENEW, RELEASE, DROP_BULK, SWAP_BULK)

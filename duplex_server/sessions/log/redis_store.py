@@ -5,7 +5,10 @@ Layout, per session, every key tagged ``{session_id}`` (one Cluster slot):
 - ``<p>:{sid}:log``   stream; entry ``<seq>-0`` holds the record (``r``,
   msgpack without bulk bytes) and the fence that wrote it (``f``);
 - ``<p>:{sid}:bulk``  hash of the bytes retention may drop: ``o<n>`` the
-  payload of server event n, ``a<seq>`` the samples of an audio record;
+  payload of server event n, ``a<seq>`` the samples of an audio record,
+  ``u<seq>`` those of a native model's unit; with ``--media-dir``, once a
+  segment holds them, ``O<n>`` / ``A<seq>`` / ``U<seq>`` hold a reference
+  to their place in it instead (``sessions/log/media.py``);
 - ``<p>:{sid}:meta``  hash: fence, owner, last_seq, last_ts_ms, closed,
   trimmed_upto, compacted_upto;
 - ``<p>:{sid}:eids``  sorted set of recent client event ids (idempotency);
@@ -44,9 +47,17 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from duplex_server.sessions.core.records import OutBody, Record
 from duplex_server.sessions.log import redis_scripts
+from duplex_server.sessions.log.media import MediaSealer, SegmentBlobs, SegmentReader
 from duplex_server.sessions.log.record_codec import decode_records, encode_records, record_decoder
 from duplex_server.sessions.log.redis_pipe import RedisPipe
-from duplex_server.sessions.log.redis_scripts import ACQUIRE, APPEND, DROP_BULK, RELEASE, RENEW
+from duplex_server.sessions.log.redis_scripts import (
+    ACQUIRE,
+    APPEND,
+    DROP_BULK,
+    RELEASE,
+    RENEW,
+    SWAP_BULK,
+)
 from duplex_server.sessions.log.store import (
     EVENT_ID_WINDOW,
     DuplicateEvent,
@@ -128,7 +139,10 @@ def _refusal(session_id: str, exc: ResponseError) -> Exception:
     return StorageUnavailable(f"redis refused the write: {exc}")
 
 
-def _append_args(records: list[Record], fence: int, window: int) -> list[Any]:
+def _append_args(
+    records: list[Record], fence: int, window: int, bulk: dict[str, bytes]
+) -> list[Any]:
+    """The APPEND script's arguments; ``bulk`` gets each bulk field's value."""
     args: list[Any] = [
         fence,
         records[0].seq,
@@ -140,14 +154,24 @@ def _append_args(records: list[Record], fence: int, window: int) -> list[Any]:
         max((r.seq for r in records if r.kind == "snapshot"), default=0),
     ]
     for row in encode_records(records, split_audio=True):
+        payload_field = f"o{row.server_event_seq}" if row.payload is not None else ""
+        # a native model's units apart from input audio: retention compacts
+        # a turn's input (a<seq>), never the units a resume prefills from
+        audio_field = (
+            f"{'u' if row.kind == 'unit' else 'a'}{row.seq}" if row.audio is not None else ""
+        )
         args += [
             row.event_id or "",
             row.blob,
-            f"o{row.server_event_seq}" if row.payload is not None else "",
+            payload_field,
             row.payload or b"",
-            f"a{row.seq}" if row.audio is not None else "",
+            audio_field,
             row.audio or b"",
         ]
+        if row.payload:
+            bulk[payload_field] = row.payload
+        if row.audio:
+            bulk[audio_field] = row.audio
     return args
 
 
@@ -173,8 +197,13 @@ class RedisLog:
         retry_window_ms: int = 1000,
         prefix: str = "dx",
         event_id_window: int = EVENT_ID_WINDOW,
+        media: SegmentBlobs | None = None,
     ) -> None:
         self.url = url
+        # --media-dir: a session's bulk moves out to segments a few seconds
+        # at a time, and the bulk hash keeps references (sessions/log/media.py)
+        self._sealer = MediaSealer(media, self) if media is not None else None
+        self._segments = SegmentReader(media) if media is not None else None
         self.lease_ttl_ms = lease_ttl_ms
         self.retry_window_s = retry_window_ms / 1000
         self.prefix = prefix
@@ -246,6 +275,8 @@ class RedisLog:
                 await pipe.execute()
 
         await self._call(delete)
+        if self._sealer is not None:
+            self._sealer.forget(session_id)
 
     async def sessions(self, *, open_only: bool = False) -> list[SessionRow]:
         async def fetch() -> list[SessionRow]:
@@ -326,14 +357,28 @@ class RedisLog:
         if seqs != list(range(seqs[0], seqs[0] + len(seqs))):
             raise SequenceConflict(f"{session_id}: batch seqs {seqs[:3]}... are not consecutive")
         future = asyncio.get_running_loop().create_future()
-        args = _append_args(records, fence, self._window)
+        bulk: dict[str, bytes] = {}
+        args = _append_args(records, fence, self._window, bulk)
         self._pending.append(_Append(session_id, self._keys(session_id), args, future))
         if len(self._flushers) < FLUSHERS:
             task = asyncio.get_running_loop().create_task(self._flush())
             self._flushers.add(task)
             task.add_done_callback(self._flushers.discard)
         await future
+        if self._sealer is not None:
+            self._sealer.appended(session_id, bulk)
         return seqs
+
+    async def seal_media(self) -> None:
+        """Seal every session's waiting bulk now, however little (shutdown, tests)."""
+        if self._sealer is not None:
+            await self._sealer.drain()
+
+    async def swap_bulk(self, session_id: str, refs: dict[str, bytes]) -> int:
+        """A segment holds these bulk values now: keep only their references."""
+        keys = self._keys(session_id)
+        pairs = [item for name, ref in refs.items() for item in (name, ref)]
+        return int(await self._call(lambda: _eval(self._redis, SWAP_BULK, [keys.bulk], pairs)))
 
     async def _flush(self) -> None:
         while self._pending:
@@ -396,7 +441,15 @@ class RedisLog:
                 entries, bulk, exists = await pipe.execute()
             if not exists:
                 raise UnknownSession(session_id)
-            return [r for r in _decode(session_id, entries, bulk) if r.seq > after_seq]
+            if self._segments is None:
+                return [r for r in _decode(session_id, entries, bulk) if r.seq > after_seq]
+            if self._sealer is not None:  # a crash came before these were sealed
+                self._sealer.adopt(session_id, _unsealed(bulk))
+            # the segments are files: read (and checked) off the event loop
+            records = await asyncio.to_thread(
+                _decode, session_id, entries, _ResolvingBulk(session_id, bulk, self._segments)
+            )
+            return [r for r in records if r.seq > after_seq]
 
         return await self._call(fetch)
 
@@ -421,6 +474,7 @@ class RedisLog:
         return await self._drop(session_id, "compacted_upto", "a", upto_seq)
 
     async def close(self) -> None:
+        await self.seal_media()
         if self._flushers:
             await asyncio.gather(*self._flushers, return_exceptions=True)
         for pipe in self._pipes or ():
@@ -448,11 +502,40 @@ def _row(session_id: str, meta: dict[bytes, bytes]) -> SessionRow:
     )
 
 
-def _decode(session_id: str, entries: list, bulk: dict[bytes, bytes]) -> list[Record]:
+def _unsealed(bulk: dict[bytes, bytes]) -> dict[str, bytes]:
+    """The bulk values still held whole (``a<seq>``, ``u<seq>``, ``o<n>``)."""
+    return {name.decode(): value for name, value in bulk.items() if name[:1] in b"aou"}
+
+
+class _ResolvingBulk:
+    """A read's bulk hash, where a sealed reference (``A<seq>``, ``O<n>``)
+    stands in for a value: ``get`` of the value's own name gives the bytes
+    its segment holds, read only for the records the read returns. Blocking."""
+
+    def __init__(self, session_id: str, bulk: dict[bytes, bytes], segments: SegmentReader) -> None:
+        self._session_id = session_id
+        self._bulk = bulk
+        self._segments = segments
+
+    def get(self, name: bytes) -> bytes | None:
+        value = self._bulk.get(name)
+        if value is not None:
+            return value
+        sealed = name.upper()
+        ref = self._bulk.get(sealed)
+        if ref is None:
+            return None
+        return self._segments.resolve(self._session_id, sealed.decode(), ref)
+
+
+def _decode(
+    session_id: str, entries: list, bulk: dict[bytes, bytes] | _ResolvingBulk
+) -> list[Record]:
     rows = []
     for _entry_id, fields in entries:
         record = record_decoder.decode(fields[b"r"])
         body = record.body
         payload = bulk.get(b"o%d" % body.server_event_seq) if isinstance(body, OutBody) else None
-        rows.append((record, payload, None, bulk.get(b"a%d" % record.seq)))
+        audio = bulk.get((b"u%d" if record.kind == "unit" else b"a%d") % record.seq)
+        rows.append((record, payload, None, audio))
     return decode_records(session_id, rows)

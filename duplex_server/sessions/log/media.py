@@ -1,0 +1,232 @@
+"""Audio out of the hot log: a session's bulk bytes sealed into segments.
+
+A record's bulk (its input audio, a native model's unit samples, an
+outbound event's wire payload) is written to the store with the record, as
+it always was: an append is acknowledged once the store holds both, and
+nothing on that path changes. Then, a few seconds of a session's bulk at a
+time, the :class:`MediaSealer` writes it out as one segment to a blob store
+(content-addressed, flushed to disk or acknowledged by the object store),
+and only then asks the store to swap each bulk value for a reference to its
+place in the segment (digest, size, offset, length: tens of bytes instead
+of kilobytes). Reads put the bytes back (:class:`SegmentReader`), so the
+fold, resume, replay and audit see the records they always saw.
+
+The order is what makes a crash harmless. Killed before the segment is
+durable: the bulk is still in the store, the half-written segment is
+swept as a temporary file. Killed between the segment and the swap: the
+segment is an orphan, the bulk is still in the store, and the session is
+sealed again after its next read. Killed after the swap: the references
+name a durable segment. At no point does a reference name bytes that are
+not stored, and acknowledged audio is never only in memory.
+
+A segment that is missing or does not match its digest is reported, never
+replaced: :class:`MediaUnavailable` is the store's ``StorageUnavailable``
+(the session answers ``storage_unavailable``) and names the segment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+
+from duplex_server.sessions.core.records import BlobRef
+from duplex_server.sessions.log.store import StorageUnavailable
+
+SEGMENT_TYPE = "application/x-duplex-media-segment"
+SEAL_BYTES = 256 << 10  # a session's bulk is sealed once this much waits...
+SEAL_AFTER_S = 5.0  # ...or once the oldest of it has waited this long
+CACHED_BYTES = 32 << 20  # segments kept read, for the reads that follow
+
+
+class SegmentBlobs(Protocol):
+    """Where segments go: the filesystem :class:`~duplex_server.jobs.blobs.BlobStore`
+    (fsync before it returns) or an object store (an acknowledged PUT)."""
+
+    def put_sync(self, data: bytes, content_type: str) -> BlobRef: ...
+
+    def read_sync(self, ref: BlobRef) -> bytes: ...
+
+
+class MediaUnavailable(StorageUnavailable):
+    """A sealed record's segment is missing or corrupt: reported, not replaced."""
+
+
+class MediaRef(msgspec.Struct, array_like=True):
+    """Where one bulk value lives: ``length`` bytes at ``offset`` of a segment
+    (named by its SHA-256, kept raw: a reference is about 45 bytes)."""
+
+    digest: bytes
+    size: int
+    offset: int
+    length: int
+
+
+_ref_encoder = msgspec.msgpack.Encoder()
+_ref_decoder = msgspec.msgpack.Decoder(MediaRef)
+
+
+def encode_ref(ref: MediaRef) -> bytes:
+    return _ref_encoder.encode(ref)
+
+
+class SegmentReader:
+    """Bulk values back from their segments: each segment read (and checked
+    against its digest) once, then kept while it is among the most recently
+    used ``CACHED_BYTES``. Blocking reads: call it off the event loop."""
+
+    def __init__(self, blobs: SegmentBlobs, cached_bytes: int = CACHED_BYTES) -> None:
+        self._blobs = blobs
+        self._cached_bytes = cached_bytes
+        self._cache: OrderedDict[str, bytes] = OrderedDict()
+        self._held = 0
+
+    def resolve(self, session_id: str, what: str, encoded: bytes) -> bytes:
+        """The bytes a reference names (``what``: the record it belongs to, for the report)."""
+        try:
+            ref = _ref_decoder.decode(encoded)
+        except msgspec.DecodeError as exc:
+            raise MediaUnavailable(f"{session_id} {what}: unreadable media reference") from exc
+        segment = self._segment(session_id, what, ref)
+        if ref.offset + ref.length > len(segment):
+            raise MediaUnavailable(
+                f"{session_id} {what}: segment {ref.digest.hex()} holds {len(segment)} bytes, "
+                f"the reference reaches {ref.offset + ref.length}"
+            )
+        return segment[ref.offset : ref.offset + ref.length]
+
+    def _segment(self, session_id: str, what: str, ref: MediaRef) -> bytes:
+        digest = ref.digest.hex()
+        cached = self._cache.get(digest)
+        if cached is not None:
+            self._cache.move_to_end(digest)
+            return cached
+        try:
+            data = self._blobs.read_sync(BlobRef(digest, ref.size, SEGMENT_TYPE))
+        except LookupError as exc:  # BlobMissing: deleted, or its bytes do not match
+            raise MediaUnavailable(f"{session_id} {what}: media segment {exc}") from exc
+        except OSError as exc:
+            message = f"{session_id} {what}: media segment {digest}: {exc}"
+            raise MediaUnavailable(message) from exc
+        self._cache[digest] = data
+        self._held += len(data)
+        while self._held > self._cached_bytes and len(self._cache) > 1:
+            _, dropped = self._cache.popitem(last=False)
+            self._held -= len(dropped)
+        return data
+
+
+@dataclass
+class _Waiting:
+    """One session's bulk not sealed yet, in append order."""
+
+    values: dict[str, bytes] = field(default_factory=dict)  # store field -> bytes
+    size: int = 0
+    since: float = 0.0
+    sealing: asyncio.Task[None] | None = None
+
+
+class BulkSwap(Protocol):
+    """What the store does once a segment is durable: swap each named bulk
+    value (still present) for its reference, atomically."""
+
+    async def swap_bulk(self, session_id: str, refs: dict[str, bytes]) -> int: ...
+
+
+class MediaSealer:
+    """Collects each session's bulk as it is appended and seals it into
+    segments in the background, one seal at a time per session."""
+
+    def __init__(
+        self,
+        blobs: SegmentBlobs,
+        store: BulkSwap,
+        *,
+        seal_bytes: int = SEAL_BYTES,
+        seal_after_s: float = SEAL_AFTER_S,
+    ) -> None:
+        self._blobs = blobs
+        self._store = store
+        self.seal_bytes = seal_bytes
+        self.seal_after_s = seal_after_s
+        self._waiting: dict[str, _Waiting] = {}
+        self.sealed_segments = 0  # for the tests and the bench
+
+    def appended(self, session_id: str, values: dict[str, bytes]) -> None:
+        """The store acknowledged these bulk values: seal them when enough wait."""
+        if not values:
+            return
+        waiting = self._waiting.setdefault(session_id, _Waiting())
+        if not waiting.values:
+            waiting.since = time.monotonic()
+        for name, data in values.items():
+            waiting.size += len(data) - len(waiting.values.get(name, b""))
+            waiting.values[name] = data
+        due = waiting.size >= self.seal_bytes or (
+            time.monotonic() - waiting.since >= self.seal_after_s
+        )
+        if due:
+            self._start(session_id, waiting)
+
+    def adopt(self, session_id: str, values: dict[str, bytes]) -> None:
+        """Bulk a read found unsealed (a crash came before its seal): sealed
+        like new appends, unless this process is already sealing the session."""
+        if session_id not in self._waiting:
+            self.appended(session_id, values)
+
+    def forget(self, session_id: str) -> None:
+        """The session was deleted: nothing of it is sealed any more."""
+        waiting = self._waiting.pop(session_id, None)
+        if waiting is not None and waiting.sealing is not None:
+            waiting.sealing.cancel()
+
+    async def drain(self) -> None:
+        """Seal everything that waits now, whatever its size (shutdown, tests)."""
+        for session_id, waiting in list(self._waiting.items()):
+            self._start(session_id, waiting)
+        tasks = [w.sealing for w in self._waiting.values() if w.sealing is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _start(self, session_id: str, waiting: _Waiting) -> None:
+        if waiting.sealing is None and waiting.values:
+            waiting.sealing = asyncio.get_running_loop().create_task(
+                self._seal(session_id, waiting)
+            )
+
+    async def _seal(self, session_id: str, waiting: _Waiting) -> None:
+        try:
+            while waiting.values:
+                values, waiting.values, waiting.size = waiting.values, {}, 0
+                segment, places = _segment_of(values)
+                try:
+                    blob = await asyncio.to_thread(self._blobs.put_sync, segment, SEGMENT_TYPE)
+                    refs = {
+                        name: encode_ref(
+                            MediaRef(bytes.fromhex(blob.digest), blob.size, start, length)
+                        )
+                        for name, (start, length) in places.items()
+                    }
+                    await self._store.swap_bulk(session_id, refs)
+                except (OSError, StorageUnavailable):
+                    # The bulk stays in the store, where it is safe; it is
+                    # sealed after the session's next read.
+                    return
+                self.sealed_segments += 1
+        finally:
+            waiting.sealing = None
+            if not waiting.values and self._waiting.get(session_id) is waiting:
+                del self._waiting[session_id]
+
+
+def _segment_of(values: dict[str, bytes]) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """The values end to end, and where each one starts and how long it is."""
+    refs: dict[str, tuple[int, int]] = {}
+    at = 0
+    for name, data in values.items():
+        refs[name] = (at, len(data))
+        at += len(data)
+    return b"".join(values.values()), refs
