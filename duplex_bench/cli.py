@@ -26,11 +26,21 @@ def _kind(
     return parser
 
 
+# Benches that draw bars of their own (sessions served, faults injected);
+# every other one shows the time it has run.
+OWN_PROGRESS = {"duplex_bench.soak", "duplex_bench.chaos"}
+
+
 def _run(module: str, args: argparse.Namespace) -> None:
+    from duplex_bench.progress import elapsed
     from duplex_bench.server_process import ServerStartError
 
     try:
-        importlib.import_module(module).run(args)
+        if module in OWN_PROGRESS:
+            importlib.import_module(module).run(args)
+        else:
+            with elapsed(args, f"bench {args.bench}"):
+                importlib.import_module(module).run(args)
     except ServerStartError as exc:
         raise SystemExit(f"bench: {exc}") from None
 

@@ -58,8 +58,12 @@ CHAOS = [
     "--settle-s",
     "0.5",
 ]
-# what tqdm draws: "soak:  45%|████▌     | 9/20 [...]" or "chaos sqlite: 100%|...| 1/1 [...]"
+# a bench with no bar of its own: the time it has run
+SESSIONS = ["sessions", "--store", "memory", "--sessions", "2", "--seconds", "1", "--ramp-s", "0"]
+# what tqdm draws: "soak:  45%|████▌     | 9/20 [...]" or "chaos sqlite: 100%|...| 1/1 [...]",
+# and for the others "bench sessions: 00:03 elapsed"
 BAR = r"{}: +\d+%\|.*\| *\d+/\d+ \["
+ELAPSED = r"{}: \d\d:\d\d elapsed"
 
 
 def terminal() -> tuple[int, int]:
@@ -109,13 +113,20 @@ def one_json_line(stdout: str) -> dict:
     return json.loads(lines[0])
 
 
-@pytest.mark.parametrize(("argv", "desc"), [(SOAK, "soak"), (CHAOS, "chaos sqlite")])
-def test_a_bench_draws_progress_on_a_terminal_only(argv, desc):
+@pytest.mark.parametrize(
+    ("argv", "drawing"),
+    [
+        (SOAK, BAR.format("soak")),
+        (CHAOS, BAR.format("chaos sqlite")),
+        (SESSIONS, ELAPSED.format("bench sessions")),
+    ],
+)
+def test_a_bench_draws_progress_on_a_terminal_only(argv, drawing):
     drawn_out, drawn = bench(argv, tty=True)
     piped_out, piped = bench(argv, tty=False)
     quiet_out, quiet = bench([*argv, "--quiet"], tty=True)
 
-    assert re.search(BAR.format(desc), drawn), drawn
+    assert re.search(drawing, drawn), drawn
     assert piped == "" and quiet == ""
     results = [one_json_line(out) for out in (drawn_out, piped_out, quiet_out)]
     assert {result["bench"] for result in results} == {argv[0]}
