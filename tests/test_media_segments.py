@@ -12,7 +12,14 @@ import pytest
 import redis as redis_client
 
 from duplex_server.jobs.blobs import BlobStore
-from duplex_server.sessions.core.records import AudioBody, ItemBody, OutBody, Record, UnitBody
+from duplex_server.sessions.core.records import (
+    AudioBody,
+    ItemBody,
+    OutBody,
+    Record,
+    SnapshotBody,
+    UnitBody,
+)
 from duplex_server.sessions.log.media import MediaUnavailable
 from duplex_server.sessions.log.redis_store import RedisLog
 from duplex_server.sessions.log.store import StorageUnavailable
@@ -183,4 +190,37 @@ async def test_a_segment_that_cannot_be_written_leaves_the_bulk_in_redis(
     await log.seal_media()
     assert all(name[:1] in b"aou" for name in _bulk(redis_server, prefix))
     assert await log.read("s") == records
+    await log.close()
+
+
+def _snapshot(seq: int) -> Record:
+    body = SnapshotBody(state=b"\x80", tail_from=seq)
+    return Record(epoch=0, ts_ms=seq, origin="server", body=body, seq=seq)
+
+
+async def test_records_long_behind_a_snapshot_leave_the_stream_and_read_back(
+    redis_server, prefix, tmp_path
+):
+    log = _log(redis_server, prefix, tmp_path / "media")
+    fence = await _opened(log)
+    records = _conversation(turns=220)[:2600]
+    for seq in (1200, 2400):  # two snapshots, the first 1,199 records behind the second
+        records[seq - 1] = _snapshot(seq)
+    for at in range(0, len(records), 20):
+        await log.append("s", records[at : at + 20], fence)
+    await log.seal_media()
+    await log.trim("s", 30)  # acknowledged after the archive was written
+    client = redis_client.Redis.from_url(redis_server.url)
+    archived = client.llen(f"{prefix}:{{s}}:archive")
+    held = client.xlen(f"{prefix}:{{s}}:log")
+    assert archived >= 1 and held <= 2600 - 1000, (archived, held)
+    back = await log.read("s")
+    trimmed = [r for r in back if isinstance(r.body, OutBody) and r.body.server_event_seq <= 30]
+    assert trimmed and all(r.body.trimmed for r in trimmed)
+    untrimmed = [
+        r for r in records if not (isinstance(r.body, OutBody) and r.body.server_event_seq <= 30)
+    ]
+    assert [r for r in back if r not in trimmed] == untrimmed
+    assert await log.read("s", after_seq=700) == [r for r in back if r.seq > 700]
+    assert await log.read("s", after_seq=2450) == records[2450:]
     await log.close()

@@ -99,6 +99,10 @@ class SegmentReader:
             )
         return segment[ref.offset : ref.offset + ref.length]
 
+    def whole(self, session_id: str, what: str, digest: bytes, size: int) -> bytes:
+        """A segment's bytes entire (an archive of old records), checked and cached."""
+        return self._segment(session_id, what, MediaRef(digest, size, 0, size))
+
     def _segment(self, session_id: str, what: str, ref: MediaRef) -> bytes:
         digest = ref.digest.hex()
         cached = self._cache.get(digest)
@@ -132,9 +136,12 @@ class _Waiting:
 
 class BulkSwap(Protocol):
     """What the store does once a segment is durable: swap each named bulk
-    value (still present) for its reference, atomically."""
+    value (still present) for its reference, atomically; then move the
+    records long behind the latest snapshot out as well."""
 
     async def swap_bulk(self, session_id: str, refs: dict[str, bytes]) -> int: ...
+
+    async def archive_old(self, session_id: str) -> None: ...
 
 
 class MediaSealer:
@@ -211,6 +218,7 @@ class MediaSealer:
                         for name, (start, length) in places.items()
                     }
                     await self._store.swap_bulk(session_id, refs)
+                    await self._store.archive_old(session_id)
                 except (OSError, StorageUnavailable):
                     # The bulk stays in the store, where it is safe; it is
                     # sealed after the session's next read.

@@ -157,4 +157,28 @@ end
 return swapped
 """)
 
-ALL = (APPEND, ACQUIRE, RENEW, RELEASE, DROP_BULK, SWAP_BULK)
+# Old records are in an archive segment now (sessions/log/redis_archive.py):
+# trim them off the stream, drop their bulk fields, list the segment. Only if
+# no other archive ran since the caller read archived_upto.
+# KEYS: meta, log, bulk, archive. ARGV: archived_upto read, last seq archived,
+# the archive list's entry, then the bulk fields to drop.
+ARCHIVE = LuaScript("""
+local meta, log, bulk, archive = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local done = tonumber(redis.call('HGET', meta, 'archived_upto') or '0')
+if done ~= tonumber(ARGV[1]) then return 0 end
+redis.call('XTRIM', log, 'MINID', (tonumber(ARGV[2]) + 1) .. '-0')
+local fields = {}
+for i = 4, #ARGV do
+  fields[#fields + 1] = ARGV[i]
+  if #fields == 1000 then
+    redis.call('HDEL', bulk, unpack(fields))
+    fields = {}
+  end
+end
+if #fields > 0 then redis.call('HDEL', bulk, unpack(fields)) end
+redis.call('RPUSH', archive, ARGV[3])
+redis.call('HSET', meta, 'archived_upto', ARGV[2])
+return 1
+""")
+
+ALL = (APPEND, ACQUIRE, RENEW, RELEASE, DROP_BULK, SWAP_BULK, ARCHIVE)

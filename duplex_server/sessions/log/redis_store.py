@@ -46,13 +46,14 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from duplex_server.sessions.core.records import OutBody, Record
-from duplex_server.sessions.log import redis_scripts
+from duplex_server.sessions.log import redis_archive, redis_scripts
 from duplex_server.sessions.log.media import MediaSealer, SegmentBlobs, SegmentReader
 from duplex_server.sessions.log.record_codec import decode_records, encode_records, record_decoder
 from duplex_server.sessions.log.redis_pipe import RedisPipe
 from duplex_server.sessions.log.redis_scripts import (
     ACQUIRE,
     APPEND,
+    ARCHIVE,
     DROP_BULK,
     RELEASE,
     RENEW,
@@ -112,7 +113,7 @@ def connect(url: str, **options: Any) -> aioredis.Redis:
 
 
 class _Keys:
-    __slots__ = ("meta", "log", "bulk", "eids", "lease", "want")
+    __slots__ = ("meta", "log", "bulk", "eids", "lease", "want", "archive")
 
     def __init__(self, prefix: str, session_id: str) -> None:
         base = f"{prefix}:{{{session_id}}}"
@@ -122,6 +123,7 @@ class _Keys:
         self.eids = f"{base}:eids"
         self.lease = f"{base}:lease"
         self.want = f"{base}:want"
+        self.archive = f"{base}:archive"
 
 
 def _refusal(session_id: str, exc: ResponseError) -> Exception:
@@ -202,6 +204,7 @@ class RedisLog:
         self.url = url
         # --media-dir: a session's bulk moves out to segments a few seconds
         # at a time, and the bulk hash keeps references (sessions/log/media.py)
+        self._media = media
         self._sealer = MediaSealer(media, self) if media is not None else None
         self._segments = SegmentReader(media) if media is not None else None
         self.lease_ttl_ms = lease_ttl_ms
@@ -270,7 +273,9 @@ class RedisLog:
 
         async def delete() -> None:
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.delete(keys.meta, keys.log, keys.bulk, keys.eids, keys.lease, keys.want)
+                pipe.delete(
+                    keys.meta, keys.log, keys.bulk, keys.eids, keys.lease, keys.want, keys.archive
+                )
                 pipe.zrem(f"{self.prefix}:sessions", session_id)
                 await pipe.execute()
 
@@ -422,6 +427,41 @@ class RedisLog:
             raise NoScriptError("NOSCRIPT")  # resent whole: landed batches are recognised
         return replies
 
+    async def archive_old(self, session_id: str) -> None:
+        """Move the records long behind the latest snapshot into an archive
+        segment (``sessions/log/redis_archive.py``), once enough wait."""
+        if self._media is None:
+            return
+        media, keys = self._media, self._keys(session_id)
+        marks = await self._call(
+            lambda: self._redis.hmget(keys.meta, "snapshot_seq", "archived_upto")
+        )
+        upto, done = int(marks[0] or 0) - 1, int(marks[1] or 0)
+        if upto - done < redis_archive.ARCHIVE_RECORDS:
+            return
+
+        async def fetch() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.xrange(keys.log, f"{done + 1}-0", f"{upto}-0")
+                pipe.hgetall(keys.bulk)
+                return await pipe.execute()
+
+        entries, bulk = await self._call(fetch)
+        if not entries:
+            return
+        data, owned = await asyncio.to_thread(redis_archive.build, entries, bulk)
+        blob = await asyncio.to_thread(media.put_sync, data, redis_archive.ARCHIVE_TYPE)
+        first, last = (int(entries[i][0].split(b"-")[0]) for i in (0, -1))
+        listed = redis_archive.encode_range(first, last, blob.digest, blob.size)
+        await self._call(
+            lambda: _eval(
+                self._redis,
+                ARCHIVE,
+                [keys.meta, keys.log, keys.bulk, keys.archive],
+                [done, last, listed, *owned],
+            )
+        )
+
     # --- reads -------------------------------------------------------------
 
     async def latest_snapshot(self, session_id: str) -> int:
@@ -433,22 +473,34 @@ class RedisLog:
         keys = self._keys(session_id)
 
         async def fetch() -> list[Record]:
+            start = max(after_seq, 1)  # one entry more than asked: a twin needs its GA event
             async with self._redis.pipeline(transaction=False) as pipe:
-                # One entry more than asked: a twin at the start needs its GA event.
-                pipe.xrange(keys.log, f"{max(after_seq, 1)}-0", "+")
+                pipe.xrange(keys.log, f"{start}-0", "+")
                 pipe.hgetall(keys.bulk)
                 pipe.exists(keys.meta)
-                entries, bulk, exists = await pipe.execute()
+                pipe.hmget(keys.meta, "archived_upto", "trimmed_upto", "compacted_upto")
+                pipe.lrange(keys.archive, 0, -1)
+                entries, bulk, exists, marks, listed = await pipe.execute()
             if not exists:
                 raise UnknownSession(session_id)
             if self._segments is None:
                 return [r for r in _decode(session_id, entries, bulk) if r.seq > after_seq]
             if self._sealer is not None:  # a crash came before these were sealed
                 self._sealer.adopt(session_id, _unsealed(bulk))
-            # the segments are files: read (and checked) off the event loop
-            records = await asyncio.to_thread(
-                _decode, session_id, entries, _ResolvingBulk(session_id, bulk, self._segments)
-            )
+            segments = self._segments
+            archived_upto, trimmed, compacted = (int(mark or 0) for mark in marks)
+
+            def decode() -> list[Record]:  # the segments are files: off the event loop
+                rows, values = entries, bulk
+                if start <= archived_upto:
+                    old, old_bulk = _archived(
+                        session_id, segments, redis_archive.ranges(listed), start
+                    )
+                    redis_archive.drop_retained(old_bulk, trimmed, compacted)
+                    rows, values = old + entries, {**old_bulk, **bulk}
+                return _decode(session_id, rows, _ResolvingBulk(session_id, values, segments))
+
+            records = await asyncio.to_thread(decode)
             return [r for r in records if r.seq > after_seq]
 
         return await self._call(fetch)
@@ -505,6 +557,23 @@ def _row(session_id: str, meta: dict[bytes, bytes]) -> SessionRow:
 def _unsealed(bulk: dict[bytes, bytes]) -> dict[str, bytes]:
     """The bulk values still held whole (``a<seq>``, ``u<seq>``, ``o<n>``)."""
     return {name.decode(): value for name, value in bulk.items() if name[:1] in b"aou"}
+
+
+def _archived(
+    session_id: str, segments: SegmentReader, listed: list[redis_archive.ArchivedRange], start: int
+) -> tuple[list, dict[bytes, bytes]]:
+    """The archived entries from ``start`` on, oldest first, and their bulk. Blocking."""
+    entries: list = []
+    bulk: dict[bytes, bytes] = {}
+    for archived in listed:
+        if archived.last < start:
+            continue
+        what = f"archive of seqs {archived.first}-{archived.last}"
+        data = segments.whole(session_id, what, archived.digest, archived.size)
+        rows, values = redis_archive.entries_of(data, start)
+        entries += rows
+        bulk.update(values)
+    return entries, bulk
 
 
 class _ResolvingBulk:
