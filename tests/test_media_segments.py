@@ -224,3 +224,30 @@ async def test_records_long_behind_a_snapshot_leave_the_stream_and_read_back(
     assert await log.read("s", after_seq=700) == [r for r in back if r.seq > 700]
     assert await log.read("s", after_seq=2450) == records[2450:]
     await log.close()
+
+
+async def test_deleting_a_session_deletes_its_media_and_no_other(redis_server, prefix, tmp_path):
+    media = tmp_path / "media"
+    log = _log(redis_server, prefix, media)
+    silence = AudioBody(
+        pcm=bytes(4800), sample_rate_hz=24000, source_format="pcm16", duration_ms=100
+    )
+    same = [Record(epoch=0, ts_ms=n, origin="client", body=silence, seq=n) for n in range(1, 1300)]
+    same[599] = _snapshot(600)
+    same[1199] = _snapshot(1200)  # the first 599 records are archived
+    for session_id in ("s", "t"):  # the same bytes in both: still segments of their own
+        await log.create(session_id)
+        fence = await log.acquire_lease(session_id, "me")
+        for at in range(0, len(same), 50):
+            await log.append(session_id, same[at : at + 50], fence)
+    await log.seal_media()
+    files = {p.name for p in media.glob("??/*")}
+    await log.delete("s")
+    left = {p.name for p in media.glob("??/*")}
+    assert left and left < files  # the deleted session's segments and archives are gone
+    fresh = _log(redis_server, prefix, media)
+    assert await fresh.read("t") == same  # the other session's, untouched
+    await fresh.delete("t")
+    assert not list(media.glob("??/*"))
+    await fresh.close()
+    await log.close()

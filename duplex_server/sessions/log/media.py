@@ -38,6 +38,7 @@ from duplex_server.sessions.core.records import BlobRef
 from duplex_server.sessions.log.store import StorageUnavailable
 
 SEGMENT_TYPE = "application/x-duplex-media-segment"
+SEGMENT_HEADER = b"duplex-media-segment 1 "  # then the session id and a newline
 SEAL_BYTES = 256 << 10  # a session's bulk is sealed once this much waits...
 SEAL_AFTER_S = 5.0  # ...or once the oldest of it has waited this long
 CACHED_BYTES = 32 << 20  # segments kept read, for the reads that follow
@@ -50,6 +51,8 @@ class SegmentBlobs(Protocol):
     def put_sync(self, data: bytes, content_type: str) -> BlobRef: ...
 
     def read_sync(self, ref: BlobRef) -> bytes: ...
+
+    def delete_sync(self, digests: set[str]) -> None: ...
 
 
 class MediaUnavailable(StorageUnavailable):
@@ -72,6 +75,10 @@ _ref_decoder = msgspec.msgpack.Decoder(MediaRef)
 
 def encode_ref(ref: MediaRef) -> bytes:
     return _ref_encoder.encode(ref)
+
+
+def decode_ref(encoded: bytes) -> MediaRef:
+    return _ref_decoder.decode(encoded)
 
 
 class SegmentReader:
@@ -208,7 +215,7 @@ class MediaSealer:
         try:
             while waiting.values:
                 values, waiting.values, waiting.size = waiting.values, {}, 0
-                segment, places = _segment_of(values)
+                segment, places = _segment_of(session_id, values)
                 try:
                     blob = await asyncio.to_thread(self._blobs.put_sync, segment, SEGMENT_TYPE)
                     refs = {
@@ -230,11 +237,18 @@ class MediaSealer:
                 del self._waiting[session_id]
 
 
-def _segment_of(values: dict[str, bytes]) -> tuple[bytes, dict[str, tuple[int, int]]]:
-    """The values end to end, and where each one starts and how long it is."""
+def _segment_of(
+    session_id: str, values: dict[str, bytes]
+) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """The values end to end behind a header naming the session, and where
+    each one starts and how long it is. The header makes every session's
+    segments its own: two sessions that sent the same bytes (silence, say)
+    would otherwise share a content-addressed segment, and deleting one
+    session's media would take the other's."""
+    header = SEGMENT_HEADER + session_id.encode() + b"\n"
     refs: dict[str, tuple[int, int]] = {}
-    at = 0
+    at = len(header)
     for name, data in values.items():
         refs[name] = (at, len(data))
         at += len(data)
-    return b"".join(values.values()), refs
+    return header + b"".join(values.values()), refs

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 import msgspec
 
 from duplex_server.sessions.core.records import OutBody
+from duplex_server.sessions.log.media import decode_ref
 from duplex_server.sessions.log.record_codec import record_decoder
 
 ARCHIVE_TYPE = "application/x-duplex-log-archive"
@@ -33,8 +34,10 @@ ARCHIVE_RECORDS = 1000
 
 class Archive(msgspec.Struct, array_like=True):
     """One segment's records: (seq, record, fence) as the stream held them,
-    and the bulk fields that belonged to them."""
+    and the bulk fields that belonged to them. ``session_id`` makes the
+    segment the session's own (see media.py's segment header)."""
 
+    session_id: str
     entries: list[tuple[int, bytes, bytes]]
     bulk: dict[bytes, bytes]
 
@@ -53,7 +56,7 @@ _range = msgspec.msgpack.Decoder(ArchivedRange)
 _encoder = msgspec.msgpack.Encoder()
 
 
-def build(entries: list, bulk: dict[bytes, bytes]) -> tuple[bytes, list[bytes]]:
+def build(session_id: str, entries: list, bulk: dict[bytes, bytes]) -> tuple[bytes, list[bytes]]:
     """The archive of these stream entries (XRANGE's reply) and the bulk
     fields they own; returns its bytes and the fields to drop from Redis."""
     rows, owned = [], []
@@ -65,7 +68,7 @@ def build(entries: list, bulk: dict[bytes, bytes]) -> tuple[bytes, list[bytes]]:
         if isinstance(record.body, OutBody):
             names.append(b"o%d" % record.body.server_event_seq)
         owned += [n for name in names for n in (name, name.upper()) if n in bulk]
-    archive = Archive(rows, {name: bulk[name] for name in owned})
+    archive = Archive(session_id, rows, {name: bulk[name] for name in owned})
     return _encoder.encode(archive), owned
 
 
@@ -96,3 +99,15 @@ def drop_retained(bulk: dict[bytes, bytes], trimmed_upto: int, compacted_upto: i
         kind, number = name[:1].lower(), int(name[1:])
         if (kind == b"o" and number <= trimmed_upto) or (kind == b"a" and number <= compacted_upto):
             del bulk[name]
+
+
+def media_digests(bulk: Iterable[tuple[bytes, bytes]]) -> set[str]:
+    """The segments that sealed references in these bulk fields name."""
+    return {
+        decode_ref(value).digest.hex() for name, value in bulk if name[:1] in (b"A", b"O", b"U")
+    }
+
+
+def archive_media(data: bytes) -> set[str]:
+    """The media segments an archive's bulk names."""
+    return media_digests(_archive.decode(data).bulk.items())

@@ -47,7 +47,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from duplex_server.sessions.core.records import OutBody, Record
 from duplex_server.sessions.log import redis_archive, redis_scripts
-from duplex_server.sessions.log.media import MediaSealer, SegmentBlobs, SegmentReader
+from duplex_server.sessions.log.media import (
+    MediaSealer,
+    MediaUnavailable,
+    SegmentBlobs,
+    SegmentReader,
+)
 from duplex_server.sessions.log.record_codec import decode_records, encode_records, record_decoder
 from duplex_server.sessions.log.redis_pipe import RedisPipe
 from duplex_server.sessions.log.redis_scripts import (
@@ -270,6 +275,8 @@ class RedisLog:
 
     async def delete(self, session_id: str) -> None:
         keys = self._keys(session_id)
+        if self._media is not None:
+            await self._delete_media(session_id, keys)
 
         async def delete() -> None:
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -282,6 +289,34 @@ class RedisLog:
         await self._call(delete)
         if self._sealer is not None:
             self._sealer.forget(session_id)
+
+    async def _delete_media(self, session_id: str, keys: _Keys) -> None:
+        """The segments the session's references name, and its archives,
+        deleted before its keys (a crash between leaves references to
+        nothing in a session being deleted anyway, never the other way)."""
+        media, segments = self._media, self._segments
+        assert media is not None and segments is not None
+
+        async def fetch() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.hgetall(keys.bulk)
+                pipe.lrange(keys.archive, 0, -1)
+                return await pipe.execute()
+
+        bulk, listed = await self._call(fetch)
+
+        def delete() -> None:
+            doomed = redis_archive.media_digests(bulk.items())
+            for archived in redis_archive.ranges(listed):
+                doomed.add(archived.digest.hex())
+                try:
+                    data = segments.whole(session_id, "archive", archived.digest, archived.size)
+                except MediaUnavailable:  # gone already: what it named cannot be found
+                    continue
+                doomed |= redis_archive.archive_media(data)
+            media.delete_sync(doomed)
+
+        await asyncio.to_thread(delete)
 
     async def sessions(self, *, open_only: bool = False) -> list[SessionRow]:
         async def fetch() -> list[SessionRow]:
@@ -449,7 +484,7 @@ class RedisLog:
         entries, bulk = await self._call(fetch)
         if not entries:
             return
-        data, owned = await asyncio.to_thread(redis_archive.build, entries, bulk)
+        data, owned = await asyncio.to_thread(redis_archive.build, session_id, entries, bulk)
         blob = await asyncio.to_thread(media.put_sync, data, redis_archive.ARCHIVE_TYPE)
         first, last = (int(entries[i][0].split(b"-")[0]) for i in (0, -1))
         listed = redis_archive.encode_range(first, last, blob.digest, blob.size)
