@@ -4,13 +4,15 @@ the start-up refusals of a remote that is named wrongly."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from duplex_server import cli
 from duplex_server.app import create_app
-from duplex_server.engine.llm import ChatPayload
+from duplex_server.engine.llm import ChatPayload, RemoteOptions
 from duplex_server.engine.llm.context_window import drop_oldest_turns
-from duplex_server.engine.llm.remote import parse_request_args, wire_messages
+from duplex_server.engine.llm.remote import RemoteChatBackend, parse_request_args, wire_messages
 from duplex_server.models.cascade.llm_chat import remote_tool_setup, tool_setup
 from duplex_server.sessions.core.model_port import SessionView
 from protocol.session_config import Tool, ToolChoiceFunction
@@ -108,3 +110,12 @@ def test_a_remote_named_wrongly_is_refused_at_start(flags, refusal):
     config = cli.serve_config(flags, {})
     with pytest.raises(ValueError, match=refusal):
         create_app(config)
+
+
+async def test_the_pooled_connections_close_at_shutdown():
+    backend = RemoteChatBackend(RemoteOptions(url="http://127.0.0.1:9/v1", model="m"))
+    client = backend._http()  # made on this loop, as the first request makes it
+    assert not client.is_closed
+    await asyncio.to_thread(backend.close)  # as close_model calls it, off the loop
+    assert client.is_closed
+    await asyncio.to_thread(backend.close)  # a second close is nothing

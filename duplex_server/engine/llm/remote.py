@@ -129,6 +129,9 @@ def _wire_call(call: dict[str, Any]) -> dict[str, Any]:
     return {**call, "function": {**function, "arguments": arguments}}
 
 
+CLOSE_TIMEOUT_S = 5.0
+
+
 class RemoteChatBackend:
     """An ``EngineBackend[ChatPayload, Piece]`` and the
     engine's load state (nothing loads: it is up at once)."""
@@ -140,6 +143,7 @@ class RemoteChatBackend:
         self.options = options
         self.base = options.url.rstrip("/")
         self._client: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the client's
         self._probe = SharedProbe(self._probe_models)
         self._requests = metrics.LLM_REMOTE_REQUESTS
 
@@ -150,6 +154,7 @@ class RemoteChatBackend:
             if self.options.api_key:
                 headers["authorization"] = f"Bearer {self.options.api_key}"
             limit = self.options.max_requests
+            self._loop = asyncio.get_running_loop()
             self._client = httpx.AsyncClient(
                 headers=headers,
                 timeout=httpx.Timeout(self.options.timeout_s),
@@ -270,7 +275,24 @@ class RemoteChatBackend:
         return None
 
     def close(self) -> None:
-        """Nothing runs of its own: the client's connections close with the process."""
+        """Close the pooled connections at shutdown (a remote behind a proxy
+        otherwise holds them until its idle timeout). Called off the loop
+        (``close_model``): the close runs on the client's own loop, waited
+        for a bounded time; on that loop itself it is only scheduled."""
+        client, loop, self._client = self._client, self._loop, None
+        if client is None or loop is None or not loop.is_running():
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:  # no loop in this thread: the usual case
+            on_loop = False
+        if on_loop:
+            loop.create_task(client.aclose())
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("the LLM client at %s did not close in %s s", self.base, CLOSE_TIMEOUT_S)
 
 
 def _decode(data: str) -> _Chunk:
