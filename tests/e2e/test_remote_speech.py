@@ -204,3 +204,16 @@ async def test_the_recogniser_stopped_fails_the_turn_and_the_session_serves_on(t
         )
     finally:
         await client.close()
+
+
+async def test_with_both_tiers_stopped_ready_names_both(tiers):
+    await tiers.stop("asr")
+    await tiers.stop("tts")
+    try:
+        answer = await tiers.ready()
+        assert answer.status_code == 503
+        assert answer.json()["reasons"] == ["asr_unreachable", "tts_unreachable"]
+    finally:
+        await tiers.start("asr")
+        await tiers.start("tts")
+        await until_ready(tiers)

@@ -251,13 +251,15 @@ class CascadeModel:
     def answering(self) -> CascadeModel:
         return self
 
-    async def unready_reason(self) -> str | None:
+    async def unready_reasons(self) -> list[str]:
         """``llm_unreachable`` while a remote LLM (``--llm-url``) does not
-        answer; ``asr_unreachable`` / ``tts_unreachable`` while a remote
-        recogniser (``--asr-url``) or voice (``--tts-url``) does not."""
-        if await self.responder.unreachable() is not None:
-            return "llm_unreachable"
-        return await self.listening.unready_reason()
+        answer, ``asr_unreachable`` / ``tts_unreachable`` while a remote
+        recogniser (``--asr-url``) or voice (``--tts-url``) does not: each
+        tier asked at once, every one that is down named."""
+        llm, speech = await asyncio.gather(
+            self.responder.unreachable(), self.listening.unready_reasons()
+        )
+        return (["llm_unreachable"] if llm is not None else []) + speech
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ synthesiser its responses use."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -199,14 +200,16 @@ class CascadeStages:
         self.transcription_languages = asr.languages
         self.transcription_prompts = asr.takes_prompt
 
-    async def unready_reason(self) -> str | None:
-        """``asr_unreachable`` / ``tts_unreachable`` while the remote
-        recogniser (``--asr-url``) or voice (``--tts-url``) does not answer."""
-        if isinstance(self.asr, RemoteRecogniser) and await self.asr.remote.unreachable():
-            return "asr_unreachable"
-        if isinstance(self.tts, RemoteSynthesiser) and await self.tts.remote.unreachable():
-            return "tts_unreachable"
-        return None
+    async def unready_reasons(self) -> list[str]:
+        """``asr_unreachable`` / ``tts_unreachable`` for each of the remote
+        recogniser (``--asr-url``) and voice (``--tts-url``) that does not answer."""
+        probes = {}
+        if isinstance(self.asr, RemoteRecogniser):
+            probes["asr_unreachable"] = self.asr.remote.unreachable()
+        if isinstance(self.tts, RemoteSynthesiser):
+            probes["tts_unreachable"] = self.tts.remote.unreachable()
+        downs = await asyncio.gather(*probes.values())
+        return [name for name, down in zip(probes, downs, strict=True) if down]
 
     def close(self) -> None:
         """At server shutdown: a remote recogniser's or voice's connections."""

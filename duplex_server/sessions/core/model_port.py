@@ -366,7 +366,8 @@ class ModelPort(Protocol):
 
 @runtime_checkable
 class ProbedModel(Protocol):
-    """A model that depends on something it must ask (a remote LLM): the
-    reason it cannot take a session now, for ``/ready``, or None."""
+    """A model that depends on something it must ask (a remote LLM, a
+    remote recogniser or voice): every reason it cannot take a session now,
+    for ``/ready`` (empty: it can)."""
 
-    async def unready_reason(self) -> str | None: ...
+    async def unready_reasons(self) -> list[str]: ...

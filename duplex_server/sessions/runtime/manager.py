@@ -184,8 +184,8 @@ class SessionManager:
             reasons.append("store_unreachable")
         if not self.model.loaded:
             reasons.append("model_not_loaded")
-        if isinstance(self.model, ProbedModel) and (why := await self.model.unready_reason()):
-            reasons.append(why)
+        if isinstance(self.model, ProbedModel):
+            reasons += await self.model.unready_reasons()
         if self.at_capacity:
             reasons.append("admission_full")
         return reasons
