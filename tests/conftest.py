@@ -147,25 +147,33 @@ async def serving_llm(*flags: str) -> AsyncIterator[RunningServer]:
         await running.assert_replay_determinism()
 
 
-@pytest.fixture
-async def voice_server(tmp_path, request) -> AsyncIterator[RunningServer]:
-    """The cascade model listening for the test phrases (memory store);
-    a ``server_config`` marker overrides settings, as for ``server``."""
-    from tests.speech import PHRASES
-
-    phrases = tmp_path / "phrases.txt"
-    phrases.write_text("\n".join(PHRASES))
+@contextlib.asynccontextmanager
+async def phrase_server(tmp_path, request, phrases: list[str]) -> AsyncIterator[RunningServer]:
+    """The cascade model listening for ``phrases`` (a PocketSphinx grammar;
+    memory store); a ``server_config`` marker overrides settings. Its refold
+    must equal the live state when the test ends."""
+    path = tmp_path / "phrases.txt"
+    path.write_text("\n".join(phrases))
     marker = request.node.get_closest_marker("server_config")
     config = ServerConfig(
         port=free_port(),
         store="memory",
         model="cascade",
-        asr_phrases=str(phrases),
+        asr_phrases=str(path),
         **(marker.kwargs if marker else {}),
     )
     async with running_server(config) as running:
         yield running
         await running.assert_replay_determinism()
+
+
+@pytest.fixture
+async def voice_server(tmp_path, request) -> AsyncIterator[RunningServer]:
+    """The cascade model listening for the test phrases."""
+    from tests.speech import PHRASES
+
+    async with phrase_server(tmp_path, request, PHRASES) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from duplex_server.config import ServerConfig
 from duplex_server.sessions.core.records import DecisionBody
-from tests.conftest import RunningServer, free_port, running_server
+from tests.conftest import RunningServer, phrase_server
 from tests.e2e.test_openai_semantics import openai_socket
 from tests.e2e.test_voice import (
     answer_started,
@@ -30,21 +29,9 @@ BARGE_IN_MS = 400.0  # the session's overlap_barge_in_ms (its default)
 
 @pytest.fixture
 async def ack_server(tmp_path, request) -> AsyncIterator[RunningServer]:
-    """``voice_server`` whose recogniser also knows the acknowledgements; a
-    ``server_config`` marker overrides settings."""
-    phrases = tmp_path / "phrases.txt"
-    phrases.write_text("\n".join(PHRASES + ACKS))
-    marker = request.node.get_closest_marker("server_config")
-    config = ServerConfig(
-        port=free_port(),
-        store="memory",
-        model="cascade",
-        asr_phrases=str(phrases),
-        **(marker.kwargs if marker else {}),
-    )
-    async with running_server(config) as running:
+    """``voice_server`` whose recogniser also knows the acknowledgements."""
+    async with phrase_server(tmp_path, request, PHRASES + ACKS) as running:
         yield running
-        await running.assert_replay_determinism()  # refold equals live
 
 
 async def overlap_records(server: RunningServer) -> list[DecisionBody]:
