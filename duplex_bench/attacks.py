@@ -326,6 +326,17 @@ async def half_sent_requests(target: Target, stop: asyncio.Event) -> AttackRepor
     )
 
 
+async def _open_tcp(
+    target: Target, report: AttackReport
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    """A TCP connection from the attack's address, or None (the refusal counted)."""
+    try:
+        return await target.open_tcp()
+    except OSError as exc:
+        report.refused(f"connect {exc.errno}")
+        return None
+
+
 async def _idle_connections(
     name: str, target: Target, stop: asyncio.Event, opening: bytes, count: int = 1000
 ) -> AttackReport:
@@ -337,11 +348,9 @@ async def _idle_connections(
     try:
         while len(sockets) < count and not stop.is_set():
             report.attempts += 1
-            try:
-                reader, writer = await target.open_tcp()
-            except OSError as exc:
-                report.refused(f"connect {exc.errno}")
+            if (opened := await _open_tcp(target, report)) is None:
                 continue
+            reader, writer = opened
             if opening:
                 writer.write(opening)
             sockets.append((writer, asyncio.create_task(reader.read(1))))
@@ -387,11 +396,9 @@ async def connection_flood(target: Target, stop: asyncio.Event) -> AttackReport:
     started = time.monotonic()
     while not stop.is_set():
         report.attempts += 1
-        try:
-            reader, writer = await target.open_tcp()
-        except OSError as exc:
-            report.refused(f"connect {exc.errno}")
+        if (opened := await _open_tcp(target, report)) is None:
             continue
+        reader, writer = opened
         try:
             writer.write(UPGRADE)
             head = await asyncio.wait_for(_response_head(reader), ANSWER_TIMEOUT_S)
