@@ -134,6 +134,13 @@ class ServerConfig:
         "segment files here, a few seconds at a time (Redis keeps references; every "
         "replica must see the folder: one host, or a shared mount)",
     )
+    media_retention_s: float = declare(
+        ManagerSettings.media_retention_s,
+        group=STORE,
+        minimum=0,
+        help="with --media-dir: delete a closed session's media (audio, event payloads) "
+        "this long after its last record, keeping its records (0: as long as the session)",
+    )
     retention_s: float = declare(
         ManagerSettings.retention_s,
         group=STORE,

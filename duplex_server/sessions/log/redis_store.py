@@ -290,6 +290,39 @@ class RedisLog:
         if self._sealer is not None:
             self._sealer.forget(session_id)
 
+    async def expire_media(self, session_id: str) -> None:
+        """``--media-retention-s``: the session's media goes, its records stay.
+        Marked first, then its bulk dropped and its media segments deleted
+        (not its archives: they hold the records); a crash between leaves
+        files behind, never a reference a read would follow."""
+        if self._media is None:
+            return
+        keys = self._keys(session_id)
+        media, segments = self._media, self._segments
+        assert segments is not None
+
+        async def fetch_and_drop() -> list[Any]:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hgetall(keys.bulk)
+                pipe.lrange(keys.archive, 0, -1)
+                pipe.hset(keys.meta, "media_expired", 1)
+                pipe.delete(keys.bulk)
+                return await pipe.execute()
+
+        bulk, listed, *_ = await self._call(fetch_and_drop)
+
+        def delete() -> None:
+            doomed = redis_archive.media_digests(bulk.items())
+            for archived in redis_archive.ranges(listed):
+                try:
+                    data = segments.whole(session_id, "archive", archived.digest, archived.size)
+                except MediaUnavailable:
+                    continue
+                doomed |= redis_archive.archive_media(data)
+            media.delete_sync(doomed)
+
+        await asyncio.to_thread(delete)
+
     async def _delete_media(self, session_id: str, keys: _Keys) -> None:
         """The segments the session's references name, and its archives,
         deleted before its keys (a crash between leaves references to
@@ -513,7 +546,9 @@ class RedisLog:
                 pipe.xrange(keys.log, f"{start}-0", "+")
                 pipe.hgetall(keys.bulk)
                 pipe.exists(keys.meta)
-                pipe.hmget(keys.meta, "archived_upto", "trimmed_upto", "compacted_upto")
+                pipe.hmget(
+                    keys.meta, "archived_upto", "trimmed_upto", "compacted_upto", "media_expired"
+                )
                 pipe.lrange(keys.archive, 0, -1)
                 entries, bulk, exists, marks, listed = await pipe.execute()
             if not exists:
@@ -523,7 +558,7 @@ class RedisLog:
             if self._sealer is not None:  # a crash came before these were sealed
                 self._sealer.adopt(session_id, _unsealed(bulk))
             segments = self._segments
-            archived_upto, trimmed, compacted = (int(mark or 0) for mark in marks)
+            archived_upto, trimmed, compacted, expired = (int(mark or 0) for mark in marks)
 
             def decode() -> list[Record]:  # the segments are files: off the event loop
                 rows, values = entries, bulk
@@ -532,6 +567,8 @@ class RedisLog:
                         session_id, segments, redis_archive.ranges(listed), start
                     )
                     redis_archive.drop_retained(old_bulk, trimmed, compacted)
+                    if expired:  # --media-retention-s deleted what it named
+                        old_bulk.clear()
                     rows, values = old + entries, {**old_bulk, **bulk}
                 return _decode(session_id, rows, _ResolvingBulk(session_id, values, segments))
 
@@ -586,6 +623,7 @@ def _row(session_id: str, meta: dict[bytes, bytes]) -> SessionRow:
         trimmed_upto=number(b"trimmed_upto"),
         closed=meta.get(b"closed") == b"1",
         last_ts_ms=number(b"last_ts_ms"),
+        media_expired=meta.get(b"media_expired") == b"1",
     )
 
 

@@ -8,7 +8,7 @@ deduplicated within a window.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from duplex_server.sessions.core.records import Record
 
@@ -71,6 +71,19 @@ class SessionRow:
     trimmed_upto: int
     closed: bool
     last_ts_ms: int
+    media_expired: bool = False  # its media deleted by --media-retention-s
+
+
+@runtime_checkable
+class MediaRetaining(Protocol):
+    """A store that keeps media apart from its records (Redis with
+    ``--media-dir``): a session's media can be deleted while every record
+    and its metadata stay."""
+
+    async def expire_media(self, session_id: str) -> None:
+        """Delete the session's media (audio, units, event payloads); its
+        records read on, with empty audio and trimmed payloads."""
+        ...
 
 
 class SessionLog(Protocol):

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from duplex_server import metrics
@@ -23,7 +24,14 @@ from duplex_server.sessions.core.model_port import ModelPort, ProbedModel
 from duplex_server.sessions.core.records import CallBody, Record, is_job_session
 from duplex_server.sessions.core.server_inputs import token_refusal
 from duplex_server.sessions.core.state import initial_state
-from duplex_server.sessions.log.store import LeaseHeld, LogError, SessionLog, UnknownSession
+from duplex_server.sessions.log.store import (
+    LeaseHeld,
+    LogError,
+    MediaRetaining,
+    SessionLog,
+    SessionRow,
+    UnknownSession,
+)
 from duplex_server.sessions.log.tokens import new_session_id
 from duplex_server.sessions.runtime import mailbox as mb
 from duplex_server.sessions.runtime.actor import SessionActor
@@ -41,6 +49,26 @@ log = logging.getLogger(__name__)
 
 PURGE_BATCH = 32  # closed sessions deleted concurrently by the purge
 PURGE_DUTY = 0.5  # the share of time the purge may keep the store busy
+
+
+def _older(rows: list[SessionRow], horizon_ms: float) -> list[str]:
+    return [row.session_id for row in rows if row.last_ts_ms < horizon_ms]
+
+
+async def _paced(session_ids: list[str], operation: Callable[[str], Awaitable[None]]) -> None:
+    """``operation`` on each session, PURGE_BATCH at a time, concurrently, so
+    that they share the store's group commits (SQLite) or round trips
+    (Redis): one by one, a fsync each, the purge fell behind a churn of 100
+    sessions a second and the store grew without bound. Small batches,
+    paced to at most PURGE_DUTY of the time: a live append queued behind a
+    batch waits for that batch alone (256 at once, unpaced, stalled appends
+    for a quarter of a second and the soak's p99 spiked every purge)."""
+    for start in range(0, len(session_ids), PURGE_BATCH):
+        began = time.monotonic()
+        batch = session_ids[start : start + PURGE_BATCH]
+        await asyncio.gather(*(operation(session_id) for session_id in batch))
+        if start + PURGE_BATCH < len(session_ids):
+            await purge_pause((time.monotonic() - began) * (1 / PURGE_DUTY - 1))
 
 
 async def purge_pause(seconds: float) -> None:
@@ -65,6 +93,9 @@ class ManagerSettings:
     disconnect_grace_s: float = 30.0
     reap_interval_s: float = 1.0
     retention_s: float = 7 * 24 * 3600.0
+    # A closed session's media (audio, payloads) deleted this long after its
+    # last record, its records kept (stores with media apart; 0: kept as long)
+    media_retention_s: float = 0.0
     purge_interval_s: float = 60.0
     # How many ended sessions this replica remembers (how each ended, for a
     # late resume or GET /v1/sessions/{id}); the oldest are forgotten first.
@@ -532,29 +563,24 @@ class SessionManager:
             log.warning("housekeeping skipped: %s", exc)
 
     async def purge(self, now_ms: int) -> list[str]:
-        """Delete closed sessions whose last record is older than the retention."""
-        horizon = now_ms - self.settings.retention_s * 1000
-        doomed = [
-            row.session_id
+        """Delete closed sessions whose last record is older than the
+        retention; before that, where the store keeps media apart, delete
+        the media of those older than the media retention."""
+        rows = [
+            row
             for row in await self.log.sessions()
             if row.closed
-            and row.last_ts_ms < horizon
             and row.session_id not in self.actors
             and not is_job_session(row.session_id)  # the job runner's own retention
         ]
-        # Deleted PURGE_BATCH at a time, concurrently, so that they share the
-        # store's group commits (SQLite) or round trips (Redis): one by one,
-        # a fsync each, the purge fell behind a churn of 100 sessions a second
-        # and the store grew without bound. Small batches, paced to at most
-        # PURGE_DUTY of the time: a live append queued behind a batch waits
-        # for that batch alone (256 at once, unpaced, stalled appends for a
-        # quarter of a second and the soak's p99 spiked every purge).
-        for start in range(0, len(doomed), PURGE_BATCH):
-            began = time.monotonic()
-            batch = doomed[start : start + PURGE_BATCH]
-            await asyncio.gather(*(self.log.delete(session_id) for session_id in batch))
-            if start + PURGE_BATCH < len(doomed):
-                await purge_pause((time.monotonic() - began) * (1 / PURGE_DUTY - 1))
+        doomed = _older(rows, now_ms - self.settings.retention_s * 1000)
+        await _paced(doomed, self.log.delete)
+        if self.settings.media_retention_s and isinstance(self.log, MediaRetaining):
+            horizon = now_ms - self.settings.media_retention_s * 1000
+            kept = {row.session_id for row in rows if not row.media_expired} - set(doomed)
+            await _paced(
+                [sid for sid in _older(rows, horizon) if sid in kept], self.log.expire_media
+            )
         return doomed
 
     def reap(self, now: float) -> None:
