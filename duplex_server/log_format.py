@@ -33,6 +33,19 @@ _RECORD_FIELDS = frozenset(
 _NOT_EXTRA = frozenset(["color_message", "session_id", "response_id"])
 
 
+_factory_fields: dict[object, frozenset[str]] = {}
+
+
+def _record_fields() -> frozenset[str]:
+    """What every record has, with the fields the installed record factory
+    adds to all of them (vLLM's adds ``vllm_process_name``): not extras."""
+    factory = logging.getLogRecordFactory()
+    if factory not in _factory_fields:
+        made = factory("", 0, "", 0, "", (), None)
+        _factory_fields[factory] = _RECORD_FIELDS | frozenset(vars(made))
+    return _factory_fields[factory]
+
+
 class SessionFields(logging.Filter):
     """Stamps a record with the session (and response) it was logged for."""
 
@@ -57,8 +70,9 @@ class JsonLines(logging.Formatter):
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
             line["exception"] = record.exc_text
+        fixed = _record_fields()
         for name, value in vars(record).items():
-            if name not in _RECORD_FIELDS and name not in _NOT_EXTRA and name not in line:
+            if name not in fixed and name not in _NOT_EXTRA and name not in line:
                 line[name] = value
         return json.dumps(line, ensure_ascii=False, default=str)
 
