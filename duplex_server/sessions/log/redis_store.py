@@ -311,17 +311,8 @@ class RedisLog:
 
         bulk, listed, *_ = await self._call(fetch_and_drop)
 
-        def delete() -> None:
-            doomed = redis_archive.media_digests(bulk.items())
-            for archived in redis_archive.ranges(listed):
-                try:
-                    data = segments.whole(session_id, "archive", archived.digest, archived.size)
-                except MediaUnavailable:
-                    continue
-                doomed |= redis_archive.archive_media(data)
-            media.delete_sync(doomed)
-
-        await asyncio.to_thread(delete)
+        doomed = _named_media(session_id, segments, bulk, listed, with_archives=False)
+        await asyncio.to_thread(lambda: media.delete_sync(doomed()))
 
     async def _delete_media(self, session_id: str, keys: _Keys) -> None:
         """The segments the session's references name, and its archives,
@@ -338,18 +329,8 @@ class RedisLog:
 
         bulk, listed = await self._call(fetch)
 
-        def delete() -> None:
-            doomed = redis_archive.media_digests(bulk.items())
-            for archived in redis_archive.ranges(listed):
-                doomed.add(archived.digest.hex())
-                try:
-                    data = segments.whole(session_id, "archive", archived.digest, archived.size)
-                except MediaUnavailable:  # gone already: what it named cannot be found
-                    continue
-                doomed |= redis_archive.archive_media(data)
-            media.delete_sync(doomed)
-
-        await asyncio.to_thread(delete)
+        doomed = _named_media(session_id, segments, bulk, listed, with_archives=True)
+        await asyncio.to_thread(lambda: media.delete_sync(doomed()))
 
     async def sessions(self, *, open_only: bool = False) -> list[SessionRow]:
         async def fetch() -> list[SessionRow]:
@@ -630,6 +611,33 @@ def _row(session_id: str, meta: dict[bytes, bytes]) -> SessionRow:
 def _unsealed(bulk: dict[bytes, bytes]) -> dict[str, bytes]:
     """The bulk values still held whole (``a<seq>``, ``u<seq>``, ``o<n>``)."""
     return {name.decode(): value for name, value in bulk.items() if name[:1] in b"aou"}
+
+
+def _named_media(
+    session_id: str,
+    segments: SegmentReader,
+    bulk: dict[bytes, bytes],
+    listed: list[bytes],
+    *,
+    with_archives: bool,
+) -> Callable[[], set[str]]:
+    """The digests of the segments a session's references name, in its bulk
+    and in its archives (and of the archives themselves, ``with_archives``);
+    returned as a blocking call, for a worker thread (archives are files)."""
+
+    def named() -> set[str]:
+        digests = redis_archive.media_digests(bulk.items())
+        for archived in redis_archive.ranges(listed):
+            if with_archives:
+                digests.add(archived.digest.hex())
+            try:
+                data = segments.whole(session_id, "archive", archived.digest, archived.size)
+            except MediaUnavailable:  # gone already: what it named cannot be found
+                continue
+            digests |= redis_archive.archive_media(data)
+        return digests
+
+    return named
 
 
 def _archived(
