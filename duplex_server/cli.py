@@ -116,11 +116,12 @@ def _tune_gc() -> None:
 def serve(config: ServerConfig) -> None:
     import uvicorn
 
-    from duplex_server import log_format, redaction
+    from duplex_server import log_format, progress, redaction
     from duplex_server.app import create_app
     from duplex_server.sessions.log.sqlite_store import StoreError
     from duplex_server.transport import uvicorn_config
 
+    progress.set_quiet(config.quiet)
     try:
         app = create_app(config)
     except (ValueError, StoreError) as exc:

@@ -131,8 +131,9 @@ class ServerConfig:
         None,
         group=STORE,
         help="redis: move each session's audio and event payloads out of Redis into "
-        "segment files here, a few seconds at a time (Redis keeps references; every "
-        "replica must see the folder: one host, or a shared mount)",
+        "segment files here, a few seconds at a time (Redis keeps references); every "
+        "replica must see the folder (one host, or a shared mount), or give an object "
+        "store, s3://BUCKET/PREFIX (boto3's AWS_* settings; pip install duplex-server[s3])",
     )
     media_retention_s: float = declare(
         ManagerSettings.media_retention_s,
@@ -726,6 +727,12 @@ class ServerConfig:
         choices=LOG_FORMATS,
         help="'text' for a terminal; 'json': one object a line (ts, level, logger, message, "
         "session_id, response_id) for a log pipeline",
+    )
+    quiet: bool = declare(
+        False,
+        group=LOGGING,
+        help="draw no progress bars on stderr while models load (they are drawn only "
+        "where stderr is a terminal); the log lines are unchanged",
     )
     otlp_traces_endpoint: str | None = declare(
         None,

@@ -6,7 +6,8 @@ lines say what loaded.
 :func:`loads` counts the loads done before the server listens (the
 cascade's recogniser, voice and voice-activity model); :func:`watch` shows
 a load that goes on in the background after it listens (an LLM's weights)
-until it is up or has failed.
+until it is up or has failed. ``serve --quiet`` turns both off
+(:func:`set_quiet`), for a terminal that should show the log lines alone.
 """
 
 from __future__ import annotations
@@ -22,11 +23,20 @@ from tqdm import tqdm
 
 T = TypeVar("T")
 WATCH_PERIOD_S = 0.5
+# serve --quiet: one switch for the process, as stderr is one for the process
+_quiet = False
+
+
+def set_quiet(quiet: bool) -> None:
+    """Whether the load bars are off everywhere (``serve --quiet``)."""
+    global _quiet
+    _quiet = quiet
 
 
 def _bar(desc: str, total: int | None, unit: str) -> tqdm:
     # disable=None: drawn only when stderr is a terminal
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=None, leave=False)
+    disable = True if _quiet else None
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=disable, leave=False)
 
 
 class Loads:

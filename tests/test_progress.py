@@ -1,7 +1,7 @@
 """Progress on stderr: a bench draws tqdm bars where stderr is a terminal (a
 pty here), and draws nothing where it is not (a pipe) or with ``--quiet``;
 stdout is the same one JSON line in every case. The server's model loads
-draw a bar on a terminal and nothing elsewhere."""
+draw a bar on a terminal and nothing elsewhere, nor with ``serve --quiet``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import os
 import pty
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -79,8 +80,15 @@ def bench(argv: list[str], *, tty: bool) -> tuple[str, str]:
     if not tty:
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
         return done.stdout, done.stderr
+    return on_terminal(command)
+
+
+def on_terminal(command: list[str], until: str | None = None) -> tuple[str, str]:
+    """(stdout, stderr) of ``command`` run with stderr on a pty: to its end, or
+    (a server) until its stderr shows ``until``, when it is stopped."""
     master, slave = terminal()
     drawn = bytearray()
+    seen = threading.Event()
 
     def drain() -> None:
         while True:
@@ -91,6 +99,8 @@ def bench(argv: list[str], *, tty: bool) -> tuple[str, str]:
             if not chunk:
                 return
             drawn.extend(chunk)
+            if until is not None and until.encode() in drawn:
+                seen.set()
 
     reader = threading.Thread(target=drain)
     reader.start()
@@ -99,8 +109,13 @@ def bench(argv: list[str], *, tty: bool) -> tuple[str, str]:
             command, cwd=REPO, stdout=subprocess.PIPE, stderr=slave, text=True
         ) as process:
             os.close(slave)
+            if until is not None:
+                while not seen.wait(0.2):
+                    assert process.poll() is None, drawn.decode(errors="replace")
+                process.terminate()
             stdout, _ = process.communicate()
-        assert process.returncode == 0
+        # uvicorn stops on SIGTERM, then raises it again for its parent to see
+        assert process.returncode == (0 if until is None else -signal.SIGTERM)
         reader.join()
     finally:
         os.close(master)
@@ -161,3 +176,17 @@ def test_model_loads_draw_a_bar_on_a_terminal(monkeypatch):
         os.close(master)
     # drawn when it begins (loads this quick are not redrawn) and cleared at the end
     assert re.search(r"loading the cascade: +0%\|.*\| *0/2 \[", drawn.decode()), drawn
+
+
+def test_serve_draws_its_model_loads_on_a_terminal_unless_quiet():
+    """The cascade's loads (recogniser, voice, voice activity) on the server's
+    own stderr, then its first log line once it listens."""
+    port = ["--port", "0", "--log-level", "info", "--store", "memory"]
+    serve = [sys.executable, "-m", "duplex_server.cli", "serve", *port]
+    listening = "Uvicorn running on"
+    _, drawn = on_terminal(serve, until=listening)
+    _, quiet = on_terminal([*serve, "--quiet"], until=listening)
+
+    assert re.search(r"loading the cascade: +0%\|.*\| *0/3 \[", drawn), drawn
+    assert "loading the cascade" not in quiet, quiet
+    assert listening in quiet
