@@ -324,7 +324,12 @@ def parser(prog: str = "duplex-bench") -> argparse.ArgumentParser:
         help="sqlite (a temp file), sqlite:PATH, memory, or a redis:// URL",
     )
     p.add_argument("--sessions", type=int, default=20_000, help="stop after serving this many")
-    p.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: no limit)")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=0.0,
+        help="stop after this long (0: no limit; with --long-calls, 0 is 120 s of each call)",
+    )
     p.add_argument(
         "--churn-clients", type=int, default=16, help="clients serving sessions back to back"
     )
@@ -341,7 +346,12 @@ def parser(prog: str = "duplex-bench") -> argparse.ArgumentParser:
     p.add_argument(
         "--commit-every-s", type=float, default=1.0, help="the streaming sessions' commit period"
     )
-    p.add_argument("--sample-s", type=float, default=2.0, help="between samples")
+    p.add_argument(
+        "--sample-s",
+        type=float,
+        default=None,
+        help="between samples (default 2 s; with --long-calls, 15 s)",
+    )
     p.add_argument(
         "--warmup",
         type=float,
@@ -370,6 +380,33 @@ def parser(prog: str = "duplex-bench") -> argparse.ArgumentParser:
         "live session costs (0: skip)",
     )
     p.add_argument("--live-s", type=float, default=60.0, help="how long the live sessions stream")
+    long = p.add_argument_group(
+        "long calls",
+        "with --long-calls: instead of churn, --calls sessions talk recorded speech for "
+        "--seconds on each of --stores in turn: store memory per session-hour, refold time "
+        "against call length, heartbeat p99 over time (duplex_bench/long_calls.py)",
+    )
+    long.add_argument("--long-calls", action="store_true", help="run the long-call soak")
+    long.add_argument("--calls", type=int, default=2, help="concurrent long calls")
+    long.add_argument(
+        "--stores",
+        default="redis,redis-media,sqlite",
+        help="comma-separated: redis (a redis-server of its own), redis-media (the same "
+        "with --media-dir), sqlite (a temp file)",
+    )
+    long.add_argument(
+        "--model",
+        default="cascade",
+        choices=["cascade", "echo"],
+        help="the server's --model (echo: a cheaper run)",
+    )
+    long.add_argument("--asr", default="pocketsphinx", help="the cascade's --asr")
+    long.add_argument(
+        "--speech-dir",
+        default="",
+        help="the recorded speech (fetched there with pip when missing; default "
+        "$DUPLEX_SERVER_SPEECH_DIR or ~/.cache/duplex-server/speech/...)",
+    )
 
     p = _kind(
         kinds,

@@ -14,6 +14,9 @@ after which the server's caches, arenas and pools have settled). A server
 that keeps something of every session it served shows a slope; one that
 does not, a flat line. The JSON gives every sample; ``--plot`` draws RSS,
 fds and p99 latency against sessions served (matplotlib).
+
+``--long-calls`` asks the other question, of one call's length instead of
+the number of calls: duplex_bench/long_calls.py.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from duplex_bench.sessions import BenchClient, Measures, append_frame, quantiles
 from duplex_server.surface import REDIS_SCHEMES, connect_redis
 
 TARGET_SLOPE_MB_PER_1000 = 0.05
+DEFAULT_SAMPLE_S = 2.0  # --sample-s without --long-calls
 RECONNECT_PAUSE_S = 0.1  # after a failed session, before the next
 # A churn session that has not ended this long after it began is given up
 # (counted as failed): the run must end, and print, whatever the server does.
@@ -301,6 +305,13 @@ def plot(samples: list[dict], path: str, title: str) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.long_calls:
+        from duplex_bench import long_calls
+
+        long_calls.run(args)
+        return
+    if args.sample_s is None:
+        args.sample_s = DEFAULT_SAMPLE_S
     if not (args.sessions or args.seconds or args.live_sessions):
         raise SystemExit("bench soak: give --sessions, --seconds or --live-sessions")
     with tempfile.TemporaryDirectory(prefix="duplex-soak-") as tmp:
