@@ -1,10 +1,11 @@
 """Contexts longer than the temporal transformer's sliding window, on a tiny
 random Moshi whose window is a few frames: past the window the batched rows
 still equal each row alone (a late joiner included) and the cache stops
-growing; a resume prefills only the last window of logged frames (the
-``--model moshi:`` checkpoint says how many) and that rebuilt row continues
+growing; a row rebuilt from only the last window of logged frames continues
 the same in a batch whose shared timeline is long past the window as it
-does alone."""
+does alone. (A server resume prefills the whole call's log, not a window:
+only that continues the uninterrupted call, ``tests/test_moshi_long_call.py``
+and ``tests/e2e/test_moshi_resume.py``.)"""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def cached_positions(stepper: DuplexStepper) -> set[int]:
     return {layer.keys.shape[-2] for layer in stepper.cache.layers if layer.keys is not None}
 
 
-def test_the_checkpoint_window_bounds_a_resume(checkpoint):
+def test_the_checkpoint_says_its_window(checkpoint):
     assert check_moshi_checkpoint(str(checkpoint)).window == WINDOW
 
 

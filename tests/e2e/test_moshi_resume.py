@@ -4,7 +4,10 @@ a session primed with a persona and a voice prompt, fed a fixed signal over
 a real WebSocket; it is killed mid-conversation, and the session resumed
 and fed the rest of the signal, two ways: a server restarted on the same
 SQLite database, or a second replica on the same Redis that takes the
-session over (its lease expired with the dead one).
+session over (its lease expired with the dead one). A third: a checkpoint
+whose temporal window is 4 frames, killed past two windows into the call,
+restarted from a snapshot: the resume prefills the whole call's units (not
+the last window's), so it too continues the uninterrupted run.
 
 The log's ``unit`` records say exactly what the model heard (the client's
 frames, and the silence the server clocked while nobody spoke, the restart
@@ -49,6 +52,11 @@ UNITS_TIMEOUT_S = 180.0
 PCM16_TOLERANCE = 2  # float32 rows rebuilt in a batch of one round alike to within this
 LEASE_TTL_MS = "1000"  # a dead replica's sessions are free to take over after this
 TEMPERATURE = 0.8  # it samples: its noise comes from its session's seed and frame numbers
+# A call past the window: a checkpoint whose temporal window is a few frames,
+# killed more than two windows in, snapshots every few records.
+WRAPPED_WINDOW = 4
+WRAPPED_CRASH_AFTER = 2 * WRAPPED_WINDOW + 1
+WRAPPED_SNAPSHOT_EVERY = 8
 PERSONA = {"instructions": "be a kind pirate", "voice": "pirate", "temperature": TEMPERATURE}
 
 
@@ -172,6 +180,11 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def wrapped_checkpoint(tmp_path_factory):
+    return tiny_moshi(tmp_path_factory.mktemp("moshi-wrapped"), window=WRAPPED_WINDOW)
+
+
+@pytest.fixture(scope="module")
 def voices(tmp_path_factory):
     directory = tmp_path_factory.mktemp("voices")
     write_wav(directory / "pirate.wav", np.sin(2 * np.pi * 180 * np.arange(12_000) / 24_000) * 0.3)
@@ -221,6 +234,33 @@ def deployment(request, tmp_path, checkpoint, voices) -> Callable[[], tuple]:
 async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_run(
     deployment, checkpoint, voices
 ):
+    await resumed_call(deployment, checkpoint, voices, CRASH_AFTER_UNITS)
+
+
+async def test_a_call_past_the_window_resumed_after_kill9_continues_the_uninterrupted_run(
+    tmp_path, wrapped_checkpoint, voices
+):
+    """The temporal window is WRAPPED_WINDOW frames and the crash comes more
+    than two windows into the call (the priming before it), with snapshots
+    every few records: the restart refolds from a snapshot and must still
+    read back, and prefill, every unit of the call, not the last window's."""
+    db = f"sqlite:{tmp_path / 'moshi.db'}"
+    snapshots = ("--snapshot-every", str(WRAPPED_SNAPSHOT_EVERY))
+
+    def start_and_restart() -> tuple:
+        first = moshi_server(db, wrapped_checkpoint, voices, *snapshots)
+        return first, lambda: moshi_server(db, wrapped_checkpoint, voices, *snapshots)
+
+    lines = await resumed_call(start_and_restart, wrapped_checkpoint, voices, WRAPPED_CRASH_AFTER)
+    assert any(line["kind"] == "snapshot" for line in lines)
+
+
+async def resumed_call(
+    deployment: Callable[[], tuple], checkpoint, voices, crash_after: int
+) -> list[dict]:
+    """A session killed after ``crash_after`` logged units and resumed on the
+    server ``deployment`` gives: every logged token, before and after the
+    crash, is the uninterrupted run's, and so is the audio sent; its log."""
     frames = signal()
     first, then = deployment()
     second: ServerProcess | None = None
@@ -235,7 +275,7 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
         await client.recv_until("session.updated")
         for pcm in frames[:BEFORE]:
             await client.append(pcm)
-        await wait_units(first, session_id, lambda lines: len(units(lines)) >= CRASH_AFTER_UNITS)
+        await wait_units(first, session_id, lambda lines: len(units(lines)) >= crash_after)
         first.kill9()  # mid-conversation: frames still queued, the model speaking
         with pytest.raises(websockets.ConnectionClosed):
             while True:
@@ -266,7 +306,7 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
         if second is not None:
             second.stop()
 
-    assert len([u for u in units(lines) if u["seq"] < takeover]) >= CRASH_AFTER_UNITS
+    assert len([u for u in units(lines) if u["seq"] < takeover]) >= crash_after
     logged = units(lines)
     assert [u["body"]["index"] for u in logged] == list(range(len(logged)))  # no gap, no repeat
     after_crash = [u for u in logged if u["seq"] > takeover]
@@ -293,6 +333,7 @@ async def test_a_moshi_session_resumed_after_kill9_continues_the_uninterrupted_r
     assert resumed["replay_from_seq"] == cursor + 1
     for seq, pcm in spoken.values():
         assert deltas[seq] == pcm
+    return lines
 
 
 async def receive_through(client: WsClient, seq: int) -> list[dict]:

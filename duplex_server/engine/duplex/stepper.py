@@ -191,8 +191,9 @@ class DuplexStepper:
         masked to the newest ``sliding_window`` positions as a tick's is
         (Moshi's own mask is plain causal; only its cache slides), so a call
         past the window is rebuilt exactly, not replayed tick by tick. The
-        codec takes all its frames in one encode and one decode (two across
-        a row's first frame, where ``tick`` restarts the decoder).
+        codec streams the same frames a window a call (one more across a
+        row's first frame, where ``tick`` restarts the decoder), so a
+        rebuild's memory is a window's, not the whole call's.
         """
         alone = DuplexStepper(model, 1)
         source = alone.join()
@@ -222,8 +223,7 @@ class DuplexStepper:
             embeds = embeds + model.embed_tokens[codebook](columns[:, 1 + codebook])
             embeds = embeds + model.embed_tokens[k + codebook](user_columns[:, codebook])
         frames = len(history)
-        window = model.config.sliding_window
-        chunk = window if isinstance(window, int) and window > 0 else frames
+        chunk = self._prefill_chunk(frames)
         for begin in range(0, frames, chunk):
             end = min(frames, begin + chunk)
             positions = torch.arange(past + begin, past + end, device=device)
@@ -261,14 +261,20 @@ class DuplexStepper:
         own: torch.Tensor,
         first_step: int,
     ) -> torch.Tensor:
-        """The codec's streaming state through ``history`` in one encode and
-        (at most) two decodes, as ``tick`` leaves it frame by frame; returns
-        the user's codes of every frame."""
+        """The codec's streaming state through ``history``, a window of frames
+        an encode and a decode (a decode more across the row's first frame),
+        as ``tick`` leaves it frame by frame; returns the user's codes of
+        every frame."""
         frames = len(history)
-        samples = np.concatenate([frame for frame, _ in history])
-        batch = torch.from_numpy(samples)[None].to(self.model.device, self.model.dtype)
+        chunk = self._prefill_chunk(frames)
         encoder, decoder = self._eager_codec()
-        user = encoder.encode_frames(batch)[0].T
+        user = torch.cat(
+            [
+                encoder.encode_frames(self._samples(history[begin : begin + chunk]))
+                for begin in range(0, frames, chunk)
+            ],
+            dim=-1,
+        )[0].T
         # frame t's codes: codebook 0 from column t, codebooks 1.. from column t + 1
         first = torch.cat([self.audio_in[0, :1], own[:-1, 0]])
         codes = torch.cat([first[:, None], own[:, 1:]], dim=1).clamp(max=self.audio_start - 1)
@@ -278,8 +284,20 @@ class DuplexStepper:
             decoder.decode_frames(codes[:cut].T[None])
         if 0 <= restart < frames:
             decoder.reset(0)
-        decoder.decode_frames(codes[cut:].T[None])
+        for part in codes[cut:].split(chunk):
+            decoder.decode_frames(part.T[None])
         return user
+
+    def _prefill_chunk(self, frames: int) -> int:
+        """Frames a forward of a prefill: the temporal window (a call's memory
+        is a window's, however long the call was), or all of them."""
+        window = self.model.config.sliding_window
+        return window if isinstance(window, int) and window > 0 else max(frames, 1)
+
+    def _samples(self, history: Sequence[tuple[np.ndarray, FrameTokens]]) -> torch.Tensor:
+        """(1, frames * 1920) input samples of ``history`` on the model's device."""
+        samples = np.concatenate([frame for frame, _ in history])
+        return torch.from_numpy(samples)[None].to(self.model.device, self.model.dtype)
 
     @torch.no_grad()
     def adopt(self, alone: DuplexStepper) -> int:
