@@ -11,6 +11,7 @@ import uuid
 import pytest
 import redis as redis_client
 
+from duplex_server import metrics
 from duplex_server.jobs.blobs import BlobStore
 from duplex_server.sessions.core.records import (
     AudioBody,
@@ -178,7 +179,7 @@ async def test_a_crash_between_segment_and_swap_loses_nothing(redis_server, pref
 
 
 async def test_a_segment_that_cannot_be_written_leaves_the_bulk_in_redis(
-    redis_server, prefix, tmp_path
+    redis_server, prefix, tmp_path, caplog
 ):
     media = tmp_path / "media"
     log = _log(redis_server, prefix, media)
@@ -187,9 +188,13 @@ async def test_a_segment_that_cannot_be_written_leaves_the_bulk_in_redis(
     (media / "tmp").write_bytes(b"")  # where segments are written first: unusable now
     records = _conversation(turns=1)
     await log.append("s", records, fence)
+    failed = metrics.STORE_ERRORS.labels("seal_media")._value.get()
     await log.seal_media()
     assert all(name[:1] in b"aou" for name in _bulk(redis_server, prefix))
     assert await log.read("s") == records
+    # said, in the log and in /metrics: the store's memory grows meanwhile
+    assert metrics.STORE_ERRORS.labels("seal_media")._value.get() > failed
+    assert any("could not seal" in r.message and "session s " in r.message for r in caplog.records)
     await log.close()
 
 

@@ -27,6 +27,7 @@ replaced: :class:`MediaUnavailable` is the store's ``StorageUnavailable``
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from typing import Protocol
 
 import msgspec
 
+from duplex_server import metrics
 from duplex_server.sessions.core.records import BlobRef
 from duplex_server.sessions.log.store import StorageUnavailable
 
@@ -151,6 +153,9 @@ class BulkSwap(Protocol):
     async def archive_old(self, session_id: str) -> None: ...
 
 
+logger = logging.getLogger(__name__)
+
+
 class MediaSealer:
     """Collects each session's bulk as it is appended and seals it into
     segments in the background, one seal at a time per session."""
@@ -226,9 +231,18 @@ class MediaSealer:
                     }
                     await self._store.swap_bulk(session_id, refs)
                     await self._store.archive_old(session_id)
-                except (OSError, StorageUnavailable):
+                except (OSError, StorageUnavailable) as exc:
                     # The bulk stays in the store, where it is safe; it is
-                    # sealed after the session's next read.
+                    # sealed after the session's next read. Said, because
+                    # the store's memory grows while the media cannot go.
+                    metrics.STORE_ERRORS.labels("seal_media").inc()
+                    logger.warning(
+                        "could not seal %d media values of session %s out of the store "
+                        "(they stay there, sealed after its next read): %s",
+                        len(values),
+                        session_id,
+                        exc,
+                    )
                     return
                 self.sealed_segments += 1
         finally:
