@@ -26,6 +26,7 @@ from duplex_server.models import MODEL_CHOICES
 from duplex_server.sessions.core.model_names import ModelNames
 from duplex_server.sessions.runtime.actor_settings import ActorSettings
 from duplex_server.sessions.runtime.manager import ManagerSettings
+from duplex_server.sessions.runtime.retention import RETAIN_AUDIO
 from duplex_server.settings import (
     ACCESS,
     BATCH,
@@ -115,9 +116,11 @@ class ServerConfig:
     retain_audio: str = declare(
         ActorSettings.retain_audio,
         group=STORE,
-        choices=("all", "uncommitted"),
+        choices=RETAIN_AUDIO,
         help="'uncommitted': compact a turn's input audio to metadata once the client "
-        "acknowledged its commit (session.event_ack)",
+        "acknowledged its commit (session.event_ack); 'none' (keep no audio): once the turn "
+        "is committed, cleared or cancelled, and at close, acknowledged or not (records keep "
+        "their metadata; answers' audio goes with the journal's acknowledgements and window)",
     )
     snapshot_every: int = declare(
         ActorSettings.snapshot_every,

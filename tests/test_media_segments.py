@@ -256,3 +256,25 @@ async def test_deleting_a_session_deletes_its_media_and_no_other(redis_server, p
     assert not list(media.glob("??/*"))
     await fresh.close()
     await log.close()
+
+
+async def test_segments_whose_references_were_trimmed_away_are_deleted_with_the_session(
+    redis_server, prefix, tmp_path
+):
+    """A trim (acknowledged payloads) or a compaction (committed audio) drops
+    references; the segments they named are still the session's, and go
+    with its delete rather than staying on disk for ever."""
+    media = tmp_path / "media"
+    log = _log(redis_server, prefix, media)
+    fence = await _opened(log)
+    # input audio and answers only: a unit's reference would keep naming the segment
+    records = [_audio(seq, seq) for seq in range(1, 9)] + [_out(seq, seq) for seq in range(9, 12)]
+    await log.append("s", records, fence)
+    await log.seal_media()
+    assert list(media.glob("??/*"))
+    last_event = max(r.body.server_event_seq for r in records if isinstance(r.body, OutBody))
+    await log.trim("s", last_event)
+    await log.compact_audio("s", records[-1].seq)
+    await log.delete("s")
+    assert not list(media.glob("??/*"))
+    await log.close()

@@ -83,3 +83,46 @@ async def test_a_closed_sessions_media_goes_and_its_records_stay(redis_server, t
         (row,) = [row for row in await log.sessions() if row.session_id == session_id]
         assert row.media_expired and row.closed
         server.final_states.pop(session_id, None)  # its refold lacks the audio: by design
+
+
+async def test_keeping_no_audio_deletes_a_sessions_segments_at_its_close(redis_server, tmp_path):
+    """``--retain-audio none`` with ``--media-dir``: what was sealed during
+    the call goes with its close, not a retention later; the records stay."""
+    media = tmp_path / "media"
+    config = ServerConfig(
+        port=free_port(),
+        store=redis_server.url,
+        redis_prefix=f"mn{uuid.uuid4().hex[:10]}",
+        media_dir=str(media),
+        retain_audio="none",
+        model="echo",
+    )
+    async with running_server(config) as server:
+        log = server.app.state.log
+        client = await WsClient.connect(server.ws_url)
+        created = await client.expect("session.created")
+        session_id = created["session"]["id"]
+        await client.send({"type": "session.update", "session": {"turn_detection": None}})
+        await client.recv_until("session.updated")
+        for n in range(20):
+            await client.append(tone_pcm16(100), event_id=f"a{n}")
+        await log.seal_media()
+        assert list(media.glob("??/*"))  # the call's audio, sealed into a segment
+        await client.send({"type": "input_audio_buffer.commit"})
+        await client.send({"type": "response.create"})
+        await client.recv_until("response.done")
+        await client.send({"type": "session.close"})
+        await client.recv_until("session.closed")
+        await client.close()
+        for _ in range(200):  # the actor leaves once its close is logged
+            if session_id not in server.manager.actors:
+                break
+            await asyncio.sleep(0.01)
+        await log.seal_media()
+        assert not list(media.glob("??/*"))  # every segment of it deleted
+        after = await log.read(session_id)
+        audio = [r.body for r in after if isinstance(r.body, AudioBody)]
+        assert len(audio) == 20 and all(not b.pcm and b.duration_ms == 100 for b in audio)
+        (row,) = [row for row in await log.sessions() if row.session_id == session_id]
+        assert row.media_expired and row.closed
+        server.final_states.pop(session_id, None)  # its refold lacks the audio: by design

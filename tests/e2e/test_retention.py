@@ -35,6 +35,60 @@ async def test_acknowledged_turn_audio_is_compacted(server):
     assert events[-1]["response"]["duplex"]["playback"]["generated_ms"] == 100.0
 
 
+async def _audio_lengths(server, session_id: str) -> list[int]:
+    await asyncio.sleep(0)
+    records = await server.app.state.log.read(session_id)
+    return [len(r.body.pcm) for r in records if r.kind == "audio"]
+
+
+async def _left(server, session_id: str) -> None:
+    for _ in range(200):  # the actor leaves once its close is logged
+        if session_id not in server.manager.actors:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"session {session_id} did not leave")
+
+
+@pytest.mark.server_config(retain_audio="none")
+async def test_keeping_no_audio_drops_it_once_the_buffer_ends_and_at_close(server):
+    """No acknowledgement needed: a commit or a clear ends the buffer and its
+    samples go; at close the rest goes, and the answers' payloads with it,
+    every record and its metadata (durations, transcripts) staying."""
+    client, created = await server.open()
+    session_id = created["session"]["id"]
+    heartbeat = {"type": "session.heartbeat"}
+    await client.append(tone_pcm16(200))
+    await client.send({"type": "input_audio_buffer.commit"})
+    await client.recv_until("rate_limits.updated")
+    await client.append(tone_pcm16(100))  # not committed: must survive
+    await client.send(heartbeat)
+    await client.expect("session.heartbeat_ack")
+    assert await _audio_lengths(server, session_id) == [0, len(tone_pcm16(100))]
+
+    await client.send({"type": "input_audio_buffer.clear"})
+    await client.append(tone_pcm16(300))
+    await client.send(heartbeat)
+    await client.recv_until("session.heartbeat_ack")
+    assert await _audio_lengths(server, session_id) == [0, 0, len(tone_pcm16(300))]
+
+    await client.send({"type": "input_audio_buffer.commit"})
+    events = await client.recv_until("response.done")
+    assert events[-1]["response"]["duplex"]["playback"]["generated_ms"] == 300.0
+    await client.send({"type": "session.close"})
+    await client.recv_until("session.closed")
+    await _left(server, session_id)
+    # the memory store drops a closed session at once (the fixture keeps its records)
+    records = server.final_records.get(session_id) or await server.app.state.log.read(session_id)
+    audio = [r.body for r in records if r.kind == "audio"]
+    assert [a.duration_ms for a in audio] == [200.0, 100.0, 300.0]
+    assert not any(a.pcm for a in audio)
+    outs = [r.body for r in records if r.kind == "out"]
+    assert outs and all(o.trimmed and not o.payload for o in outs)
+    answered = [o for o in outs if o.event_type == "response.output_audio.delta"]
+    # both answers' lengths (the echo says each turn back), not how they sounded
+    assert sum(o.audio_ms for o in answered) == 200.0 + 300.0
+
+
 async def test_audio_is_kept_by_default(server):
     client, created = await server.open()
     await client.append(tone_pcm16(100))

@@ -118,7 +118,7 @@ def connect(url: str, **options: Any) -> aioredis.Redis:
 
 
 class _Keys:
-    __slots__ = ("meta", "log", "bulk", "eids", "lease", "want", "archive")
+    __slots__ = ("meta", "log", "bulk", "eids", "lease", "want", "archive", "segments")
 
     def __init__(self, prefix: str, session_id: str) -> None:
         base = f"{prefix}:{{{session_id}}}"
@@ -129,6 +129,9 @@ class _Keys:
         self.lease = f"{base}:lease"
         self.want = f"{base}:want"
         self.archive = f"{base}:archive"
+        # every media segment sealed for the session, whether or not a
+        # reference still names it (a trim or a compaction drops references)
+        self.segments = f"{base}:segments"
 
 
 def _refusal(session_id: str, exc: ResponseError) -> Exception:
@@ -281,7 +284,8 @@ class RedisLog:
         async def delete() -> None:
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.delete(
-                    keys.meta, keys.log, keys.bulk, keys.eids, keys.lease, keys.want, keys.archive
+                    *(keys.meta, keys.log, keys.bulk, keys.eids, keys.lease, keys.want),
+                    *(keys.archive, keys.segments),
                 )
                 pipe.zrem(f"{self.prefix}:sessions", session_id)
                 await pipe.execute()
@@ -300,18 +304,23 @@ class RedisLog:
         keys = self._keys(session_id)
         media, segments = self._media, self._segments
         assert segments is not None
+        if self._sealer is not None:
+            # what waits to be sealed goes with the bulk (a seal already
+            # under way lists its segment, for the session's delete)
+            self._sealer.forget(session_id)
 
         async def fetch_and_drop() -> list[Any]:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hgetall(keys.bulk)
                 pipe.lrange(keys.archive, 0, -1)
+                pipe.smembers(keys.segments)
                 pipe.hset(keys.meta, "media_expired", 1)
-                pipe.delete(keys.bulk)
+                pipe.delete(keys.bulk, keys.segments)
                 return await pipe.execute()
 
-        bulk, listed, *_ = await self._call(fetch_and_drop)
+        bulk, listed, sealed, *_ = await self._call(fetch_and_drop)
 
-        doomed = _named_media(session_id, segments, bulk, listed, with_archives=False)
+        doomed = _named_media(session_id, segments, bulk, listed, sealed, with_archives=False)
         await asyncio.to_thread(lambda: media.delete_sync(doomed()))
 
     async def _delete_media(self, session_id: str, keys: _Keys) -> None:
@@ -325,11 +334,12 @@ class RedisLog:
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.hgetall(keys.bulk)
                 pipe.lrange(keys.archive, 0, -1)
+                pipe.smembers(keys.segments)
                 return await pipe.execute()
 
-        bulk, listed = await self._call(fetch)
+        bulk, listed, sealed = await self._call(fetch)
 
-        doomed = _named_media(session_id, segments, bulk, listed, with_archives=True)
+        doomed = _named_media(session_id, segments, bulk, listed, sealed, with_archives=True)
         await asyncio.to_thread(lambda: media.delete_sync(doomed()))
 
     async def sessions(self, *, open_only: bool = False) -> list[SessionRow]:
@@ -429,10 +439,22 @@ class RedisLog:
             await self._sealer.drain()
 
     async def swap_bulk(self, session_id: str, refs: dict[str, bytes]) -> int:
-        """A segment holds these bulk values now: keep only their references."""
+        """A segment holds these bulk values now: keep only their references.
+        The segment is listed first, for its session's delete, which must
+        find it even after every reference to it was trimmed or compacted
+        away (a crash between lists a segment nothing names: deleted too)."""
         keys = self._keys(session_id)
         pairs = [item for name, ref in refs.items() for item in (name, ref)]
-        return int(await self._call(lambda: _eval(self._redis, SWAP_BULK, [keys.bulk], pairs)))
+        named = redis_archive.media_digests(
+            (name.upper().encode(), ref) for name, ref in refs.items()
+        )
+
+        async def list_and_swap() -> int:
+            if named:
+                await self._redis.sadd(keys.segments, *named)
+            return int(await _eval(self._redis, SWAP_BULK, [keys.bulk], pairs))
+
+        return await self._call(list_and_swap)
 
     async def _flush(self) -> None:
         while self._pending:
@@ -618,15 +640,18 @@ def _named_media(
     segments: SegmentReader,
     bulk: dict[bytes, bytes],
     listed: list[bytes],
+    sealed: set[bytes],
     *,
     with_archives: bool,
 ) -> Callable[[], set[str]]:
-    """The digests of the segments a session's references name, in its bulk
-    and in its archives (and of the archives themselves, ``with_archives``);
-    returned as a blocking call, for a worker thread (archives are files)."""
+    """The digests of the segments sealed for a session (``sealed``) and
+    those its references name, in its bulk and in its archives (and of the
+    archives themselves, ``with_archives``); returned as a blocking call,
+    for a worker thread (archives are files)."""
 
     def named() -> set[str]:
         digests = redis_archive.media_digests(bulk.items())
+        digests |= {digest.decode() for digest in sealed}
         for archived in redis_archive.ranges(listed):
             if with_archives:
                 digests.add(archived.digest.hex())
