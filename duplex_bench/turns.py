@@ -261,10 +261,18 @@ class OverlapOutcome:
     status: str | None = None  # the talked-over answer's response.done status
     truncated: bool = False
     overlap_decisions: list[str] = field(default_factory=list)
+    overlap_reasons: list[str] = field(default_factory=list)  # why each decision
 
     @property
     def cut(self) -> bool:
         return self.truncated or (self.status is not None and self.status != "completed")
+
+    @property
+    def judged(self) -> bool:
+        """Whether the overlap was judged while the answer still played: one
+        whose answer ended while its words were awaited (``answer_ended``)
+        had nothing left to cut, whatever the policy."""
+        return not (not self.cut and "answer_ended" in self.overlap_reasons)
 
     def report(self) -> dict:
         return {
@@ -273,7 +281,9 @@ class OverlapOutcome:
             "status": self.status,
             "truncated": self.truncated,
             "overlap_decisions": self.overlap_decisions,
+            "overlap_reasons": self.overlap_reasons,
             "cut": self.cut,
+            "judged": self.judged,
         }
 
 
@@ -299,6 +309,7 @@ def _overlap_script(question: Utterance, clip: Utterance, outcome: OverlapOutcom
                 outcome.truncated = True
             if event["type"] == "overlap.decision":
                 outcome.overlap_decisions.append(str(event.get("action")))
+                outcome.overlap_reasons.append(str(event.get("reason")))
 
     return script
 
@@ -409,7 +420,9 @@ def _overlaps(
         "acknowledgements": len(acks),
         "acknowledgements_that_cut": sum(o.cut for o in acks),
         "interruptions": len(interruptions),
-        "interruptions_that_did_not_cut": sum(not o.cut for o in interruptions),
+        "interruptions_that_did_not_cut": sum(not o.cut and o.judged for o in interruptions),
+        # the answer ended before their words were known: not a verdict on the policy
+        "interruptions_unjudged": sum(not o.judged for o in interruptions),
         "unanswered": sum(o.status is None for o in outcomes),
         "appends_refused": sum(s.refused for s in sessions),
         "other_errors": [e for s in sessions for e in s.errors][:10],
@@ -455,6 +468,7 @@ def _targets(phases: dict[str, dict], overlaps: dict[str, dict]) -> dict:
         and semantic_overlaps["unanswered"] == 0,
         "every_interruption_cut_the_answer": semantic_overlaps is not None
         and semantic_overlaps["interruptions_that_did_not_cut"] == 0
+        and semantic_overlaps["interruptions_unjudged"] == 0  # each one shown, none skipped
         and semantic_overlaps["unanswered"] == 0,
     }
 

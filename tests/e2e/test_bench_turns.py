@@ -106,7 +106,13 @@ def test_each_overlap_is_judged_on_the_answer_it_talked_over(report, detection):
         t["cut"] for t in trials if t["kind"] == "acknowledgement"
     )
     assert overlaps["interruptions_that_did_not_cut"] == sum(
-        not t["cut"] for t in trials if t["kind"] == "interruption"
+        not t["cut"] and t["judged"] for t in trials if t["kind"] == "interruption"
     )
+    # unjudged only where the answer ended while the words were awaited, uncut
+    assert overlaps["interruptions_unjudged"] == sum(
+        not t["judged"] for t in trials if t["kind"] == "interruption"
+    )
+    for trial in trials:
+        assert trial["judged"] == (trial["cut"] or "answer_ended" not in trial["overlap_reasons"])
     # a whole sentence over the answer is a barge-in today and after backchannels land
     assert overlaps["interruptions_that_did_not_cut"] == 0
