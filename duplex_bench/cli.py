@@ -402,6 +402,12 @@ def parser(prog: str = "duplex-bench") -> argparse.ArgumentParser:
     )
     long.add_argument("--asr", default="pocketsphinx", help="the cascade's --asr")
     long.add_argument(
+        "--retain-audio",
+        default="all",
+        choices=["all", "uncommitted", "none"],
+        help="the server's --retain-audio (none: what keeping no audio costs)",
+    )
+    long.add_argument(
         "--speech-dir",
         default="",
         help="the recorded speech (fetched there with pip when missing; default "

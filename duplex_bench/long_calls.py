@@ -376,6 +376,8 @@ def one_store(kind: str, pcm: bytes, args: argparse.Namespace, tmp: Path) -> dic
     flags: dict = {"asr": args.asr} if args.long_model == "cascade" else {}
     if media is not None:
         flags["media_dir"] = media
+    if args.retain_audio != "all":
+        flags["retain_audio"] = args.retain_audio
     try:
         server = ServerProcess(store, model=args.long_model, **flags).start(timeout_s=120)
         try:
@@ -467,6 +469,7 @@ def _store_report(
     memory_key = "redis_used_memory_delta_bytes" if kind.startswith("redis") else "sqlite_bytes"
     report = {
         "store": kind,
+        "retain_audio": args.retain_audio,
         "server_cpu_percent_max": max((s["server_cpu_percent"] for s in samples[1:]), default=None),
         **validity(*samples[1:]),
         "generator_cpu_percent_max": max(

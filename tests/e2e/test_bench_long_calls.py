@@ -25,7 +25,7 @@ def test_bench_soak_long_calls_on_redis_media_seals_audio_out_of_redis():
     assert report["bench"] == "soak" and report["mode"] == "long-calls"
     assert report["calls"] == 2 and report["model"] == "echo"
     [row] = report["stores"]
-    assert row["store"] == "redis-media"
+    assert row["store"] == "redis-media" and row["retain_audio"] == "all"
     assert row["errors"] == 0, row["first_error"]
     assert row["appends"] > 0 and row["answers"] > 0  # the echo answered each commit
     assert row["valid"] == (not any(s["generator_saturated"] for s in row["samples"][1:]))
