@@ -33,24 +33,33 @@ async def _talked_and_closed(server) -> str:
     await client.recv_until("session.closed")
     await client.close()
     session_id = created["session"]["id"]
+    await _left(server, session_id)
+    return session_id
+
+
+async def _left(server, session_id: str) -> None:
     for _ in range(200):  # the actor leaves once its close is logged
         if session_id not in server.manager.actors:
-            break
+            return
         await asyncio.sleep(0.01)
-    return session_id
+
+
+def _config(redis_server, media, **flags) -> ServerConfig:
+    """The echo on Redis with ``--media-dir`` ``media``, a prefix of its own."""
+    prefix = f"m{uuid.uuid4().hex[:10]}"
+    return ServerConfig(
+        port=free_port(),
+        store=redis_server.url,
+        redis_prefix=prefix,
+        media_dir=str(media),
+        model="echo",
+        **flags,
+    )
 
 
 async def test_a_closed_sessions_media_goes_and_its_records_stay(redis_server, tmp_path):
     media = tmp_path / "media"
-    config = ServerConfig(
-        port=free_port(),
-        store=redis_server.url,
-        redis_prefix=f"mr{uuid.uuid4().hex[:10]}",
-        media_dir=str(media),
-        media_retention_s=3600,
-        model="echo",
-    )
-    async with running_server(config) as server:
+    async with running_server(_config(redis_server, media, media_retention_s=3600)) as server:
         log = server.app.state.log
         session_id = await _talked_and_closed(server)
         await log.seal_media()
@@ -89,15 +98,7 @@ async def test_keeping_no_audio_deletes_a_sessions_segments_at_its_close(redis_s
     """``--retain-audio none`` with ``--media-dir``: what was sealed during
     the call goes with its close, not a retention later; the records stay."""
     media = tmp_path / "media"
-    config = ServerConfig(
-        port=free_port(),
-        store=redis_server.url,
-        redis_prefix=f"mn{uuid.uuid4().hex[:10]}",
-        media_dir=str(media),
-        retain_audio="none",
-        model="echo",
-    )
-    async with running_server(config) as server:
+    async with running_server(_config(redis_server, media, retain_audio="none")) as server:
         log = server.app.state.log
         client = await WsClient.connect(server.ws_url)
         created = await client.expect("session.created")
@@ -114,10 +115,7 @@ async def test_keeping_no_audio_deletes_a_sessions_segments_at_its_close(redis_s
         await client.send({"type": "session.close"})
         await client.recv_until("session.closed")
         await client.close()
-        for _ in range(200):  # the actor leaves once its close is logged
-            if session_id not in server.manager.actors:
-                break
-            await asyncio.sleep(0.01)
+        await _left(server, session_id)
         await log.seal_media()
         assert not list(media.glob("??/*"))  # every segment of it deleted
         after = await log.read(session_id)
