@@ -188,7 +188,7 @@ async def test_another_replica_reads_a_session_sealed_into_the_bucket(redis_serv
     await log.seal_media()
     fields = _bulk_fields(redis_server, prefix)
     assert fields and all(name[:1] in b"AOU" for name in fields), sorted(fields)[:5]
-    stored = s3.list_objects_v2(Bucket=BUCKET, Prefix=location.removeprefix(f"s3://{BUCKET}/"))
+    stored = _objects(s3, location)
     assert stored["KeyCount"] >= 1
     await log.close()
     # another replica: its own client, its own (empty) segment cache
@@ -198,13 +198,18 @@ async def test_another_replica_reads_a_session_sealed_into_the_bucket(redis_serv
     await other.close()
 
 
+def _objects(s3, location: str) -> dict:
+    """The bucket's listing of what lies under ``location``'s prefix."""
+    return s3.list_objects_v2(Bucket=BUCKET, Prefix=location.removeprefix(f"s3://{BUCKET}/") + "/")
+
+
 async def test_a_segment_altered_in_the_bucket_is_reported_by_name(redis_server, s3, location):
     prefix = f"m{uuid.uuid4().hex[:10]}"
     log = _log(redis_server, prefix, location)
     await _appended(log, turns=1)
     await log.seal_media()
     await log.close()
-    listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=location.removeprefix(f"s3://{BUCKET}/"))
+    listed = _objects(s3, location)
     (obj,) = listed["Contents"]
     segment = s3.get_object(Bucket=BUCKET, Key=obj["Key"])["Body"].read()
     altered = bytes([segment[0] ^ 1]) + segment[1:]  # same length: only the digest tells
@@ -235,8 +240,7 @@ async def test_a_deleted_session_leaves_no_object_in_the_bucket(redis_server, s3
     log = _log(redis_server, prefix, location)
     await _appended(log, turns=4)
     await log.seal_media()
-    media_prefix = location.removeprefix(f"s3://{BUCKET}/") + "/"
-    assert s3.list_objects_v2(Bucket=BUCKET, Prefix=media_prefix)["KeyCount"] >= 1
+    assert _objects(s3, location)["KeyCount"] >= 1
     await log.delete("s")
-    assert s3.list_objects_v2(Bucket=BUCKET, Prefix=media_prefix)["KeyCount"] == 0
+    assert _objects(s3, location)["KeyCount"] == 0
     await log.close()

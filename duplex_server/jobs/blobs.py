@@ -33,6 +33,14 @@ class BlobMissing(LookupError):
     """The log names a blob the store does not hold (deleted, or corrupt)."""
 
 
+def checked_digest(digest: str) -> str:
+    """``digest`` if it is a lower-case hex SHA-256: it becomes a file or
+    object name, so nothing else (a path, a slash) may pass."""
+    if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+        raise ValueError(f"not a sha256 digest: {digest!r}")
+    return digest
+
+
 class BlobStore:
     def __init__(self, root: str | Path, fsync: bool = True) -> None:
         self.root = Path(root)
@@ -45,9 +53,7 @@ class BlobStore:
             leftover.unlink(missing_ok=True)
 
     def path(self, digest: str) -> Path:
-        if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
-            raise ValueError(f"not a sha256 digest: {digest!r}")
-        return self.root / digest[:2] / digest
+        return self.root / digest[:2] / checked_digest(digest)
 
     def put_sync(self, data: bytes, content_type: str) -> BlobRef:
         digest = hashlib.sha256(data).hexdigest()

@@ -32,7 +32,7 @@ import hashlib
 from typing import Any
 from urllib.parse import urlsplit
 
-from duplex_server.jobs.blobs import BlobMissing
+from duplex_server.jobs.blobs import BlobMissing, checked_digest
 from duplex_server.sessions.core.records import BlobRef
 
 SCHEME = "s3://"
@@ -69,9 +69,7 @@ class S3Blobs:
         self._errors: tuple[type[Exception], ...] = (BotoCoreError, ClientError)
 
     def key(self, digest: str) -> str:
-        if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
-            raise ValueError(f"not a sha256 digest: {digest!r}")
-        name = f"{digest[:2]}/{digest}"
+        name = f"{digest[:2]}/{checked_digest(digest)}"
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def check_sync(self) -> None:

@@ -18,21 +18,26 @@ from tests.wsclient import WsClient, tone_pcm16
 HOUR_MS = 3_600_000
 
 
-async def _talked_and_closed(server) -> str:
-    """A session that sent audio, got an answer with audio, and closed."""
+async def _talking(server) -> tuple[WsClient, str]:
+    """A session (without turn detection) that sent 2 s of audio, uncommitted."""
     client = await WsClient.connect(server.ws_url)
     created = await client.expect("session.created")
     await client.send({"type": "session.update", "session": {"turn_detection": None}})
     await client.recv_until("session.updated")
     for n in range(20):
         await client.append(tone_pcm16(100), event_id=f"a{n}")
+    return client, created["session"]["id"]
+
+
+async def _talked_and_closed(server) -> str:
+    """A session that sent audio, got an answer with audio, and closed."""
+    client, session_id = await _talking(server)
     await client.send({"type": "input_audio_buffer.commit"})
     await client.send({"type": "response.create"})
     await client.recv_until("response.done")
     await client.send({"type": "session.close"})
     await client.recv_until("session.closed")
     await client.close()
-    session_id = created["session"]["id"]
     await _left(server, session_id)
     return session_id
 
@@ -100,13 +105,7 @@ async def test_keeping_no_audio_deletes_a_sessions_segments_at_its_close(redis_s
     media = tmp_path / "media"
     async with running_server(_config(redis_server, media, retain_audio="none")) as server:
         log = server.app.state.log
-        client = await WsClient.connect(server.ws_url)
-        created = await client.expect("session.created")
-        session_id = created["session"]["id"]
-        await client.send({"type": "session.update", "session": {"turn_detection": None}})
-        await client.recv_until("session.updated")
-        for n in range(20):
-            await client.append(tone_pcm16(100), event_id=f"a{n}")
+        client, session_id = await _talking(server)
         await log.seal_media()
         assert list(media.glob("??/*"))  # the call's audio, sealed into a segment
         await client.send({"type": "input_audio_buffer.commit"})

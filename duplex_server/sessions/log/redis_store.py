@@ -52,6 +52,7 @@ from duplex_server.sessions.log.media import (
     MediaUnavailable,
     SegmentBlobs,
     SegmentReader,
+    decode_ref,
 )
 from duplex_server.sessions.log.record_codec import decode_records, encode_records, record_decoder
 from duplex_server.sessions.log.redis_pipe import RedisPipe
@@ -445,9 +446,7 @@ class RedisLog:
         away (a crash between lists a segment nothing names: deleted too)."""
         keys = self._keys(session_id)
         pairs = [item for name, ref in refs.items() for item in (name, ref)]
-        named = redis_archive.media_digests(
-            (name.upper().encode(), ref) for name, ref in refs.items()
-        )
+        named = {decode_ref(ref).digest.hex() for ref in refs.values()}
 
         async def list_and_swap() -> int:
             if named:

@@ -143,7 +143,8 @@ class LogWriter:
         if self.tracer is not None:
             self.tracer.landed(self.state, batch.records, landed - started)
         self._retention.note(batch)
-        await self._tidy(self._retention.landed())
+        if self._retention.due():
+            await self._tidy(self._retention.landed())
         evicted = self._journal.add(batch.outbound)
         if evicted is not None:
             await self._tidy(self._store.trim(self._session_id, evicted))

@@ -76,6 +76,11 @@ class AudioRetention:
             if isinstance(body, CloseBody):
                 self._closed_at_event = batch.state.server_event_seq
 
+    def due(self) -> bool:
+        """Whether :meth:`landed` has anything to do (checked on every append,
+        so that an append with nothing to forget builds no coroutine)."""
+        return self._unneeded_upto > self._compacted_upto or bool(self._closed_at_event)
+
     async def landed(self) -> None:
         """``none``: compact what the batches noted so far no longer need;
         if the store refuses, the next batch's call covers it too."""
