@@ -57,6 +57,9 @@ ORPHAN_BLOB_GRACE_S = 3600.0  # a blob no record names is deleted after this
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 
 
+HOUSEKEEPING_TASK = "job-housekeeping"  # names its task: its reads are not a request's
+
+
 @dataclass
 class RunnerSettings:
     owner: str  # this replica: the jobs' lease owner
@@ -370,7 +373,7 @@ class JobRunner:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._housekeeper = loop.create_task(self._housekeep_forever())
+        self._housekeeper = loop.create_task(self._housekeep_forever(), name=HOUSEKEEPING_TASK)
         self._index_build = loop.create_task(self.refresh_index())
         self._index_build.add_done_callback(_log_failure)
 
