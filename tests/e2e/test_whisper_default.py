@@ -27,9 +27,13 @@ def words(text: str) -> list[str]:
 
 
 @pytest.fixture
-async def whisper_server():
+async def whisper_server(request):
+    """The default cascade (``--asr auto``: Whisper from its package); a
+    ``server_config`` marker overrides settings."""
     assert packaged_model_path() is not None, "make test installs the voice extra"
-    config = ServerConfig(port=free_port(), store="memory", model="cascade")  # --asr auto
+    marker = request.node.get_closest_marker("server_config")
+    overrides = marker.kwargs if marker is not None else {}
+    config = ServerConfig(port=free_port(), store="memory", model="cascade", **overrides)
     async with running_server(config) as running:
         yield running
         await running.assert_replay_determinism()
