@@ -390,9 +390,9 @@ def parser(prog: str = "duplex-bench") -> argparse.ArgumentParser:
     long.add_argument("--calls", type=int, default=2, help="concurrent long calls")
     long.add_argument(
         "--stores",
-        default="redis,redis-media,sqlite",
+        default="redis,redis-media,sqlite,sqlite-media",
         help="comma-separated: redis (a redis-server of its own), redis-media (the same "
-        "with --media-dir), sqlite (a temp file)",
+        "with --media-dir), sqlite (a temp file), sqlite-media (the same with --media-dir)",
     )
     long.add_argument(
         "--model",

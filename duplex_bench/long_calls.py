@@ -4,7 +4,8 @@ more the longer it runs (issue 41)?
 ``--calls`` sessions talk continuously for ``--seconds`` on each store of
 ``--stores`` in turn: ``redis`` (plain ``--store redis://``, a fresh
 redis-server of its own), ``redis-media`` (the same with ``--media-dir`` in
-a temp dir: audio sealed out of Redis into segments) and ``sqlite``. Each
+a temp dir: audio sealed out of Redis into segments), ``sqlite`` and
+``sqlite-media`` (audio sealed out of the database file likewise). Each
 session is a client streaming the people's recordings (duplex_bench/
 recorded_speech.py) looped at real time in 100 ms appends, server VAD on,
 every answer drained. Three figures per store:
@@ -53,6 +54,7 @@ from duplex_bench.progress import bar
 from duplex_bench.redis_process import RedisServer
 from duplex_bench.server_process import ServerProcess
 from duplex_server.surface import (
+    BlobStore,
     RedisLog,
     SqliteLog,
     build_model,
@@ -62,7 +64,7 @@ from duplex_server.surface import (
     resample_pcm16,
 )
 
-STORES = ("redis", "redis-media", "sqlite")
+STORES = ("redis", "redis-media", "sqlite", "sqlite-media")
 DEFAULT_SECONDS = 120.0
 DEFAULT_SAMPLE_S = 15.0
 RATE_HZ = 24_000
@@ -370,8 +372,8 @@ async def _refold_both(
 
 def one_store(kind: str, pcm: bytes, args: argparse.Namespace, tmp: Path) -> dict:
     redis = RedisServer(tmp / "redis").start() if kind.startswith("redis") else None
-    media = tmp / "media" if kind == "redis-media" else None
-    sqlite = tmp / "long.db" if kind == "sqlite" else None
+    media = tmp / "media" if kind.endswith("-media") else None
+    sqlite = tmp / "long.db" if kind.startswith("sqlite") else None
     store = redis.url if redis is not None else f"sqlite:{sqlite}"
     flags: dict = {"asr": args.asr} if args.long_model == "cascade" else {}
     if media is not None:
@@ -392,7 +394,7 @@ def one_store(kind: str, pcm: bytes, args: argparse.Namespace, tmp: Path) -> dic
             log = RedisLog(redis.url)
         else:
             assert sqlite is not None
-            log = SqliteLog(sqlite)
+            log = SqliteLog(sqlite, open_media=BlobStore)  # the folder the database names
         # Without the media directory a Redis client cannot read the archived
         # records (the media store is not on the surface): the full read
         # there is the server's events route.

@@ -51,6 +51,8 @@ def open_store(config: ServerConfig) -> SessionLog:
     StoreError with the reason."""
     spec = config.store
     if spec == "memory":
+        if config.media_dir:
+            raise ValueError("--media-dir needs a durable store (sqlite:PATH or redis://…)")
         return MemoryLog()
     if spec.startswith(REDIS_SCHEMES):
         return RedisLog(
@@ -64,15 +66,23 @@ def open_store(config: ServerConfig) -> SessionLog:
         path = spec.removeprefix("sqlite:")
         if not path:
             raise ValueError("sqlite store needs a path: --store sqlite:./data/sessions.db")
-        return SqliteLog(path, config.durability)  # type: ignore[arg-type]  # CLI choices
+        return SqliteLog(
+            path,
+            config.durability,  # type: ignore[arg-type]  # CLI choices
+            media_dir=config.media_dir,
+            open_media=open_media,
+        )
     raise ValueError(f"unknown store {spec!r}; available: {', '.join(STORES)}")
 
 
 def media_blobs(location: str | None) -> SegmentBlobs | None:
-    """``--media-dir``: a folder, or an object store (``s3://bucket/prefix``,
+    """``--media-dir``, if given (:func:`open_media`)."""
+    return open_media(location) if location else None
+
+
+def open_media(location: str) -> SegmentBlobs:
+    """A media location: a folder, or an object store (``s3://bucket/prefix``,
     for replicas on several hosts), whose bucket must answer at start."""
-    if not location:
-        return None
     if location.startswith(s3_blobs.SCHEME):
         blobs = s3_blobs.S3Blobs(location)
         try:

@@ -177,17 +177,21 @@ def _keys(args: argparse.Namespace) -> None:
 def _audit(args: argparse.Namespace) -> None:
     from duplex_server import audit
     from duplex_server.sessions.log.sqlite_store import SqliteReader, StoreError
-    from duplex_server.sessions.log.store import UnknownSession
+    from duplex_server.sessions.log.store import StorageUnavailable, UnknownSession
 
     try:
         reader = SqliteReader(args.path)
+        if reader.media_location is not None:  # its audio sealed out into segments
+            from duplex_server.app import open_media
+
+            reader.open_media(open_media(reader.media_location))
         if args.command == "replay":
             print(audit.replay_state(reader, args.session, args.model))
         elif args.session:
             print("\n".join(audit.show_log(reader, args.session)))
         else:
             print("\n".join(audit.list_sessions(reader)))
-    except StoreError as exc:
+    except (StoreError, StorageUnavailable, ValueError) as exc:  # ValueError: media unreachable
         sys.exit(f"duplex-server: {exc}")
     except UnknownSession:
         sys.exit(f"duplex-server: no session {args.session} in {args.path}")

@@ -133,8 +133,9 @@ class ServerConfig:
     media_dir: str | None = declare(
         None,
         group=STORE,
-        help="redis: move each session's audio and event payloads out of Redis into "
-        "segment files here, a few seconds at a time (Redis keeps references); every "
+        help="move each session's audio and event payloads out of the store (redis or "
+        "sqlite) into segment files here, a few seconds at a time (the store keeps "
+        "references; a sqlite database remembers the folder); every "
         "replica must see the folder (one host, or a shared mount), or give an object "
         "store, s3://BUCKET/PREFIX (boto3's AWS_* settings; pip install duplex-server[s3])",
     )

@@ -42,6 +42,7 @@ from duplex_server.audio.convert import decode_to_pcm16, encode_from_pcm16
 from duplex_server.engine.core import EngineCore, EngineRequest
 from duplex_server.engine.llm import ChatPayload, LLMOptions
 from duplex_server.engine.llm.chat_template import render_prompt
+from duplex_server.jobs.blobs import BlobStore
 from duplex_server.metrics import histogram_quantile, parse_histogram, sample_value
 from duplex_server.models import build_model
 from duplex_server.sessions.core.batch import Batch
@@ -127,6 +128,7 @@ __all__ = [
     "finish_response",
     # the log backends and resume tokens
     "REDIS_SCHEMES",
+    "BlobStore",
     "RedisLog",
     "SqliteLog",
     "SqliteReader",

@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from duplex_server.jobs.blobs import BlobStore
 from duplex_server.sessions.core.records import (
     AudioBody,
     CloseBody,
@@ -27,16 +28,27 @@ from duplex_server.sessions.log.store import (
 )
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis", "redis-unix"])
+@pytest.fixture(params=["memory", "sqlite", "sqlite-media", "redis", "redis-unix", "redis-media"])
 async def log(request, tmp_path):
+    media = BlobStore(tmp_path / "media")
     if request.param == "memory":
         backend = MemoryLog()
-    elif request.param == "sqlite":
-        backend = SqliteLog(tmp_path / "s.db")
+    elif request.param.startswith("sqlite"):
+        with_media = request.param == "sqlite-media"
+        backend = SqliteLog(
+            tmp_path / "s.db",
+            media_dir=str(media.root) if with_media else None,
+            open_media=BlobStore,
+        )
     else:  # redis:// takes the bare append pipe, other schemes redis-py's pipeline
         redis = request.getfixturevalue("redis_server")
-        url = redis.url if request.param == "redis" else redis.unix_url
-        backend = RedisLog(url, prefix=f"t{uuid.uuid4().hex[:12]}")
+        url = redis.url if request.param != "redis-unix" else redis.unix_url
+        with_media = media if request.param == "redis-media" else None
+        backend = RedisLog(url, prefix=f"t{uuid.uuid4().hex[:12]}", media=with_media)
+    if request.param.endswith("-media"):
+        # every append sealed at once, in the background: the rules hold
+        # while segments are written and swapped beside the operations
+        backend._sealer.seal_bytes = 0  # type: ignore[union-attr]
     yield backend
     await backend.close()
 

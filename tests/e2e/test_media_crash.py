@@ -1,20 +1,24 @@
-"""Audio out of Redis survives kill -9 (issue 41): a real server on a real
-Redis with ``--media-dir`` seals each session's audio into segment files a
-few seconds at a time while a client streams; killed with SIGKILL wherever
-that leaves it (mid-segment, between a segment and its swap, after it), the
-restarted server reads the session back whole, every appended chunk byte
-for byte, and then moves what was left in Redis out to segments too."""
+"""Audio out of the store survives kill -9 (issue 41): a real server on a
+real Redis, or on SQLite, with ``--media-dir`` seals each session's audio
+into segment files a few seconds at a time while a client streams; killed
+with SIGKILL wherever that leaves it (mid-segment, between a segment and its
+swap, after it), the restarted server reads the session back whole, every
+appended chunk byte for byte, and then moves what was left in the store out
+to segments too."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import uuid
 
 import redis as redis_client
 
+from duplex_server.app import open_media
 from duplex_server.jobs.blobs import BlobStore
 from duplex_server.sessions.core.records import AudioBody
 from duplex_server.sessions.log.redis_store import RedisLog
+from duplex_server.sessions.log.sqlite_store import SqliteLog
 from tests.e2e.serverproc import ServerProcess
 from tests.wsclient import WsClient
 
@@ -82,3 +86,45 @@ async def test_a_killed_server_loses_no_audio_and_leaves_no_dangling_reference(
         fields = _bulk_fields(redis_server.url, prefix, session_id)
         assert fields and all(name[:1] in b"AOU" for name in fields), sorted(fields)[:4]
         assert await _logged_audio(redis_server.url, prefix, media, session_id) == audio
+
+
+async def _sqlite_audio(path, session_id: str) -> dict[str, bytes]:
+    log = SqliteLog(path, open_media=open_media)  # the media where the database says
+    try:
+        records = await log.read(session_id)
+    finally:
+        await log.close()
+    return {r.event_id: r.body.pcm for r in records if isinstance(r.body, AudioBody)}
+
+
+def _unsealed_rows(path, session_id: str) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        (count,) = conn.execute(
+            "SELECT COUNT(*) FROM records WHERE session_id = ? AND sealed = 0 "
+            "AND (payload IS NOT NULL OR audio IS NOT NULL)",
+            (session_id,),
+        ).fetchone()
+        return count
+    finally:
+        conn.close()
+
+
+async def test_a_killed_server_on_sqlite_loses_no_audio_and_leaves_no_dangling_reference(
+    tmp_path,
+):
+    media = tmp_path / "media"
+    for appends in KILL_AFTER:
+        path = tmp_path / f"killed-{appends}.db"
+        server = ServerProcess(f"sqlite:{path}", media_dir=str(media)).start()
+        session_id, acknowledged = await _stream_until_killed(server, appends)
+
+        audio = await _sqlite_audio(path, session_id)
+        assert len(audio) >= acknowledged  # nothing the server had answered after is lost
+        assert all(pcm == _chunk(int(eid[1:])) for eid, pcm in audio.items())  # byte for byte
+
+        # restarted without --media-dir: the database says where its media is
+        again = ServerProcess(f"sqlite:{path}", port=server.port).start()
+        again.stop()
+        assert _unsealed_rows(path, session_id) == 0
+        assert await _sqlite_audio(path, session_id) == audio

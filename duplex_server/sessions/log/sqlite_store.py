@@ -33,6 +33,8 @@ from typing import Any, Literal
 import msgspec
 
 from duplex_server.sessions.core.records import AudioBody, ItemBody, Record
+from duplex_server.sessions.log import sqlite_media
+from duplex_server.sessions.log.media import MediaSealer, SegmentBlobs, SegmentReader
 from duplex_server.sessions.log.record_codec import (
     decode_records,
     encode_records,
@@ -88,11 +90,21 @@ class StoreError(Exception):
     """The database cannot be used at all (corrupt, not a database, unreadable)."""
 
 
-def _select_records(conn: sqlite3.Connection, session_id: str, after_seq: int = 0) -> list[Record]:
+def _select_records(
+    conn: sqlite3.Connection,
+    session_id: str,
+    after_seq: int = 0,
+    segments: SegmentReader | None = None,
+    unsealed: dict[str, bytes] | None = None,
+    bulk_columns: str = sqlite_media.BULK_COLUMNS,
+) -> list[Record]:
+    """The session's records after ``after_seq``, their sealed bulk read
+    back from ``segments``; what is not sealed yet goes into ``unsealed``
+    where given (for the sealer to adopt). Blocking."""
     # One row more than asked: a twin at the start needs the GA event before it.
     rows = conn.execute(
-        "SELECT seq, record, payload, twin FROM records WHERE session_id = ? AND seq >= ? "
-        "ORDER BY seq",
+        f"SELECT seq, record, payload, twin, {bulk_columns} FROM records "
+        "WHERE session_id = ? AND seq >= ? ORDER BY seq",
         (session_id, max(after_seq, 1)),
     ).fetchall()
     if (
@@ -101,10 +113,16 @@ def _select_records(conn: sqlite3.Connection, session_id: str, after_seq: int = 
         is None
     ):
         raise UnknownSession(session_id)
-    records = decode_records(
-        session_id,
-        [(record_decoder.decode(row[1]), row[2], bool(row[3]), None) for row in rows],
-    )
+    stored = []
+    for seq, blob, payload, twin, audio, sealed in rows:
+        if unsealed is not None:
+            unsealed.update(sqlite_media.unsealed_values(seq, payload, audio, sealed))
+        if sealed:
+            payload, audio = sqlite_media.resolved(
+                session_id, seq, payload, audio, sealed, segments
+            )
+        stored.append((record_decoder.decode(blob), payload, bool(twin), audio))
+    records = decode_records(session_id, stored)
     return [r for r in records if r.seq > after_seq]
 
 
@@ -200,6 +218,10 @@ class _Op:
 
 
 class SqliteLog(LocalLeases):
+    """With ``media_dir`` (or a media location the database recorded), each
+    session's bulk is sealed out into segments (``sqlite_media``), opened
+    with ``open_media``."""
+
     durable = True
 
     def __init__(
@@ -208,6 +230,8 @@ class SqliteLog(LocalLeases):
         durability: Durability = "fsync-per-batch",
         *,
         max_cached_heads: int = MAX_CACHED_HEADS,
+        media_dir: str | None = None,
+        open_media: Callable[[str], SegmentBlobs] | None = None,
     ) -> None:
         self.path = Path(path)
         self.durability = durability
@@ -221,9 +245,20 @@ class SqliteLog(LocalLeases):
                 self._write.execute(
                     "ALTER TABLE records ADD COLUMN twin INTEGER NOT NULL DEFAULT 0"
                 )
+            sqlite_media.migrate(self._write)
+            self.media_location = sqlite_media.media_location(self._write, media_dir)
             self._read = _connect(self.path, durability)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"{self.path}: cannot open session database ({exc})") from None
+        except sqlite_media.MediaElsewhere as exc:
+            raise StoreError(f"{self.path}: {exc}") from None
+        self._media: SegmentBlobs | None = None
+        if self.media_location is not None:
+            if open_media is None:
+                raise StoreError(f"{self.path}: its media is in {self.media_location}; open it")
+            self._media = open_media(self.media_location)
+        self._sealer = MediaSealer(self._media, self) if self._media is not None else None
+        self._segments = SegmentReader(self._media) if self._media is not None else None
         self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="sqlite-writer", daemon=True)
         self._writer.start()
@@ -325,12 +360,18 @@ class SqliteLog(LocalLeases):
         return await self._submit(take)
 
     async def append(self, session_id: str, records: list[Record], fence: int) -> list[int]:
-        rows = [row[:7] for row in encode_records(records)]
+        rows = encode_records(records, split_audio=self._sealer is not None)
         closes = any(r.kind == "close" for r in records)
         last_ts = records[-1].ts_ms if records else 0
-        return await self._submit(
+        seqs = await self._submit(
             lambda c: self._append(c, session_id, rows, fence, closes, last_ts)
         )
+        if self._sealer is not None:
+            bulk: dict[str, bytes] = {}
+            for row in rows:
+                bulk.update(sqlite_media.bulk_values(row.seq, row.payload, row.audio))
+            self._sealer.appended(session_id, bulk)
+        return seqs
 
     def _append(self, conn, session_id, rows, fence, closes, last_ts) -> list[int]:
         head = self._heads.get(conn, session_id)
@@ -352,7 +393,7 @@ class SqliteLog(LocalLeases):
                 raise DuplicateEvent(event_id, landed[0])
         conn.executemany(
             "INSERT INTO records (session_id, seq, kind, event_id, record, payload, "
-            "server_event_seq, twin) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "server_event_seq, twin, audio) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [(session_id, *row) for row in rows],
         )
         conn.execute(
@@ -364,7 +405,39 @@ class SqliteLog(LocalLeases):
         return seqs
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Record]:
-        return await self._query(lambda conn: _select_records(conn, session_id, after_seq))
+        if self._sealer is None:
+            return await self._query(lambda conn: _select_records(conn, session_id, after_seq))
+        unsealed: dict[str, bytes] = {}
+        records = await self._query(
+            lambda conn: _select_records(conn, session_id, after_seq, self._segments, unsealed)
+        )
+        self._sealer.adopt(session_id, unsealed)  # a crash came before these were sealed
+        return records
+
+    # --- media sealed out (with a media folder) ----------------------------------
+
+    async def swap_bulk(self, session_id: str, refs: dict[str, bytes]) -> int:
+        """A segment holds these bulk values now: the rows keep references."""
+        return await self._submit(lambda conn: sqlite_media.swap(conn, session_id, refs))
+
+    async def archive_old(self, session_id: str) -> None:
+        """Nothing: old rows stay on disk, only their bulk leaves (Redis moves
+        old records out of memory; SQLite's are not in memory)."""
+
+    async def seal_media(self) -> None:
+        """Seal every session's waiting bulk now, however little (shutdown, tests)."""
+        if self._sealer is not None:
+            await self._sealer.drain()
+
+    async def expire_media(self, session_id: str) -> None:
+        """``--media-retention-s``: the session's media goes, its records stay."""
+        if self._media is None:
+            return
+        media = self._media
+        if self._sealer is not None:
+            self._sealer.forget(session_id)  # what waits to be sealed goes with it
+        doomed = await self._submit(lambda conn: sqlite_media.expire(conn, session_id))
+        await asyncio.to_thread(media.delete_sync, doomed)
 
     async def latest_snapshot(self, session_id: str) -> int:
         def fetch(conn: sqlite3.Connection) -> int:
@@ -400,7 +473,7 @@ class SqliteLog(LocalLeases):
             if upto_server_event_seq <= done:
                 return 0
             cursor = conn.execute(
-                "UPDATE records SET payload = NULL WHERE session_id = ? "
+                "UPDATE records SET payload = NULL, sealed = sealed & ~1 WHERE session_id = ? "
                 "AND server_event_seq > ? AND server_event_seq <= ? AND payload IS NOT NULL",
                 (session_id, done, upto_server_event_seq),
             )
@@ -425,12 +498,17 @@ class SqliteLog(LocalLeases):
             self._after_commit.append(
                 lambda: self._compacted.__setitem__(session_id, max(start, upto_seq))
             )
+            # audio kept apart (with a media folder): the value or its reference goes
+            changed = conn.execute(
+                "UPDATE records SET audio = NULL, sealed = sealed & ~2 WHERE session_id = ? "
+                "AND seq > ? AND seq <= ? AND kind IN ('audio', 'item') AND audio IS NOT NULL",
+                (session_id, start, upto_seq),
+            ).rowcount
             rows = conn.execute(
                 "SELECT seq, record FROM records WHERE session_id = ? AND seq > ? AND seq <= ? "
                 "AND kind IN ('audio', 'item')",
                 (session_id, start, upto_seq),
             ).fetchall()
-            changed = 0
             for seq, blob in rows:
                 record = record_decoder.decode(blob)
                 body = record.body
@@ -450,8 +528,19 @@ class SqliteLog(LocalLeases):
         return await self._submit(compact)
 
     async def delete(self, session_id: str) -> None:
+        """With media: its segments first, then its rows (a crash between
+        leaves references in a session the next purge deletes again, never
+        files that no row lists)."""
+        if self._media is not None:
+            media = self._media
+            if self._sealer is not None:
+                self._sealer.forget(session_id)
+            named = await self._submit(lambda conn: sqlite_media.segment_digests(conn, session_id))
+            await asyncio.to_thread(media.delete_sync, named)
+
         def delete(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM records WHERE session_id = ?", (session_id,))
+            conn.execute("DELETE FROM media_segments WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
             self._heads.set(session_id, None)
 
@@ -460,14 +549,14 @@ class SqliteLog(LocalLeases):
     async def sessions(self, *, open_only: bool = False) -> list[SessionRow]:
         def fetch(conn: sqlite3.Connection) -> list[SessionRow]:
             sql = (
-                "SELECT session_id, fence, owner, last_seq, trimmed_upto, closed, last_ts_ms "
-                "FROM sessions"
+                "SELECT session_id, fence, owner, last_seq, trimmed_upto, closed, last_ts_ms, "
+                "media_expired FROM sessions"
             )
             if open_only:
                 sql += " WHERE closed = 0"
             return [
-                SessionRow(sid, fence, owner, last, trimmed, bool(closed), ts)
-                for sid, fence, owner, last, trimmed, closed, ts in conn.execute(
+                SessionRow(sid, fence, owner, last, trimmed, bool(closed), ts, bool(expired))
+                for sid, fence, owner, last, trimmed, closed, ts, expired in conn.execute(
                     sql + " ORDER BY rowid"
                 )
             ]
@@ -475,6 +564,7 @@ class SqliteLog(LocalLeases):
         return await self._query(fetch)
 
     async def close(self) -> None:
+        await self.seal_media()
         self._queue.put(None)
         await asyncio.get_running_loop().run_in_executor(None, self._writer.join)
         self._reader.shutdown(wait=True)
@@ -501,6 +591,13 @@ class SqliteReader:
         check_database(self.path)
         # As a URI, so read-only; as_uri() escapes what a URI would misread ('#', '?').
         self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
+        self.media_location = sqlite_media.recorded_location(self._conn)
+        self._segments: SegmentReader | None = None
+        self._bulk_columns = sqlite_media.bulk_columns(self._conn)  # read-only: not migrated
+
+    def open_media(self, media: SegmentBlobs) -> None:
+        """Read sealed bulk from ``media`` (the database's :attr:`media_location`)."""
+        self._segments = SegmentReader(media)
 
     def sessions(self) -> list[SessionRow]:
         rows = self._conn.execute(
@@ -510,7 +607,9 @@ class SqliteReader:
         return [SessionRow(sid, f, o, last, t, bool(c), ts) for sid, f, o, last, t, c, ts in rows]
 
     def records(self, session_id: str) -> list[Record]:
-        return _select_records(self._conn, session_id)
+        return _select_records(
+            self._conn, session_id, segments=self._segments, bulk_columns=self._bulk_columns
+        )
 
     def close(self) -> None:
         self._conn.close()
