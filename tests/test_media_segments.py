@@ -117,6 +117,13 @@ async def test_sealed_bulk_leaves_references_and_reads_back_whole(redis_server, 
 async def test_retention_drops_sealed_values_as_it_drops_whole_ones(redis_server, prefix, tmp_path):
     log = _log(redis_server, prefix, tmp_path / "media")
     fence = await _opened(log)
+    await retention_checked(log, fence)
+    await log.close()
+
+
+async def retention_checked(log, fence: int) -> None:
+    """Two turns appended and sealed, then trimmed and compacted: what
+    retention dropped reads back dropped, sealed or not, the rest whole."""
     records = _conversation(turns=2)
     await log.append("s", records, fence)
     await log.seal_media()
@@ -130,7 +137,6 @@ async def test_retention_drops_sealed_values_as_it_drops_whole_ones(redis_server
     assert [bool(b.pcm) for b in audio] == [False] * 8 + [True] * 8
     units = [r.body for r in back if isinstance(r.body, UnitBody)]
     assert all(u.pcm == CHUNK[:3840] for u in units)  # units are never compacted with input
-    await log.close()
 
 
 @pytest.mark.parametrize("damage", ["deleted", "corrupt"])

@@ -15,7 +15,7 @@ from duplex_server.app import open_media
 from duplex_server.sessions.core.records import AudioBody, OutBody, UnitBody
 from duplex_server.sessions.log.media import MediaUnavailable
 from duplex_server.sessions.log.sqlite_store import SqliteLog, SqliteReader, StoreError
-from tests.test_media_segments import CHUNK, _bulk_of, _conversation
+from tests.test_media_segments import _bulk_of, _conversation, retention_checked
 
 
 def _log(tmp_path, media: str | None = "media", cls: type[SqliteLog] = SqliteLog) -> SqliteLog:
@@ -76,20 +76,7 @@ async def test_another_media_folder_is_refused_at_open(tmp_path):
 
 async def test_retention_drops_sealed_values_as_it_drops_whole_ones(tmp_path):
     log = _log(tmp_path)
-    fence = await _opened(log)
-    records = _conversation(turns=2)
-    await log.append("s", records, fence)
-    await log.seal_media()
-    assert await log.trim("s", 3) > 0  # the first three payloads, acknowledged
-    await log.compact_audio("s", 8)  # the first turn's input
-    back = await log.read("s")
-    outs = [r.body for r in back if isinstance(r.body, OutBody)]
-    assert [b.trimmed for b in outs] == [True] * 3 + [False] * 3
-    assert outs[3].payload == records[20].body.payload
-    audio = [r.body for r in back if isinstance(r.body, AudioBody)]
-    assert [bool(b.pcm) for b in audio] == [False] * 8 + [True] * 8
-    units = [r.body for r in back if isinstance(r.body, UnitBody)]
-    assert all(u.pcm == CHUNK[:3840] for u in units)  # units are never compacted with input
+    await retention_checked(log, await _opened(log))
     await log.close()
 
 
@@ -153,7 +140,7 @@ async def test_expired_media_goes_and_the_records_stay(tmp_path):
     fence = await _opened(log)
     records = _conversation(turns=2)
     await log.append("s", records, fence)
-    await log.seal_media()
+    await log.seal_media()  # sealed out, so expiring deletes files
     await log.expire_media("s")
     assert not [p for p in (tmp_path / "media").rglob("*") if p.is_file()]
     back = await log.read("s")
