@@ -53,6 +53,7 @@ async def test_sealed_bulk_leaves_references_and_reads_back_whole(tmp_path):
     assert held * 20 < whole, (held, whole)  # about 45 bytes a reference, not kilobytes
     assert await log.read("s") == records
     assert await log.read("s", after_seq=30) == records[30:]
+    assert await log.read_open_sessions() == {"s": records}  # what recovery reads
     await log.close()
     # a restart with no --media-dir finds the media where the database says
     again = _log(tmp_path, media=None)

@@ -461,7 +461,7 @@ class SqliteLog(LocalLeases):
                     "SELECT session_id FROM sessions WHERE closed = 0 ORDER BY rowid"
                 )
             ]
-            return {sid: _select_records(conn, sid) for sid in open_ids}
+            return {sid: _select_records(conn, sid, 0, self._segments) for sid in open_ids}
 
         return await self._query(fetch)
 
