@@ -384,7 +384,7 @@ def parser(prog: str = "duplex-bench") -> argparse.ArgumentParser:
         "long calls",
         "with --long-calls: instead of churn, --calls sessions talk recorded speech for "
         "--seconds on each of --stores in turn: store memory per session-hour, refold time "
-        "against call length, heartbeat p99 over time (duplex_bench/long_calls.py)",
+        "against call length, append and heartbeat p99 over time (duplex_bench/long_calls.py)",
     )
     long.add_argument("--long-calls", action="store_true", help="run the long-call soak")
     long.add_argument("--calls", type=int, default=2, help="concurrent long calls")
@@ -401,6 +401,14 @@ def parser(prog: str = "duplex-bench") -> argparse.ArgumentParser:
         help="the server's --model (echo: a cheaper run)",
     )
     long.add_argument("--asr", default="pocketsphinx", help="the cascade's --asr")
+    long.add_argument(
+        "--hour-call-s",
+        type=float,
+        default=3600.0,
+        help="then one call this long, compressed (sent as fast as an echo server with "
+        "no input rate bound takes it), on the same store: its growth and refold "
+        "measured, not extrapolated (0: skip)",
+    )
     long.add_argument(
         "--retain-audio",
         default="all",

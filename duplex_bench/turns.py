@@ -40,7 +40,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import websockets
-from prometheus_client.parser import text_string_to_metric_families
 
 from duplex_bench import recorded_speech, turn_clips
 from duplex_bench.generator import GeneratorCpu, verdict
@@ -51,7 +50,7 @@ from duplex_bench.server_process import ServerProcess
 from duplex_bench.turn_clips import LabelledTurn
 from duplex_bench.voice import quantiles_ms
 from duplex_bench.voice_client import RATE, Microphone, Said
-from duplex_server.surface import histogram_quantile, resample_pcm16
+from duplex_server.surface import histogram_quantile, parse_histogram, resample_pcm16
 
 BASELINE = "server_vad_500ms"
 LEAD_MS = 600  # silence before each turn's speech
@@ -321,15 +320,7 @@ def _scrape(url: str) -> str:
 
 def turn_buckets(text: str) -> list[tuple[float, int]]:
     """``duplex_stage_seconds{stage="turn"}``: ``[(upper_bound, cumulative_count)]``."""
-    for family in text_string_to_metric_families(text):
-        if family.name == "duplex_stage_seconds":
-            return [
-                (float(sample.labels["le"]), int(sample.value))
-                for sample in family.samples
-                if sample.name == "duplex_stage_seconds_bucket"
-                and sample.labels.get("stage") == "turn"
-            ]
-    return []
+    return parse_histogram(text, "duplex_stage_seconds", {"stage": "turn"})
 
 
 def _between(before: list[tuple[float, int]], after: list[tuple[float, int]]) -> dict:

@@ -359,15 +359,20 @@ def observe_stage(stage: str, seconds: float, audio_s: float) -> None:
 # --- reading an exposition (benches) -------------------------------------------
 
 
-def parse_histogram(text: str, name: str) -> list[tuple[float, int]]:
-    """``[(upper_bound, cumulative_count)]`` of one unlabelled histogram in
-    exposition text, read with ``prometheus_client``'s parser."""
+def parse_histogram(
+    text: str, name: str, labels: dict[str, str] | None = None
+) -> list[tuple[float, int]]:
+    """``[(upper_bound, cumulative_count)]`` of one histogram in exposition
+    text (of the series with ``labels``, where it has labels), read with
+    ``prometheus_client``'s parser."""
+    wanted = labels or {}
     for family in text_string_to_metric_families(text):
         if family.name == name and family.type == "histogram":
             return [
                 (float(sample.labels["le"]), int(sample.value))
                 for sample in family.samples
                 if sample.name == f"{name}_bucket"
+                and all(sample.labels.get(k) == v for k, v in wanted.items())
             ]
     return []
 

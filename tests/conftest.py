@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -95,9 +96,28 @@ async def server(request, tmp_path) -> AsyncIterator[RunningServer]:
         await running.assert_replay_determinism()
 
 
+def bound_listener(config: ServerConfig) -> socket.socket:
+    """A socket already bound for the server, and ``config.port`` set to it.
+
+    ``free_port()`` only names a port that was free a moment ago: another
+    test process may bind it before uvicorn does (uvicorn then exits with
+    3). Binding here first, and falling back to a port the kernel picks,
+    closes that race; the app is built after, so it sees the real port.
+    """
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((config.host, config.port))
+    except OSError:
+        listener.bind((config.host, 0))
+    config.port = listener.getsockname()[1]
+    return listener
+
+
 @contextlib.asynccontextmanager
 async def running_server(config: ServerConfig) -> AsyncIterator[RunningServer]:
     """The app under uvicorn in this event loop; final actor states captured."""
+    listener = bound_listener(config)
     app = create_app(config)
     running = RunningServer(config, app)
     manager: SessionManager = app.state.manager
@@ -121,7 +141,7 @@ async def running_server(config: ServerConfig) -> AsyncIterator[RunningServer]:
 
     log.delete = keep_then_delete
     uv = uvicorn.Server(uvicorn_config(app, config, log_level="warning"))
-    task = asyncio.create_task(uv.serve())
+    task = asyncio.create_task(uv.serve(sockets=[listener]))
     while not uv.started:
         await asyncio.sleep(0.01)
     try:
