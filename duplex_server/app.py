@@ -16,7 +16,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from batch_api import BatchApi
+from batch_api import BatchApi, default_blob_dir
 from duplex_server import http_errors, http_routes, metrics, openapi
 from duplex_server.auth import EphemeralKeys, KeyRing
 from duplex_server.client_secrets import client_secrets
@@ -54,6 +54,8 @@ def open_store(config: ServerConfig) -> SessionLog:
         if config.media_dir:
             raise ValueError("--media-dir needs a durable store (sqlite:PATH or redis://…)")
         return MemoryLog()
+    if config.media_dir:
+        refuse_shared_blob_dir(config, config.media_dir)
     if spec.startswith(REDIS_SCHEMES):
         return RedisLog(
             spec,
@@ -66,13 +68,38 @@ def open_store(config: ServerConfig) -> SessionLog:
         path = spec.removeprefix("sqlite:")
         if not path:
             raise ValueError("sqlite store needs a path: --store sqlite:./data/sessions.db")
-        return SqliteLog(
+        log = SqliteLog(
             path,
             config.durability,  # type: ignore[arg-type]  # CLI choices
             media_dir=config.media_dir,
             open_media=open_media,
         )
+        if log.media_location is not None:  # given, or the one the database remembers
+            refuse_shared_blob_dir(config, log.media_location)
+        return log
     raise ValueError(f"unknown store {spec!r}; available: {', '.join(STORES)}")
+
+
+def refuse_shared_blob_dir(config: ServerConfig, media: str) -> None:
+    """The job runner deletes every blob of its folder that no job names,
+    and the media sweep every segment no session lists: sharing one folder
+    (or one inside the other), each would take the other's files."""
+    blobs = config.blob_dir or str(default_blob_dir(config.store))
+    if _overlap(blobs, media):
+        raise ValueError(
+            f"--blob-dir {blobs} and --media-dir {media}: give them folders of their own "
+            "(each sweep deletes the other's files as unknown)"
+        )
+
+
+def _overlap(one: str, other: str) -> bool:
+    """The same place, or one inside the other: object stores by their URLs,
+    folders by their resolved paths."""
+    if one.startswith(s3_blobs.SCHEME) or other.startswith(s3_blobs.SCHEME):
+        one, other = one.rstrip("/"), other.rstrip("/")
+        return one == other or one.startswith(other + "/") or other.startswith(one + "/")
+    a, b = Path(one).resolve(), Path(other).resolve()
+    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
 
 
 def media_blobs(location: str | None) -> SegmentBlobs | None:

@@ -33,10 +33,15 @@ class BlobMissing(LookupError):
     """The log names a blob the store does not hold (deleted, or corrupt)."""
 
 
+def is_digest(name: str) -> bool:
+    """A lower-case hex SHA-256, as every blob is named."""
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
+
+
 def checked_digest(digest: str) -> str:
     """``digest`` if it is a lower-case hex SHA-256: it becomes a file or
     object name, so nothing else (a path, a slash) may pass."""
-    if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+    if not is_digest(digest):
         raise ValueError(f"not a sha256 digest: {digest!r}")
     return digest
 
@@ -122,14 +127,52 @@ class BlobStore:
     async def read(self, ref: BlobRef) -> bytes:
         return await asyncio.to_thread(self.read_sync, ref)
 
-    def digests(self) -> Iterator[tuple[str, float]]:
-        """Every stored blob's digest and the time it was last written."""
-        for folder in self.root.iterdir():
-            if folder == self._tmp or not folder.is_dir():
-                continue
-            for blob in folder.iterdir():
+    def digests(self, after: str = "") -> Iterator[tuple[str, float]]:
+        """Every stored blob's digest and the time it was last written, in
+        digest order from past ``after``: a sweep that stops early goes on
+        from where it stopped next time (one folder sorted at a time, about
+        1/256 of the blobs, so memory does not grow with the store). A file
+        not named as a blob is no blob (and never offered for deletion)."""
+        folders = sorted(
+            f for f in self.root.iterdir() if f != self._tmp and f.is_dir() and f.name >= after[:2]
+        )
+        for folder in folders:
+            for name in sorted(blob.name for blob in folder.iterdir()):
+                if name <= after or not is_digest(name) or name[:2] != folder.name:
+                    continue
                 with contextlib.suppress(FileNotFoundError):
-                    yield blob.name, blob.stat().st_mtime
+                    yield name, (folder / name).stat().st_mtime
+
+    def header_sync(self, digest: str, length: int) -> bytes:
+        """A blob's first ``length`` bytes (what it is, and whose), unchecked:
+        the orphan sweep reads only enough to attribute it."""
+        try:
+            with self.path(digest).open("rb") as blob:
+                return blob.read(length)
+        except FileNotFoundError:
+            raise BlobMissing(digest) from None
+
+    def delete_older_sync(self, digests: set[str], written_before: float) -> list[str]:
+        """Delete the named blobs still last written before ``written_before``.
+        Each is first moved aside, then its time checked: a put of the same
+        bytes since (a session sealed again after a crash) either refreshed
+        it before the move, and it is put back, or found it gone and wrote a
+        new one; never a reference to a file deleted under it. A crash
+        between leaves it in ``tmp/``, emptied when the store opens."""
+        deleted = []
+        for digest in sorted(digests):
+            target = self.path(digest)
+            aside = self._tmp / f"sweep-{digest}"
+            try:
+                os.replace(target, aside)
+            except FileNotFoundError:
+                continue
+            if aside.stat().st_mtime < written_before:
+                aside.unlink()
+                deleted.append(digest)
+            else:
+                os.replace(aside, target)  # the same name, so the same bytes
+        return deleted
 
     def delete_sync(self, digests: set[str]) -> None:
         for digest in digests:

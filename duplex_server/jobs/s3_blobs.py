@@ -29,10 +29,11 @@ The endpoint, region, credentials and retries come from boto3's own chain
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from duplex_server.jobs.blobs import BlobMissing, checked_digest
+from duplex_server.jobs.blobs import BlobMissing, checked_digest, is_digest
 from duplex_server.sessions.core.records import BlobRef
 
 SCHEME = "s3://"
@@ -41,6 +42,7 @@ CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0
 POOL_CONNECTIONS = 32  # asyncio's default thread pool holds at most 32 threads
 DELETE_BATCH = 1000  # the most keys one DeleteObjects request takes
+LIST_PAGE = 1000  # the most keys one ListObjectsV2 reply holds
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 
 
@@ -103,6 +105,69 @@ class S3Blobs:
         if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.digest:
             raise BlobMissing(f"{ref.digest}: the stored bytes do not match their name")
         return data
+
+    def digests(self, after: str = "") -> Iterator[tuple[str, float]]:
+        """Every object's digest and LastModified (the store's clock, in
+        seconds since the epoch), in digest order from past ``after``: a
+        page of ``LIST_PAGE`` at a time, fetched only as the caller reads
+        on. A key not laid out as a blob's is no blob (never offered for deletion)."""
+        start = {"StartAfter": self.key(after)} if after else {}
+        pages = self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket,
+            Prefix=f"{self.prefix}/" if self.prefix else "",
+            PaginationConfig={"PageSize": LIST_PAGE},
+            **start,
+        )
+        try:
+            for page in pages:
+                for listed in page.get("Contents", ()):
+                    name = listed["Key"].rpartition("/")[2]
+                    if is_digest(name) and listed["Key"] == self.key(name):  # else no segment
+                        yield name, listed["LastModified"].timestamp()
+        except self._errors as exc:
+            raise ObjectStoreError(f"s3://{self.bucket}/{self.prefix}: {exc}") from exc
+
+    def header_sync(self, digest: str, length: int) -> bytes:
+        """An object's first ``length`` bytes (a ranged GET), unchecked: the
+        orphan sweep reads only enough to attribute it."""
+        key = self.key(digest)
+        try:
+            reply = self._client.get_object(
+                Bucket=self.bucket, Key=key, Range=f"bytes=0-{length - 1}"
+            )
+            data: bytes = reply["Body"].read()
+        except self._client_error as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in _MISSING:
+                raise BlobMissing(digest) from None
+            if code == "InvalidRange":  # an empty object: no byte 0
+                return b""
+            raise ObjectStoreError(f"s3://{self.bucket}/{key}: {exc}") from exc
+        except self._errors as exc:
+            raise ObjectStoreError(f"s3://{self.bucket}/{key}: {exc}") from exc
+        return data[:length]  # a server that ignores Range sends it all
+
+    def delete_older_sync(self, digests: set[str], written_before: float) -> list[str]:
+        """Delete the named objects still last written before ``written_before``,
+        each asked again (HEAD) first: a put of the same bytes since (a
+        session sealed again after a crash) keeps it. Not atomic as the
+        folder's move aside is: a put landing between the HEAD and the
+        delete (milliseconds, on an object an hour old) is not seen."""
+        stale = set()
+        for digest in digests:
+            key = self.key(digest)
+            try:
+                head = self._client.head_object(Bucket=self.bucket, Key=key)
+            except self._client_error as exc:
+                if exc.response.get("Error", {}).get("Code") in _MISSING:
+                    continue
+                raise ObjectStoreError(f"s3://{self.bucket}/{key}: {exc}") from exc
+            except self._errors as exc:
+                raise ObjectStoreError(f"s3://{self.bucket}/{key}: {exc}") from exc
+            if head["LastModified"].timestamp() < written_before:
+                stale.add(digest)
+        self.delete_sync(stale)
+        return sorted(stale)
 
     def delete_sync(self, digests: set[str]) -> None:
         """Retention: the named objects gone (one already gone is no error)."""

@@ -13,11 +13,15 @@ fold, resume, replay and audit see the records they always saw.
 
 The order is what makes a crash harmless. Killed before the segment is
 durable: the bulk is still in the store, the half-written segment is
-swept as a temporary file. Killed between the segment and the swap: the
-segment is an orphan, the bulk is still in the store, and the session is
-sealed again after its next read. Killed after the swap: the references
-name a durable segment. At no point does a reference name bytes that are
-not stored, and acknowledged audio is never only in memory.
+swept as a temporary file. Killed between the segment and the swap (or
+the store down then): the bulk is still in the store, and the session is
+sealed again after its next read; the segment is an orphan, listed
+nowhere, which :func:`sweep_orphans` deletes once it is older than
+``ORPHAN_GRACE_S`` (its header names the session; the session does not
+list it), so no audio outlives the retention chosen for it. Killed after
+the swap: the references name a durable segment. At no point does a
+reference name bytes that are not stored, and acknowledged audio is never
+only in memory.
 
 A segment that is missing or does not match its digest is reported, never
 replaced: :class:`MediaUnavailable` is the store's ``StorageUnavailable``
@@ -30,8 +34,10 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from itertools import islice
+from typing import Protocol, runtime_checkable
 
 import msgspec
 
@@ -44,6 +50,11 @@ SEGMENT_HEADER = b"duplex-media-segment 1 "  # then the session id and a newline
 SEAL_BYTES = 256 << 10  # a session's bulk is sealed once this much waits...
 SEAL_AFTER_S = 5.0  # ...or once the oldest of it has waited this long
 CACHED_BYTES = 32 << 20  # segments kept read, for the reads that follow
+# A blob younger than this is never an orphan: its seal may not have listed
+# it yet, another replica may be writing it, an object store's clock may differ.
+ORPHAN_GRACE_S = 3600.0
+SWEEP_EXAMINED = 512  # blobs one sweep looks at; the rest wait for the next
+HEADER_BYTES = 512  # what is read of a blob to learn whose it is
 
 
 class SegmentBlobs(Protocol):
@@ -55,6 +66,19 @@ class SegmentBlobs(Protocol):
     def read_sync(self, ref: BlobRef) -> bytes: ...
 
     def delete_sync(self, digests: set[str]) -> None: ...
+
+    def digests(self, after: str = "") -> Iterator[tuple[str, float]]:
+        """Every blob's digest and last write time (seconds since the
+        epoch), in digest order from past ``after``."""
+        ...
+
+    def header_sync(self, digest: str, length: int) -> bytes:
+        """A blob's first ``length`` bytes, unchecked (``LookupError``: gone)."""
+        ...
+
+    def delete_older_sync(self, digests: set[str], written_before: float) -> list[str]:
+        """Delete those of ``digests`` not written again since ``written_before``."""
+        ...
 
 
 class MediaUnavailable(StorageUnavailable):
@@ -266,3 +290,119 @@ def _segment_of(
         refs[name] = (at, len(data))
         at += len(data)
     return header + b"".join(values.values()), refs
+
+
+# --- orphans: segments a crash or an outage left unlisted ----------------------
+
+
+def segment_owner(header: bytes) -> str | None:
+    """The session a segment's first bytes name (see :func:`_segment_of`);
+    None for anything else, or a header cut short: what the sweep cannot
+    attribute, it keeps."""
+    if not header.startswith(SEGMENT_HEADER):
+        return None
+    name, newline, _ = header[len(SEGMENT_HEADER) :].partition(b"\n")
+    if not newline or not name:
+        return None
+    try:
+        return name.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+@runtime_checkable
+class MediaSweeping(Protocol):
+    """A store that keeps media apart can delete its orphans (the session
+    manager's housekeeping calls this every purge interval)."""
+
+    async def sweep_media(self, now_s: float) -> int: ...
+
+
+@dataclass(frozen=True)
+class SweepPass:
+    """What one sweep did: the orphans it deleted, and where the next one
+    starts looking ("": from the first blob again)."""
+
+    deleted: list[str]
+    resume_after: str
+
+
+async def sweep_orphans(
+    blobs: SegmentBlobs,
+    listed: Callable[[str], Awaitable[set[str]]],
+    now_s: float,
+    *,
+    owner_of: Callable[[bytes], str | None] = segment_owner,
+    after: str = "",
+    grace_s: float = ORPHAN_GRACE_S,
+    examined: int = SWEEP_EXAMINED,
+) -> SweepPass:
+    """Delete the blobs no session lists, among ``examined`` of them from
+    past ``after``. A blob is an orphan only when all three hold: it was
+    last written more than ``grace_s`` before ``now_s``; its header names a
+    session (``owner_of``: a job's blob, or anything else, is kept); and
+    that session's listing (``listed``, asked once per session) lacks it.
+    A deleted session lists nothing, so what a crash left of it goes too.
+    Blocking work (the listing, the headers, the deletes) runs off the
+    event loop, and a pass looks at a bounded number of blobs, so a large
+    media folder never holds up live appends: the rest wait for the next."""
+    seen = await asyncio.to_thread(_first_blobs, blobs, after, examined)
+    horizon = now_s - grace_s
+    old = [digest for digest, written in seen if written < horizon]
+    owned = await asyncio.to_thread(_owners, blobs, old, owner_of)
+    doomed: set[str] = set()
+    for session_id, digests in owned.items():
+        doomed |= digests - await listed(session_id)
+    deleted = await asyncio.to_thread(blobs.delete_older_sync, doomed, horizon) if doomed else []
+    return SweepPass(deleted, seen[-1][0] if len(seen) == examined else "")
+
+
+class OrphanSweep:
+    """A store's sweep of its media, pass after pass, each going on where
+    the last one stopped."""
+
+    def __init__(
+        self,
+        blobs: SegmentBlobs,
+        listed: Callable[[str], Awaitable[set[str]]],
+        owner_of: Callable[[bytes], str | None] = segment_owner,
+    ) -> None:
+        self._blobs = blobs
+        self._listed = listed
+        self._owner_of = owner_of
+        self._after = ""
+
+    async def run(self, now_s: float) -> int:
+        """One pass; a failing folder or object store is the store's
+        ``StorageUnavailable`` (housekeeping says so and tries again)."""
+        try:
+            swept = await sweep_orphans(
+                self._blobs, self._listed, now_s, owner_of=self._owner_of, after=self._after
+            )
+        except OSError as exc:
+            raise StorageUnavailable(f"media sweep: {exc}") from exc
+        self._after = swept.resume_after
+        if swept.deleted:
+            logger.info("deleted %d orphan media segments no session lists", len(swept.deleted))
+        return len(swept.deleted)
+
+
+def _first_blobs(blobs: SegmentBlobs, after: str, examined: int) -> list[tuple[str, float]]:
+    return list(islice(blobs.digests(after), examined))
+
+
+def _owners(
+    blobs: SegmentBlobs, digests: list[str], owner_of: Callable[[bytes], str | None]
+) -> dict[str, set[str]]:
+    """The blobs by the session their headers name; those gone meanwhile,
+    or naming none, left out."""
+    owned: dict[str, set[str]] = {}
+    for digest in digests:
+        try:
+            header = blobs.header_sync(digest, HEADER_BYTES)
+        except LookupError:  # deleted since it was listed
+            continue
+        session_id = owner_of(header)
+        if session_id is not None:
+            owned.setdefault(session_id, set()).add(digest)
+    return owned

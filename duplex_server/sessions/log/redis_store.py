@@ -50,9 +50,11 @@ from duplex_server.sessions.log import redis_archive, redis_scripts
 from duplex_server.sessions.log.media import (
     MediaSealer,
     MediaUnavailable,
+    OrphanSweep,
     SegmentBlobs,
     SegmentReader,
     decode_ref,
+    segment_owner,
 )
 from duplex_server.sessions.log.record_codec import decode_records, encode_records, record_decoder
 from duplex_server.sessions.log.redis_pipe import RedisPipe
@@ -216,6 +218,9 @@ class RedisLog:
         self._media = media
         self._sealer = MediaSealer(media, self) if media is not None else None
         self._segments = SegmentReader(media) if media is not None else None
+        self._sweep = (
+            OrphanSweep(media, self.media_listed, _media_owner) if media is not None else None
+        )
         self.lease_ttl_ms = lease_ttl_ms
         self.retry_window_s = retry_window_ms / 1000
         self.prefix = prefix
@@ -280,7 +285,7 @@ class RedisLog:
     async def delete(self, session_id: str) -> None:
         keys = self._keys(session_id)
         if self._media is not None:
-            await self._delete_media(session_id, keys)
+            await self._delete_media(session_id)
 
         async def delete() -> None:
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -324,12 +329,23 @@ class RedisLog:
         doomed = _named_media(session_id, segments, bulk, listed, sealed, with_archives=False)
         await asyncio.to_thread(lambda: media.delete_sync(doomed()))
 
-    async def _delete_media(self, session_id: str, keys: _Keys) -> None:
+    async def _delete_media(self, session_id: str) -> None:
         """The segments the session's references name, and its archives,
         deleted before its keys (a crash between leaves references to
         nothing in a session being deleted anyway, never the other way)."""
-        media, segments = self._media, self._segments
-        assert media is not None and segments is not None
+        media = self._media
+        assert media is not None
+        doomed = await self.media_listed(session_id)
+        await asyncio.to_thread(media.delete_sync, doomed)
+
+    async def media_listed(self, session_id: str) -> set[str]:
+        """Every segment and archive the session's keys name: those sealed
+        for it, those its references name (in its bulk and in its archives)
+        and the archives. What a delete deletes, and what the orphan sweep
+        keeps; a session that is gone names nothing."""
+        keys = self._keys(session_id)
+        segments = self._segments
+        assert segments is not None
 
         async def fetch() -> list[Any]:
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -339,9 +355,14 @@ class RedisLog:
                 return await pipe.execute()
 
         bulk, listed, sealed = await self._call(fetch)
+        named = _named_media(session_id, segments, bulk, listed, sealed, with_archives=True)
+        return await asyncio.to_thread(named)
 
-        doomed = _named_media(session_id, segments, bulk, listed, sealed, with_archives=True)
-        await asyncio.to_thread(lambda: media.delete_sync(doomed()))
+    async def sweep_media(self, now_s: float) -> int:
+        """Delete media segments and archives that no session lists (a crash
+        or an outage between a segment's write and its listing), some at a
+        time (``media.sweep_orphans``); nothing without a media folder."""
+        return 0 if self._sweep is None else await self._sweep.run(now_s)
 
     async def sessions(self, *, open_only: bool = False) -> list[SessionRow]:
         async def fetch() -> list[SessionRow]:
@@ -627,6 +648,37 @@ def _row(session_id: str, meta: dict[bytes, bytes]) -> SessionRow:
         last_ts_ms=number(b"last_ts_ms"),
         media_expired=meta.get(b"media_expired") == b"1",
     )
+
+
+def _media_owner(header: bytes) -> str | None:
+    """The session a media segment or an archive belongs to, from its first
+    bytes. An archive (``redis_archive.Archive``) is a msgpack array of
+    three whose first item is the session id and second the entries array;
+    both are checked, so a blob that only happens to start like one is kept."""
+    return segment_owner(header) or _archive_owner(header)
+
+
+def _archive_owner(header: bytes) -> str | None:
+    if len(header) < 2 or header[0] != 0x93:  # fixarray of 3
+        return None
+    tag = header[1]
+    if 0xA0 <= tag <= 0xBF:  # fixstr
+        start, length = 2, tag & 0x1F
+    elif tag == 0xD9 and len(header) >= 3:  # str 8
+        start, length = 3, header[2]
+    elif tag == 0xDA and len(header) >= 4:  # str 16
+        start, length = 4, int.from_bytes(header[2:4], "big")
+    else:
+        return None
+    end = start + length
+    if length == 0 or end >= len(header):
+        return None
+    if not (0x90 <= header[end] <= 0x9F or header[end] in (0xDC, 0xDD)):  # the entries array
+        return None
+    try:
+        return header[start:end].decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def _unsealed(bulk: dict[bytes, bytes]) -> dict[str, bytes]:

@@ -24,6 +24,7 @@ from duplex_server.sessions.core.model_port import ModelPort, ProbedModel
 from duplex_server.sessions.core.records import CallBody, Record, is_job_session
 from duplex_server.sessions.core.server_inputs import token_refusal
 from duplex_server.sessions.core.state import initial_state
+from duplex_server.sessions.log.media import MediaSweeping
 from duplex_server.sessions.log.store import (
     LeaseHeld,
     LogError,
@@ -559,6 +560,10 @@ class SessionManager:
             await self.purge(now_ms)
             if self.log.shared:
                 await self.expire_orphans(now_ms)
+            if isinstance(self.log, MediaSweeping):
+                # segments a crash or an outage left unlisted would outlive
+                # every retention: some of them each time, after the purge
+                await self.log.sweep_media(now_ms / 1000)
         except LogError as exc:
             log.warning("housekeeping skipped: %s", exc)
 
