@@ -24,13 +24,18 @@ def _log(tmp_path, media: str | None = "media", cls: type[SqliteLog] = SqliteLog
 
 
 def _stored_bulk(tmp_path) -> tuple[int, int, int]:
-    """(bytes of payload and audio in the rows, rows sealed, rows with bulk)."""
+    """(bytes of payload and audio in the database: in the rows and waiting
+    in media_pending; rows sealed; rows with bulk)."""
     conn = sqlite3.connect(tmp_path / "s.db")
     try:
-        return conn.execute(
+        in_rows, sealed, with_bulk = conn.execute(
             "SELECT COALESCE(SUM(LENGTH(payload)), 0) + COALESCE(SUM(LENGTH(audio)), 0), "
-            "SUM(sealed != 0), SUM(payload IS NOT NULL OR audio IS NOT NULL) FROM records"
+            "SUM(sealed & 3 != 0), SUM(payload IS NOT NULL OR audio IS NOT NULL) FROM records"
         ).fetchone()
+        (waiting,) = conn.execute(
+            "SELECT COALESCE(SUM(LENGTH(value)), 0) FROM media_pending"
+        ).fetchone()
+        return in_rows + waiting, sealed, with_bulk
     finally:
         conn.close()
 
@@ -151,3 +156,31 @@ async def test_expired_media_goes_and_the_records_stay(tmp_path):
     [row] = await log.sessions()
     assert row.media_expired
     await log.close()
+
+
+async def test_the_file_does_not_keep_the_room_of_sealed_audio(tmp_path):
+    """Rows written with kilobytes and shrunk to references would leave
+    their pages almost empty for good; values wait apart, so the file holds
+    the records, not the audio that passed through it."""
+    log = _log(tmp_path)
+    fence = await _opened(log)
+    whole, seq = 0, 1
+    for _ in range(30):
+        records = _conversation(first=seq)
+        for at in range(0, len(records), 4):
+            await log.append("s", records[at : at + 4], fence)
+        await log.seal_media()  # as the sealer does every few seconds
+        whole += sum(len(_bulk_of(r.body)) for r in records)
+        seq = records[-1].seq + 1
+    await log.close()
+    conn = sqlite3.connect(tmp_path / "s.db")
+    try:
+        (pages,) = conn.execute("PRAGMA page_count").fetchone()
+        (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+        (free,) = conn.execute("PRAGMA freelist_count").fetchone()
+        (waiting,) = conn.execute("SELECT COUNT(*) FROM media_pending").fetchone()
+    finally:
+        conn.close()
+    assert waiting == 0  # every value sealed left media_pending
+    used = (pages - free) * page_size
+    assert used * 4 < whole, (used, whole)

@@ -2,12 +2,21 @@
 
 Without a media folder SQLite keeps audio inside each record's row, as it
 always did. With one, a record's audio (input samples, a native model's
-units, a created item's audio) is stored in the row's ``audio`` column
-beside its outbound ``payload``, and the :class:`~.media.MediaSealer` moves
-both into segments a few seconds at a time, as it does for Redis: once a
-segment is durable, one transaction lists it for the session and swaps each
-value still present for its reference, marking the row's ``sealed`` bits.
-A read puts the bytes back; retention drops a value or its reference alike.
+units, a created item's audio) and its outbound ``payload`` wait in
+``media_pending`` while the row holds a reference's room, and the
+:class:`~.media.MediaSealer` moves them into segments a few seconds at a
+time, as it does for Redis: once a segment is durable, one transaction
+lists it for the session and swaps each value still present for its
+reference, marking the row's ``sealed`` bits (a trigger drops the pending
+value). A read puts the bytes back; retention drops a value or its
+reference alike, and the same triggers drop a pending value with it.
+
+Why the values wait apart: a row written with kilobytes of audio and
+shrunk to a 45-byte reference seconds later leaves its leaf page almost
+empty, and SQLite fills a rowid table at its end, so that space is never
+used again: measured, a compressed one-hour echo call left a 263 MB file
+for 308 MB of segments. Rows of ``media_pending`` are written and deleted
+in the order they come, so their pages empty whole and are reused.
 
 The database remembers where its media lives (``store_settings``), so the
 audit tools and a server started without ``--media-dir`` read it from
@@ -23,10 +32,17 @@ import sqlite3
 from pathlib import Path
 
 from duplex_server.sessions.log.media import SegmentReader, decode_ref
+from duplex_server.sessions.log.record_codec import StoredRecord
 from duplex_server.sessions.log.store import LogError, StorageUnavailable
 
 SEALED_PAYLOAD = 1  # the row's payload is a reference to its segment
 SEALED_AUDIO = 2  # the row's audio is a reference to its segment
+PENDING_PAYLOAD = 4  # the row's payload waits in media_pending (the row holds its room)
+PENDING_AUDIO = 8  # the row's audio waits in media_pending
+PENDING = PENDING_PAYLOAD | PENDING_AUDIO
+# What a pending value's row holds: room for the reference that replaces it
+# (about 45 bytes), so the swap never grows a row and splits its page.
+REF_ROOM = bytes(64)
 S3_SCHEME = "s3://"
 
 SCHEMA = """
@@ -36,6 +52,28 @@ CREATE TABLE IF NOT EXISTS media_segments (
     PRIMARY KEY (session_id, digest)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS store_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+-- A rowid table: its rows are kilobytes, written and deleted in order.
+CREATE TABLE IF NOT EXISTS media_pending (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    what TEXT NOT NULL,
+    value BLOB NOT NULL,
+    UNIQUE (session_id, seq, what)
+);
+-- A pending value goes when its row's column changes (sealed, trimmed,
+-- compacted, expired) or the row does.
+CREATE TRIGGER IF NOT EXISTS media_pending_payload AFTER UPDATE OF payload ON records
+    WHEN OLD.sealed & 4 BEGIN
+    DELETE FROM media_pending WHERE session_id = OLD.session_id AND seq = OLD.seq AND what = 'p';
+END;
+CREATE TRIGGER IF NOT EXISTS media_pending_audio AFTER UPDATE OF audio ON records
+    WHEN OLD.sealed & 8 BEGIN
+    DELETE FROM media_pending WHERE session_id = OLD.session_id AND seq = OLD.seq AND what = 'a';
+END;
+CREATE TRIGGER IF NOT EXISTS media_pending_row AFTER DELETE ON records
+    WHEN OLD.sealed & 12 BEGIN
+    DELETE FROM media_pending WHERE session_id = OLD.session_id AND seq = OLD.seq;
+END;
 """
 # columns a database made before media was sealed out lacks
 ADDED_COLUMNS = {
@@ -45,6 +83,8 @@ ADDED_COLUMNS = {
 BULK_COLUMNS = "audio, sealed"  # what a read selects beside the record and its payload
 _COLUMN = {SEALED_PAYLOAD: "payload", SEALED_AUDIO: "audio"}
 _BIT_OF = {"p": SEALED_PAYLOAD, "a": SEALED_AUDIO}
+_PENDING_OF = {SEALED_PAYLOAD: PENDING_PAYLOAD, SEALED_AUDIO: PENDING_AUDIO}
+INSERT_PENDING = "INSERT INTO media_pending (session_id, seq, what, value) VALUES (?, ?, ?, ?)"
 
 
 class MediaElsewhere(LogError):
@@ -100,6 +140,62 @@ def media_location(conn: sqlite3.Connection, given: str | None) -> str | None:
     return wanted
 
 
+def held_apart(session_id: str, rows: list[StoredRecord]) -> tuple[list[tuple], list[tuple]]:
+    """New rows as inserted with a media folder: each bulk value replaced by
+    a reference's room and marked pending, and the ``media_pending`` rows
+    that hold the values meanwhile."""
+    records, pending = [], []
+    for row in rows:
+        bits, payload, audio = 0, row.payload, row.audio
+        if payload is not None:
+            pending.append((session_id, row.seq, "p", payload))
+            payload, bits = REF_ROOM, bits | PENDING_PAYLOAD
+        if audio is not None:
+            pending.append((session_id, row.seq, "a", audio))
+            audio, bits = REF_ROOM, bits | PENDING_AUDIO
+        records.append(
+            (session_id, row.seq, row.kind, row.event_id, row.blob, payload)
+            + (row.server_event_seq, row.twin, audio, bits)
+        )
+    return records, pending
+
+
+def pending_values(
+    conn: sqlite3.Connection, session_id: str, from_seq: int
+) -> dict[tuple[int, str], bytes]:
+    """The session's values waiting in ``media_pending`` from ``from_seq``
+    on, by (seq, ``p`` or ``a``)."""
+    rows = conn.execute(
+        "SELECT seq, what, value FROM media_pending WHERE session_id = ? AND seq >= ?",
+        (session_id, from_seq),
+    )
+    return {(seq, what): value for seq, what, value in rows}
+
+
+def with_pending(
+    session_id: str,
+    seq: int,
+    payload: bytes | None,
+    audio: bytes | None,
+    sealed: int,
+    pending: dict[tuple[int, str], bytes],
+) -> tuple[bytes | None, bytes | None]:
+    """A row's payload and audio with the values that wait apart put back
+    (a column emptied since holds nothing, whatever its bits say)."""
+    if sealed & PENDING_PAYLOAD and payload is not None:
+        payload = _pending(session_id, seq, "p", pending)
+    if sealed & PENDING_AUDIO and audio is not None:
+        audio = _pending(session_id, seq, "a", pending)
+    return payload, audio
+
+
+def _pending(session_id: str, seq: int, what: str, pending: dict[tuple[int, str], bytes]) -> bytes:
+    value = pending.get((seq, what))
+    if value is None:  # the triggers keep the two together: never a placeholder's zeros
+        raise StorageUnavailable(f"{session_id} {what}{seq}: pending, and not in media_pending")
+    return value
+
+
 def bulk_values(seq: int, payload: bytes | None, audio: bytes | None) -> dict[str, bytes]:
     """A new row's bulk, by the names the sealer gives back: ``p<seq>`` and ``a<seq>``."""
     values = {}
@@ -138,9 +234,9 @@ def swap(conn: sqlite3.Connection, session_id: str, refs: dict[str, bytes]) -> i
         bit = _BIT_OF[name[0]]
         column = _COLUMN[bit]
         cursor = conn.execute(
-            f"UPDATE records SET {column} = ?, sealed = sealed | ? WHERE session_id = ? "
+            f"UPDATE records SET {column} = ?, sealed = (sealed | ?) & ~? WHERE session_id = ? "
             f"AND seq = ? AND {column} IS NOT NULL AND sealed & ? = 0",
-            (ref, bit, session_id, int(name[1:]), bit),
+            (ref, bit, _PENDING_OF[bit], session_id, int(name[1:]), bit),
         )
         swapped += cursor.rowcount
     return swapped

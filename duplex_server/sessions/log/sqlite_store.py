@@ -34,7 +34,12 @@ import msgspec
 
 from duplex_server.sessions.core.records import AudioBody, ItemBody, Record
 from duplex_server.sessions.log import sqlite_media
-from duplex_server.sessions.log.media import MediaSealer, SegmentBlobs, SegmentReader
+from duplex_server.sessions.log.media import (
+    MediaSealer,
+    OrphanSweep,
+    SegmentBlobs,
+    SegmentReader,
+)
 from duplex_server.sessions.log.record_codec import (
     decode_records,
     encode_records,
@@ -86,6 +91,12 @@ CREATE INDEX IF NOT EXISTS records_out
 """
 
 
+_INSERT_RECORD = (
+    "INSERT INTO records (session_id, seq, kind, event_id, record, payload, "
+    "server_event_seq, twin, audio, sealed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
 class StoreError(Exception):
     """The database cannot be used at all (corrupt, not a database, unreadable)."""
 
@@ -114,7 +125,16 @@ def _select_records(
     ):
         raise UnknownSession(session_id)
     stored = []
+    pending = (
+        sqlite_media.pending_values(conn, session_id, rows[0][0])
+        if any(row[5] & sqlite_media.PENDING for row in rows)
+        else {}
+    )
     for seq, blob, payload, twin, audio, sealed in rows:
+        if sealed & sqlite_media.PENDING:
+            payload, audio = sqlite_media.with_pending(
+                session_id, seq, payload, audio, sealed, pending
+            )
         if unsealed is not None:
             unsealed.update(sqlite_media.unsealed_values(seq, payload, audio, sealed))
         if sealed:
@@ -259,6 +279,9 @@ class SqliteLog(LocalLeases):
             self._media = open_media(self.media_location)
         self._sealer = MediaSealer(self._media, self) if self._media is not None else None
         self._segments = SegmentReader(self._media) if self._media is not None else None
+        self._sweep = (
+            OrphanSweep(self._media, self.media_listed) if self._media is not None else None
+        )
         self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="sqlite-writer", daemon=True)
         self._writer.start()
@@ -391,11 +414,12 @@ class SqliteLog(LocalLeases):
                 ).fetchone()
             ):
                 raise DuplicateEvent(event_id, landed[0])
-        conn.executemany(
-            "INSERT INTO records (session_id, seq, kind, event_id, record, payload, "
-            "server_event_seq, twin, audio) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(session_id, *row) for row in rows],
-        )
+        if self._sealer is None:
+            conn.executemany(_INSERT_RECORD, [(session_id, *row, 0) for row in rows])
+        else:
+            held, pending = sqlite_media.held_apart(session_id, rows)
+            conn.executemany(_INSERT_RECORD, held)
+            conn.executemany(sqlite_media.INSERT_PENDING, pending)
         conn.execute(
             "UPDATE sessions SET last_seq = ?, last_ts_ms = ?, closed = closed OR ? "
             "WHERE session_id = ?",
@@ -438,6 +462,17 @@ class SqliteLog(LocalLeases):
             self._sealer.forget(session_id)  # what waits to be sealed goes with it
         doomed = await self._submit(lambda conn: sqlite_media.expire(conn, session_id))
         await asyncio.to_thread(media.delete_sync, doomed)
+
+    async def media_listed(self, session_id: str) -> set[str]:
+        """Every segment sealed for the session (none once it is deleted):
+        what the orphan sweep keeps."""
+        return await self._query(lambda conn: sqlite_media.segment_digests(conn, session_id))
+
+    async def sweep_media(self, now_s: float) -> int:
+        """Delete media segments that no session lists (a crash or a full
+        disk between a segment's write and its listing), some at a time
+        (``media.sweep_orphans``); nothing without a media folder."""
+        return 0 if self._sweep is None else await self._sweep.run(now_s)
 
     async def latest_snapshot(self, session_id: str) -> int:
         def fetch(conn: sqlite3.Connection) -> int:
