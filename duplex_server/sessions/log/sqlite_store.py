@@ -112,12 +112,26 @@ def _select_records(
     """The session's records after ``after_seq``, their sealed bulk read
     back from ``segments``; what is not sealed yet goes into ``unsealed``
     where given (for the sealer to adopt). Blocking."""
-    # One row more than asked: a twin at the start needs the GA event before it.
-    rows = conn.execute(
-        f"SELECT seq, record, payload, twin, {bulk_columns} FROM records "
-        "WHERE session_id = ? AND seq >= ? ORDER BY seq",
-        (session_id, max(after_seq, 1)),
-    ).fetchall()
+    # The rows and their pending values in one snapshot: a seal committed
+    # between two reads would move a value out of media_pending unseen.
+    began = not conn.in_transaction
+    if began:
+        conn.execute("BEGIN")
+    try:
+        # One row more than asked: a twin at the start needs the GA event before it.
+        rows = conn.execute(
+            f"SELECT seq, record, payload, twin, {bulk_columns} FROM records "
+            "WHERE session_id = ? AND seq >= ? ORDER BY seq",
+            (session_id, max(after_seq, 1)),
+        ).fetchall()
+        pending = (
+            sqlite_media.pending_values(conn, session_id, rows[0][0])
+            if any(row[5] & sqlite_media.PENDING for row in rows)
+            else {}
+        )
+    finally:
+        if began:
+            conn.execute("COMMIT")
     if (
         not rows
         and conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
@@ -125,11 +139,6 @@ def _select_records(
     ):
         raise UnknownSession(session_id)
     stored = []
-    pending = (
-        sqlite_media.pending_values(conn, session_id, rows[0][0])
-        if any(row[5] & sqlite_media.PENDING for row in rows)
-        else {}
-    )
     for seq, blob, payload, twin, audio, sealed in rows:
         if sealed & sqlite_media.PENDING:
             payload, audio = sqlite_media.with_pending(
