@@ -182,10 +182,8 @@ class BlobStore:
         """Delete every blob not in ``keep`` that is older than ``min_age_s``
         (younger ones may belong to a job whose result is not logged yet)."""
         horizon = time.time() - min_age_s
-        doomed = [d for d, written in self.digests() if d not in keep and written < horizon]
-        for digest in doomed:
-            self.path(digest).unlink(missing_ok=True)
-        return doomed
+        doomed = {d for d, written in self.digests() if d not in keep and written < horizon}
+        return self.delete_older_sync(doomed, horizon)
 
 
 async def stream_file(path: Path, first: int, length: int) -> AsyncIterator[bytes]:
